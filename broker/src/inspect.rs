@@ -1,0 +1,303 @@
+//! `mmmq inspect DIR`: reads a topic directory offline, without changing a byte, and says entry by
+//! entry what is there and what is wrong. It is what an operator reaches for when a disk
+//! misbehaves, so it keeps going past every problem and reports them all.
+//!
+//! `DIR` may be a topic directory, a `topics/` directory or a root dir; the latter two inspect
+//! every topic under them. Exit status: 0 when everything is sound (an uncommitted tail that
+//! recovery will cut is sound), 1 when any entry is corrupt or the files are inconsistent.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::storage::Checkpoints;
+use crate::storage::error::StorageError;
+use crate::storage::frame::{self, FrameFault};
+use crate::storage::scan::{self, ChainGap, SegmentScan};
+use crate::storage::vfs::{OpenMode, Vfs};
+
+/// Options of the command.
+#[derive(Debug, Clone, Default)]
+pub struct InspectOptions {
+    /// Leave payloads out (large topics, or when only the verdict matters).
+    pub no_payload: bool,
+}
+
+/// What an inspection found, summed over every topic inspected.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Summary {
+    /// Topic directories inspected.
+    pub topics: usize,
+    /// Segments found.
+    pub segments: usize,
+    /// Indexed entries.
+    pub entries: u64,
+    /// Entries whose frame or JSON is damaged.
+    pub corrupt: u64,
+    /// Inconsistencies between files (each would stop the broker's boot).
+    pub inconsistencies: usize,
+    /// Data bytes past the last indexed entry (recovery cuts them; not an error).
+    pub uncommitted_bytes: u64,
+}
+
+impl Summary {
+    /// Whether the inspected data is sound.
+    pub fn is_clean(&self) -> bool {
+        self.corrupt == 0 && self.inconsistencies == 0
+    }
+}
+
+/// Finds the topic directories `dir` stands for.
+pub fn topic_dirs(vfs: &dyn Vfs, dir: &Path) -> Result<Vec<PathBuf>, StorageError> {
+    let topics = dir.join("topics");
+    let container = if vfs.is_dir(&topics) {
+        topics
+    } else {
+        let listing = scan::list_segments(vfs, dir)?;
+        if !listing.segments.is_empty() || !has_subdirs_with_segments(vfs, dir)? {
+            return Ok(vec![dir.to_owned()]);
+        }
+        dir.to_owned()
+    };
+    let mut names: Vec<String> = vfs
+        .read_dir(&container)
+        .map_err(|e| StorageError::io(&container, e))?
+        .into_iter()
+        .filter(|n| vfs.is_dir(&container.join(n)))
+        .collect();
+    names.sort();
+    Ok(names.into_iter().map(|n| container.join(n)).collect())
+}
+
+fn has_subdirs_with_segments(vfs: &dyn Vfs, dir: &Path) -> Result<bool, StorageError> {
+    for name in vfs.read_dir(dir).map_err(|e| StorageError::io(dir, e))? {
+        let sub = dir.join(&name);
+        if vfs.is_dir(&sub) && !scan::list_segments(vfs, &sub)?.segments.is_empty() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Inspects `dir` and writes the report to `out`.
+pub fn run(
+    vfs: &Arc<dyn Vfs>,
+    dir: &Path,
+    options: &InspectOptions,
+    out: &mut dyn Write,
+) -> Result<Summary, StorageError> {
+    if !vfs.is_dir(dir) {
+        return Err(StorageError::io(
+            dir,
+            io::Error::new(io::ErrorKind::NotFound, "no such directory"),
+        ));
+    }
+    let mut summary = Summary::default();
+    let dirs = topic_dirs(&**vfs, dir)?;
+    for topic in &dirs {
+        inspect_topic(vfs, topic, options, out, &mut summary).map_err(|e| match e {
+            Failure::Storage(e) => e,
+            Failure::Output(e) => StorageError::io("<output>", e),
+        })?;
+    }
+    let w = |out: &mut dyn Write, s: String| {
+        writeln!(out, "{s}").map_err(|e| StorageError::io("<output>", e))
+    };
+    w(out, String::new())?;
+    w(
+        out,
+        format!(
+            "summary: {} topic(s), {} segment(s), {} entries, {} corrupt, {} inconsistenc{}, {} uncommitted byte(s)",
+            summary.topics,
+            summary.segments,
+            summary.entries,
+            summary.corrupt,
+            summary.inconsistencies,
+            if summary.inconsistencies == 1 {
+                "y"
+            } else {
+                "ies"
+            },
+            summary.uncommitted_bytes
+        ),
+    )?;
+    w(
+        out,
+        if summary.is_clean() {
+            "status: OK".to_owned()
+        } else {
+            "status: DAMAGED (see the lines marked !)".to_owned()
+        },
+    )?;
+    Ok(summary)
+}
+
+enum Failure {
+    Storage(StorageError),
+    Output(io::Error),
+}
+impl From<StorageError> for Failure {
+    fn from(e: StorageError) -> Self {
+        Self::Storage(e)
+    }
+}
+impl From<io::Error> for Failure {
+    fn from(e: io::Error) -> Self {
+        Self::Output(e)
+    }
+}
+
+fn inspect_topic(
+    vfs: &Arc<dyn Vfs>,
+    dir: &Path,
+    options: &InspectOptions,
+    out: &mut dyn Write,
+    summary: &mut Summary,
+) -> Result<(), Failure> {
+    summary.topics += 1;
+    writeln!(out, "topic directory {}", dir.display())?;
+    let listing = scan::list_segments(&**vfs, dir)?;
+    for stray in &listing.strays {
+        writeln!(
+            out,
+            "  ! {stray}: not named like a segment (19-digit start offset); ignored"
+        )?;
+        summary.inconsistencies += 1;
+    }
+    if listing.segments.is_empty() {
+        writeln!(out, "  (no segments)")?;
+    }
+    let mut scans = Vec::new();
+    for files in &listing.segments {
+        let scan = scan::scan_segment(&**vfs, files)?;
+        summary.segments += 1;
+        inspect_segment(&**vfs, &scan, options, out, summary)?;
+        scans.push(scan);
+    }
+    match scan::check_chain(&scans) {
+        None => {}
+        Some(ChainGap::EmptyTail { index }) => writeln!(
+            out,
+            "  note: segment {} and after are empty leftovers of an interrupted rotation (recovery removes them)",
+            scan::segment_file_name(scans[index].files.start, scan::DATA_EXT)
+        )?,
+        Some(ChainGap::Broken { index, reason }) => {
+            summary.inconsistencies += 1;
+            writeln!(out, "  ! {}: {reason}", scans[index].files.index.display())?;
+        }
+    }
+    let checkpoints = Checkpoints::new(dir.join("checkpoints"), vfs.clone());
+    match checkpoints.list() {
+        Ok(list) if !list.is_empty() => {
+            writeln!(out, "  checkpoints (next offset per consumer):")?;
+            for (id, next) in list {
+                writeln!(out, "    {id:<32} {next}")?;
+            }
+        }
+        Ok(_) => {}
+        Err(e) => {
+            summary.inconsistencies += 1;
+            writeln!(out, "  ! {e}")?;
+        }
+    }
+    Ok(())
+}
+
+fn inspect_segment(
+    vfs: &dyn Vfs,
+    scan: &SegmentScan,
+    options: &InspectOptions,
+    out: &mut dyn Write,
+    summary: &mut Summary,
+) -> Result<(), Failure> {
+    let files = &scan.files;
+    writeln!(
+        out,
+        "  segment {}  data {} B, index {} B ({} entries, offsets {}..{})",
+        scan::segment_file_name(files.start, scan::DATA_EXT).trim_end_matches(".mmm"),
+        scan.data_len,
+        scan.index_len,
+        scan.count(),
+        files.start,
+        scan.end_offset()
+    )?;
+    if let Some(reason) = &scan.inconsistency {
+        summary.inconsistencies += 1;
+        writeln!(out, "  ! {}: {reason}", files.index.display())?;
+    }
+    if scan.torn_index_bytes() > 0 {
+        writeln!(
+            out,
+            "  note: {} trailing index byte(s) are a torn entry (recovery cuts them)",
+            scan.torn_index_bytes()
+        )?;
+    }
+    summary.entries += scan.count();
+    if scan.count() > 0 && scan.data_exists {
+        writeln!(
+            out,
+            "    {:>12} {:>12} {:>9}  {:<9} PAYLOAD",
+            "OFFSET", "POSITION", "SIZE", "CRC"
+        )?;
+        let data = vfs
+            .open(&files.data, OpenMode::ReadOnly)
+            .map_err(|e| StorageError::io(&files.data, e))?;
+        for (i, &position) in scan.positions.iter().enumerate() {
+            let offset = files.start + i as u64;
+            let end = scan
+                .positions
+                .get(i + 1)
+                .copied()
+                .unwrap_or(scan.committed_end.max(position))
+                .min(scan.data_len);
+            let mut bytes = vec![0u8; end.saturating_sub(position) as usize];
+            if !bytes.is_empty() {
+                data.read_exact_at(&mut bytes, position)
+                    .map_err(|e| StorageError::io(&files.data, e))?;
+            }
+            let size = frame::Header::parse(&bytes).map_or(0, |h| h.frame_len());
+            let verdict = match frame::decode(&bytes) {
+                Ok(payload) => match std::str::from_utf8(payload)
+                    .ok()
+                    .filter(|s| serde_json::from_str::<&serde_json::value::RawValue>(s).is_ok())
+                {
+                    Some(json) => Ok(json.to_owned()),
+                    None => Err("payload is not UTF-8 JSON".to_owned()),
+                },
+                Err(fault) => Err(fault.to_string()),
+            };
+            let (crc, text) = match verdict {
+                Ok(json) => (
+                    "ok",
+                    if options.no_payload {
+                        String::new()
+                    } else {
+                        json
+                    },
+                ),
+                Err(why) => {
+                    summary.corrupt += 1;
+                    let crc = match frame::decode(&bytes) {
+                        Err(FrameFault::CrcMismatch { .. }) => "MISMATCH",
+                        Err(_) => "TRUNCATED",
+                        Ok(_) => "ok",
+                    };
+                    (crc, format!("! {why}"))
+                }
+            };
+            writeln!(
+                out,
+                "    {offset:>12} {position:>12} {size:>9}  {crc:<9} {text}"
+            )?;
+        }
+    }
+    if scan.uncommitted_bytes() > 0 && scan.inconsistency.is_none() {
+        summary.uncommitted_bytes += scan.uncommitted_bytes();
+        writeln!(
+            out,
+            "  note: {} byte(s) after the last indexed entry were never committed (recovery cuts them)",
+            scan.uncommitted_bytes()
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,133 @@
+//! The `mmmq` binary: flags in, tracing on, then hand over to the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use mmmq::storage::{FlushMode, OsFs, Vfs};
+
+#[derive(Parser)]
+#[command(
+    name = "mmmq",
+    version,
+    about = "A durable message broker with WebAssembly handlers"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Read a topic directory offline and print every entry and a summary; exits 1 on corruption.
+    Inspect {
+        /// A topic directory (`{root}/topics/{topic}`), a `topics/` directory or a root dir.
+        dir: PathBuf,
+        /// Print offsets, sizes and CRC status but not payloads.
+        #[arg(long)]
+        no_payload: bool,
+    },
+    /// Benchmarks that print JSON lines.
+    Bench {
+        #[command(subcommand)]
+        what: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// The segment store alone: appends/s under each flush mode and appender count, with the raw
+    /// disk measured in the same run.
+    Storage {
+        /// Directory for the scratch logs (on the disk to measure).
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Seconds per configuration.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        /// Message size in bytes.
+        #[arg(long, default_value_t = 1024)]
+        message_bytes: usize,
+        /// Concurrent appenders, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+        appenders: Vec<usize>,
+        /// Flush modes, comma-separated: group, per-append, none.
+        #[arg(long, value_delimiter = ',', default_value = "group,per-append,none")]
+        modes: Vec<FlushMode>,
+    },
+}
+
+fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("mmmq: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Inspect { dir, no_payload } => {
+            let vfs: Arc<dyn Vfs> = Arc::new(OsFs);
+            let options = mmmq::inspect::InspectOptions { no_payload };
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            let summary = mmmq::inspect::run(&vfs, &dir, &options, &mut out)
+                .with_context(|| format!("cannot inspect {}", dir.display()))?;
+            Ok(if summary.is_clean() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Command::Bench { what } => {
+            raise_fd_limit();
+            let rt = tokio::runtime::Runtime::new()?;
+            match what {
+                BenchCommand::Storage {
+                    dir,
+                    seconds,
+                    message_bytes,
+                    appenders,
+                    modes,
+                } => rt.block_on(mmmq::bench::storage(
+                    mmmq::bench::StorageBench {
+                        dir,
+                        duration: Duration::from_secs_f64(seconds),
+                        message_bytes,
+                        appenders,
+                        modes,
+                    },
+                    &mut std::io::stdout(),
+                ))?,
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Each topic holds a few files open; the default soft limit (often 1,024) is too low for many
+/// topics, and raising it to the hard limit needs no privilege.
+fn raise_fd_limit() {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) => tracing::debug!(limit = n, "file descriptor limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the file descriptor limit"),
+    }
+}

@@ -1,0 +1,89 @@
+//! The storage layer's errors. Every variant that comes from a file names the file: the first thing
+//! an operator needs when a disk misbehaves is where.
+
+use std::io;
+use std::path::PathBuf;
+
+use super::frame::FrameFault;
+
+/// One entry that cannot be read back as written. It is isolated: the entries around it read fine,
+/// so dispatchers log it, count it and go on; pull leaves it out.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("corrupt entry at offset {offset} ({path}, byte {position}): {fault}")]
+pub struct CorruptEntry {
+    /// The segment data file.
+    pub path: PathBuf,
+    /// The entry's offset in the log.
+    pub offset: u64,
+    /// The entry's start position in the data file.
+    pub position: u64,
+    /// What is wrong with it.
+    pub fault: FrameFault,
+}
+
+/// Errors of the storage layer.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// The operating system refused an operation on a file.
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What the OS said.
+        #[source]
+        source: io::Error,
+    },
+    /// A skippable, isolated corrupt entry (see [`CorruptEntry`]).
+    #[error(transparent)]
+    Corrupt(#[from] CorruptEntry),
+    /// The files on disk contradict each other in a way recovery must not paper over (an index
+    /// that points past its data, segments that leave a gap). The log refuses to open.
+    #[error("{path}: {reason}")]
+    Inconsistent {
+        /// The file at fault.
+        path: PathBuf,
+        /// What is inconsistent.
+        reason: String,
+    },
+    /// An earlier write or fsync failed, so what is on disk is no longer known; the log takes no
+    /// more appends until it is reopened (recovery re-reads the truth from the index).
+    #[error("{dir}: not accepting writes since an earlier failure: {cause}")]
+    Poisoned {
+        /// The log's directory.
+        dir: PathBuf,
+        /// The failure that stopped it.
+        cause: String,
+    },
+    /// A payload larger than a frame can carry.
+    #[error("payload of {len} bytes exceeds the {max}-byte limit of one entry")]
+    PayloadTooLarge {
+        /// The payload's length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The log was closed while the operation waited.
+    #[error("log closed")]
+    Closed,
+}
+
+impl StorageError {
+    /// Wraps an I/O error with the file it happened on.
+    pub fn io(path: impl Into<PathBuf>, source: io::Error) -> Self {
+        Self::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// Adds the path to an `io::Result`.
+pub(crate) trait IoContext<T> {
+    fn at(self, path: &std::path::Path) -> Result<T, StorageError>;
+}
+
+impl<T> IoContext<T> for io::Result<T> {
+    fn at(self, path: &std::path::Path) -> Result<T, StorageError> {
+        self.map_err(|e| StorageError::io(path, e))
+    }
+}

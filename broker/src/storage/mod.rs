@@ -1,0 +1,34 @@
+//! The durable segment store (contract §6).
+//!
+//! # Layout
+//! - [`frame`]: `[u32 length][u32 CRC32C][payload]`, pure encode/decode.
+//! - [`vfs`]: the file abstraction every byte goes through (fault injection lives behind it).
+//! - [`scan`]: read-only reading of a log directory: segments, indexes, inconsistencies. Recovery
+//!   and `mmmq inspect` share it.
+//! - `segment`: one data file and its index, with committed positions in memory.
+//! - [`log`]: a chain of segments with a pipelined group-commit writer and lock-light readers.
+//! - [`checkpoint`]: per-consumer next offsets, replaced atomically.
+//! - [`error`]: [`StorageError`], and [`CorruptEntry`] for isolated, skippable corruption.
+//!
+//! # File descriptors
+//! A log keeps its data files open (one descriptor per segment) and the tail segment's index
+//! (one more); indexes of segments sealed before the process started are read once and closed.
+//! With the default 64 MiB segments a topic with under 64 MiB costs two descriptors, so 1,000
+//! topics need about 2,000: `mmmq serve` raises its soft `RLIMIT_NOFILE` to the hard limit at start.
+
+pub mod checkpoint;
+pub mod error;
+pub mod frame;
+pub mod log;
+pub mod scan;
+mod segment;
+pub mod vfs;
+
+pub use checkpoint::Checkpoints;
+pub use error::{CorruptEntry, StorageError};
+pub use log::{FlushMode, Log, LogConfig, LogStats};
+pub use segment::Entry;
+pub use vfs::{OsFs, Vfs};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,252 @@
+//! Reading a log directory as it is on disk, without changing it: which segments there are, what
+//! each index says, and where the files disagree. Recovery ([`super::log::Log::open`]) acts on a
+//! scan; `mmmq inspect` prints one.
+
+use std::path::{Path, PathBuf};
+
+use super::error::{IoContext, StorageError};
+use super::frame::{HEADER_LEN, Header};
+use super::vfs::{OpenMode, Vfs};
+
+/// Extension of segment data files.
+pub const DATA_EXT: &str = "mmm";
+/// Extension of offset index files.
+pub const INDEX_EXT: &str = "idx";
+/// Bytes per index entry: one big-endian u64 position.
+pub const INDEX_ENTRY_LEN: u64 = 8;
+
+/// The file name of a segment file: its start offset in 19 digits (the width of `i64::MAX`, as in
+/// MMMQ), so that names sort in offset order.
+pub fn segment_file_name(start: u64, ext: &str) -> String {
+    format!("{start:019}.{ext}")
+}
+
+/// The two files of one segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentFiles {
+    /// The offset of the segment's first entry.
+    pub start: u64,
+    /// The `.mmm` file.
+    pub data: PathBuf,
+    /// The `.idx` file.
+    pub index: PathBuf,
+}
+
+impl SegmentFiles {
+    /// The files of the segment starting at `start` in `dir`.
+    pub fn new(dir: &Path, start: u64) -> Self {
+        Self {
+            start,
+            data: dir.join(segment_file_name(start, DATA_EXT)),
+            index: dir.join(segment_file_name(start, INDEX_EXT)),
+        }
+    }
+}
+
+/// The segments found in a directory, in offset order, plus the names that looked like segment
+/// files but are not (they are left alone and reported).
+#[derive(Debug, Default)]
+pub struct Listing {
+    /// Segments by start offset.
+    pub segments: Vec<SegmentFiles>,
+    /// `.mmm`/`.idx` files whose name is not a 19-digit offset.
+    pub strays: Vec<String>,
+}
+
+/// Lists the segments of the log in `dir`.
+pub fn list_segments(vfs: &dyn Vfs, dir: &Path) -> Result<Listing, StorageError> {
+    let mut starts = std::collections::BTreeSet::new();
+    let mut strays = Vec::new();
+    for name in vfs.read_dir(dir).at(dir)? {
+        let Some((stem, ext)) = name.rsplit_once('.') else {
+            continue;
+        };
+        if ext != DATA_EXT && ext != INDEX_EXT {
+            continue;
+        }
+        match stem.parse::<u64>() {
+            Ok(start) if stem.len() == 19 => {
+                starts.insert(start);
+            }
+            _ => strays.push(name),
+        }
+    }
+    Ok(Listing {
+        segments: starts
+            .into_iter()
+            .map(|s| SegmentFiles::new(dir, s))
+            .collect(),
+        strays,
+    })
+}
+
+/// What one segment's files say, read-only.
+#[derive(Debug, Clone)]
+pub struct SegmentScan {
+    /// Its files.
+    pub files: SegmentFiles,
+    /// Start positions of the indexed (committed) entries.
+    pub positions: Vec<u64>,
+    /// Whether each file exists.
+    pub data_exists: bool,
+    /// Whether the index file exists.
+    pub index_exists: bool,
+    /// Length of the data file.
+    pub data_len: u64,
+    /// Length of the index file.
+    pub index_len: u64,
+    /// Where the last indexed entry ends: everything after it is uncommitted.
+    pub committed_end: u64,
+    /// Why the files cannot be trusted, if they cannot. Recovery refuses to open such a log.
+    pub inconsistency: Option<String>,
+}
+
+impl SegmentScan {
+    /// Committed entries.
+    pub fn count(&self) -> u64 {
+        self.positions.len() as u64
+    }
+
+    /// The offset after the last committed entry.
+    pub fn end_offset(&self) -> u64 {
+        self.files.start + self.count()
+    }
+
+    /// Bytes of a torn index write (an index length that is not a multiple of 8).
+    pub fn torn_index_bytes(&self) -> u64 {
+        self.index_len % INDEX_ENTRY_LEN
+    }
+
+    /// Data bytes after the last committed entry (an append that never reached its commit point).
+    pub fn uncommitted_bytes(&self) -> u64 {
+        self.data_len.saturating_sub(self.committed_end)
+    }
+}
+
+/// Reads one segment's index and checks it against its data file, trusting the index (contract §6):
+/// only the last entry's header is read from the data.
+pub fn scan_segment(vfs: &dyn Vfs, files: &SegmentFiles) -> Result<SegmentScan, StorageError> {
+    let data_exists = vfs.exists(&files.data);
+    let index_exists = vfs.exists(&files.index);
+    let data = if data_exists {
+        Some(vfs.open(&files.data, OpenMode::ReadOnly).at(&files.data)?)
+    } else {
+        None
+    };
+    let data_len = match &data {
+        Some(f) => f.len().at(&files.data)?,
+        None => 0,
+    };
+    let mut positions = Vec::new();
+    let mut index_len = 0;
+    if index_exists {
+        let index = vfs
+            .open(&files.index, OpenMode::ReadOnly)
+            .at(&files.index)?;
+        index_len = index.len().at(&files.index)?;
+        let whole = index_len - index_len % INDEX_ENTRY_LEN;
+        let mut raw = vec![0u8; whole as usize];
+        index.read_exact_at(&mut raw, 0).at(&files.index)?;
+        positions = raw
+            .chunks_exact(INDEX_ENTRY_LEN as usize)
+            .map(|c| u64::from_be_bytes(c.try_into().expect("8-byte chunk")))
+            .collect();
+    }
+    let mut scan = SegmentScan {
+        files: files.clone(),
+        positions,
+        data_exists,
+        index_exists,
+        data_len,
+        index_len,
+        committed_end: 0,
+        inconsistency: None,
+    };
+    scan.inconsistency = check(&mut scan, data.as_deref());
+    Ok(scan)
+}
+
+fn check(scan: &mut SegmentScan, data: Option<&dyn super::vfs::VfsFile>) -> Option<String> {
+    if !scan.index_exists && scan.data_len > 0 {
+        return Some(format!(
+            "index file is missing but the data file holds {} bytes",
+            scan.data_len
+        ));
+    }
+    for (i, pair) in scan.positions.windows(2).enumerate() {
+        if pair[1] < pair[0] + HEADER_LEN as u64 {
+            return Some(format!(
+                "index entry {} (position {}) does not follow entry {} (position {})",
+                i + 1,
+                pair[1],
+                i,
+                pair[0]
+            ));
+        }
+    }
+    let (last_i, &last) = scan.positions.iter().enumerate().next_back()?;
+    let Some(data) = data else {
+        return Some(format!(
+            "index holds {} entries but the data file is missing",
+            scan.positions.len()
+        ));
+    };
+    if last + HEADER_LEN as u64 > scan.data_len {
+        return Some(format!(
+            "index entry {last_i} points to byte {last}, past the end of the data file ({} bytes)",
+            scan.data_len
+        ));
+    }
+    let mut raw = [0u8; HEADER_LEN];
+    if let Err(e) = data.read_exact_at(&mut raw, last) {
+        return Some(format!("cannot read the last entry's header: {e}"));
+    }
+    let end = last + Header::parse(&raw).expect("8 bytes").frame_len();
+    if end > scan.data_len {
+        return Some(format!(
+            "index entry {last_i} (position {last}) ends at byte {end}, past the end of the data file ({} bytes)",
+            scan.data_len
+        ));
+    }
+    scan.committed_end = end;
+    None
+}
+
+/// How a run of segments fits together: each must start where the one before ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChainGap {
+    /// Segment `index` starts after the previous one ends, and it and all after it are empty:
+    /// left over from a rotation whose previous batch never committed. Safe to remove.
+    EmptyTail {
+        /// Position in the scan list of the first leftover segment.
+        index: usize,
+    },
+    /// A gap or an overlap with entries after it: the log cannot be trusted.
+    Broken {
+        /// Position in the scan list of the segment that does not fit.
+        index: usize,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Checks that the scanned segments follow each other without gaps or overlaps.
+pub fn check_chain(scans: &[SegmentScan]) -> Option<ChainGap> {
+    for i in 1..scans.len() {
+        let expected = scans[i - 1].end_offset();
+        let start = scans[i].files.start;
+        if start == expected {
+            continue;
+        }
+        if start > expected && scans[i..].iter().all(|s| s.count() == 0) {
+            return Some(ChainGap::EmptyTail { index: i });
+        }
+        return Some(ChainGap::Broken {
+            index: i,
+            reason: format!(
+                "segment starts at offset {start} but the segment before it ends at offset {expected}"
+            ),
+        });
+    }
+    None
+}

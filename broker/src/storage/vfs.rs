@@ -1,0 +1,253 @@
+//! The one door all storage file I/O goes through (MMMQ's `FileHandle`).
+//!
+//! Segments, indexes and checkpoints never touch `std::fs` directly: they hold a [`Vfs`]. The real
+//! implementation is [`OsFs`]; tests put a wrapper under the storage layer that fails a write or an
+//! fsync on demand ([`fault::FaultyFs`]), and later a simulated disk that forgets unsynced bytes.
+//! All methods block: callers run them on blocking threads, never on the async executor.
+
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+/// How to open a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// An existing file, for reading only (`mmmq inspect` must never change what it inspects).
+    ReadOnly,
+    /// An existing file, for reading and writing.
+    ReadWrite,
+    /// A new file; fails if it exists, so a segment is never silently overwritten.
+    CreateNew,
+    /// A file created or truncated to zero (temporary files of atomic replacements).
+    CreateTruncate,
+}
+
+/// A file system as the storage layer needs it.
+pub trait Vfs: Send + Sync + fmt::Debug + 'static {
+    /// Opens `path`.
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn VfsFile>>;
+    /// Names of the entries in `dir` (files and directories), in no particular order.
+    fn read_dir(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// Whether `path` names a directory.
+    fn is_dir(&self, path: &Path) -> bool;
+    /// Whether `path` exists.
+    fn exists(&self, path: &Path) -> bool;
+    /// Creates `dir` and its missing parents.
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// Removes the file `path`.
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+    /// Renames `from` to `to`, atomically replacing `to`.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Makes the directory's entries (created, renamed, removed files) durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+}
+
+/// An open file with positional I/O, so that readers and the appender never share a cursor.
+#[allow(clippy::len_without_is_empty)] // a file is not a collection
+pub trait VfsFile: Send + Sync + fmt::Debug {
+    /// Reads exactly `buf.len()` bytes at `pos`.
+    fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()>;
+    /// Writes all of `buf` at `pos`.
+    fn write_all_at(&self, buf: &[u8], pos: u64) -> io::Result<()>;
+    /// Makes the file's data (and its length) durable: `fdatasync`.
+    fn sync_data(&self) -> io::Result<()>;
+    /// The file's current length.
+    fn len(&self) -> io::Result<u64>;
+    /// Truncates or extends the file.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+}
+
+/// The real file system.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OsFs;
+
+#[derive(Debug)]
+struct OsFile(File);
+
+impl Vfs for OsFs {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn VfsFile>> {
+        let mut o = OpenOptions::new();
+        match mode {
+            OpenMode::ReadOnly => o.read(true),
+            OpenMode::ReadWrite => o.read(true).write(true),
+            OpenMode::CreateNew => o.read(true).write(true).create_new(true),
+            OpenMode::CreateTruncate => o.read(true).write(true).create(true).truncate(true),
+        };
+        Ok(Arc::new(OsFile(o.open(path)?)))
+    }
+
+    fn read_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
+        fs::read_dir(dir)?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect()
+    }
+
+    fn is_dir(&self, path: &Path) -> bool {
+        path.is_dir()
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        fs::create_dir_all(dir)
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+}
+
+impl VfsFile for OsFile {
+    fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()> {
+        self.0.read_exact_at(buf, pos)
+    }
+    fn write_all_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
+        self.0.write_all_at(buf, pos)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+}
+
+/// A file system that fails chosen operations, for tests of what the storage does when the disk
+/// says no.
+#[cfg(any(test, feature = "test-support"))]
+pub mod fault {
+    use super::*;
+    use parking_lot::Mutex;
+    use std::path::PathBuf;
+
+    /// The operations a fault can hit.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Op {
+        /// `write_all_at`.
+        Write,
+        /// `sync_data` and `sync_dir`.
+        Sync,
+    }
+
+    #[derive(Debug)]
+    struct Fault {
+        op: Op,
+        path_contains: String,
+        errno: i32,
+    }
+
+    /// Wraps [`OsFs`]; every armed fault fails the matching operations until [`FaultyFs::clear`].
+    #[derive(Debug, Clone, Default)]
+    pub struct FaultyFs {
+        faults: Arc<Mutex<Vec<Fault>>>,
+    }
+
+    impl FaultyFs {
+        /// A file system with no faults armed.
+        pub fn new() -> Self {
+            Self::default()
+        }
+
+        /// Fails `op` on every path containing `path_contains` with the OS error `errno`
+        /// (`libc::EIO`, `libc::ENOSPC`, …).
+        pub fn fail(&self, op: Op, path_contains: &str, errno: i32) {
+            self.faults.lock().push(Fault {
+                op,
+                path_contains: path_contains.to_owned(),
+                errno,
+            });
+        }
+
+        /// Disarms every fault: the disk is healthy again.
+        pub fn clear(&self) {
+            self.faults.lock().clear();
+        }
+
+        fn check(&self, op: Op, path: &Path) -> io::Result<()> {
+            let faults = self.faults.lock();
+            let hit = faults
+                .iter()
+                .find(|f| f.op == op && path.to_string_lossy().contains(&f.path_contains));
+            match hit {
+                Some(f) => Err(io::Error::from_raw_os_error(f.errno)),
+                None => Ok(()),
+            }
+        }
+    }
+
+    #[derive(Debug)]
+    struct FaultyFile {
+        fs: FaultyFs,
+        path: PathBuf,
+        inner: Arc<dyn VfsFile>,
+    }
+
+    impl Vfs for FaultyFs {
+        fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn VfsFile>> {
+            Ok(Arc::new(FaultyFile {
+                fs: self.clone(),
+                path: path.to_owned(),
+                inner: OsFs.open(path, mode)?,
+            }))
+        }
+        fn read_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
+            OsFs.read_dir(dir)
+        }
+        fn is_dir(&self, path: &Path) -> bool {
+            OsFs.is_dir(path)
+        }
+        fn exists(&self, path: &Path) -> bool {
+            OsFs.exists(path)
+        }
+        fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+            OsFs.create_dir_all(dir)
+        }
+        fn remove_file(&self, path: &Path) -> io::Result<()> {
+            OsFs.remove_file(path)
+        }
+        fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+            self.check(Op::Write, to)?;
+            OsFs.rename(from, to)
+        }
+        fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+            self.check(Op::Sync, dir)?;
+            OsFs.sync_dir(dir)
+        }
+    }
+
+    impl VfsFile for FaultyFile {
+        fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()> {
+            self.inner.read_exact_at(buf, pos)
+        }
+        fn write_all_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
+            self.fs.check(Op::Write, &self.path)?;
+            self.inner.write_all_at(buf, pos)
+        }
+        fn sync_data(&self) -> io::Result<()> {
+            self.fs.check(Op::Sync, &self.path)?;
+            self.inner.sync_data()
+        }
+        fn len(&self) -> io::Result<u64> {
+            self.inner.len()
+        }
+        fn set_len(&self, len: u64) -> io::Result<()> {
+            self.inner.set_len(len)
+        }
+    }
+}

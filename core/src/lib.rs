@@ -1,0 +1,21 @@
+//! Types every part of mmmq agrees on: what a topic name may be, how a dispatcher's pattern selects
+//! topics, what is stored for a message and what a consumer receives.
+//!
+//! # Layout
+//! - [`topic`]: [`Topic`] and [`ConsumerId`], validated names that are safe to use as file names.
+//! - [`pattern`]: [`TopicPattern`], the word-wise wildcard a dispatcher subscribes with.
+//! - [`message`]: [`StoredMessage`] (the payload of a log entry) and [`Envelope`] (what consumers see).
+//! - [`ack`]: [`Ack`], the one-bit answer of a broker or a consumer.
+//!
+//! The crate has no I/O and no async: the broker, the clients and the plugin SDK all depend on it.
+#![deny(missing_docs)]
+
+pub mod ack;
+pub mod message;
+pub mod pattern;
+pub mod topic;
+
+pub use ack::Ack;
+pub use message::{Envelope, StoredMessage};
+pub use pattern::{PatternError, TopicPattern};
+pub use topic::{ConsumerId, NameError, Topic};
