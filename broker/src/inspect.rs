@@ -79,34 +79,41 @@ fn has_subdirs_with_segments(vfs: &dyn Vfs, dir: &Path) -> Result<bool, StorageE
     Ok(false)
 }
 
+/// Why an inspection could not finish (problems *in* the data are reported, not errors).
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    /// A file could not be read at all.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The report could not be written (a closed pipe, a full disk).
+    #[error("cannot write the report: {0}")]
+    Output(#[from] io::Error),
+}
+
 /// Inspects `dir` and writes the report to `out`.
 pub fn run(
     vfs: &Arc<dyn Vfs>,
     dir: &Path,
     options: &InspectOptions,
     out: &mut dyn Write,
-) -> Result<Summary, StorageError> {
+) -> Result<Summary, InspectError> {
     if !vfs.is_dir(dir) {
         return Err(StorageError::io(
             dir,
             io::Error::new(io::ErrorKind::NotFound, "no such directory"),
-        ));
+        )
+        .into());
     }
     let mut summary = Summary::default();
     let dirs = topic_dirs(&**vfs, dir)?;
     for topic in &dirs {
-        inspect_topic(vfs, topic, options, out, &mut summary).map_err(|e| match e {
-            Failure::Storage(e) => e,
-            Failure::Output(e) => StorageError::io("<output>", e),
-        })?;
+        inspect_topic(vfs, topic, options, out, &mut summary)?;
     }
-    let w = |out: &mut dyn Write, s: String| {
-        writeln!(out, "{s}").map_err(|e| StorageError::io("<output>", e))
-    };
-    w(out, String::new())?;
-    w(
+    writeln!(out)?;
+    writeln!(
         out,
-        format!(
+        "{}",
+        format_args!(
             "summary: {} topic(s), {} segment(s), {} entries, {} corrupt, {} inconsistenc{}, {} uncommitted byte(s)",
             summary.topics,
             summary.segments,
@@ -121,30 +128,12 @@ pub fn run(
             summary.uncommitted_bytes
         ),
     )?;
-    w(
-        out,
-        if summary.is_clean() {
-            "status: OK".to_owned()
-        } else {
-            "status: DAMAGED (see the lines marked !)".to_owned()
-        },
-    )?;
+    if summary.is_clean() {
+        writeln!(out, "status: OK")?;
+    } else {
+        writeln!(out, "status: DAMAGED (see the lines marked !)")?;
+    }
     Ok(summary)
-}
-
-enum Failure {
-    Storage(StorageError),
-    Output(io::Error),
-}
-impl From<StorageError> for Failure {
-    fn from(e: StorageError) -> Self {
-        Self::Storage(e)
-    }
-}
-impl From<io::Error> for Failure {
-    fn from(e: io::Error) -> Self {
-        Self::Output(e)
-    }
 }
 
 fn inspect_topic(
@@ -153,7 +142,7 @@ fn inspect_topic(
     options: &InspectOptions,
     out: &mut dyn Write,
     summary: &mut Summary,
-) -> Result<(), Failure> {
+) -> Result<(), InspectError> {
     summary.topics += 1;
     writeln!(out, "topic directory {}", dir.display())?;
     let listing = scan::list_segments(&**vfs, dir)?;
@@ -209,17 +198,23 @@ fn inspect_segment(
     options: &InspectOptions,
     out: &mut dyn Write,
     summary: &mut Summary,
-) -> Result<(), Failure> {
+) -> Result<(), InspectError> {
     let files = &scan.files;
     writeln!(
         out,
-        "  segment {}  data {} B, index {} B ({} entries, offsets {}..{})",
-        scan::segment_file_name(files.start, scan::DATA_EXT).trim_end_matches(".mmm"),
+        "  segment {}  data {} B, index {} B, {}",
+        scan::segment_file_name(files.start, scan::DATA_EXT),
         scan.data_len,
         scan.index_len,
-        scan.count(),
-        files.start,
-        scan.end_offset()
+        match scan.count() {
+            0 => "no entries".to_owned(),
+            1 => format!("1 entry (offset {})", files.start),
+            n => format!(
+                "{n} entries (offsets {}-{})",
+                files.start,
+                scan.end_offset() - 1
+            ),
+        }
     )?;
     if let Some(reason) = &scan.inconsistency {
         summary.inconsistencies += 1;

@@ -89,8 +89,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let options = mmmq::inspect::InspectOptions { no_payload };
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
-            let summary = mmmq::inspect::run(&vfs, &dir, &options, &mut out)
-                .with_context(|| format!("cannot inspect {}", dir.display()))?;
+            let summary = match mmmq::inspect::run(&vfs, &dir, &options, &mut out) {
+                Ok(summary) => summary,
+                // `mmmq inspect … | head` is normal use, not an error.
+                Err(mmmq::inspect::InspectError::Output(e))
+                    if e.kind() == std::io::ErrorKind::BrokenPipe =>
+                {
+                    return Ok(ExitCode::SUCCESS);
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("cannot inspect {}", dir.display()));
+                }
+            };
             Ok(if summary.is_clean() {
                 ExitCode::SUCCESS
             } else {

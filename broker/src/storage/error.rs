@@ -25,13 +25,14 @@ pub struct CorruptEntry {
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
     /// The operating system refused an operation on a file.
-    #[error("I/O error on {path}: {source}")]
+    // The OS error is part of the message (HTTP answers and logs show only the top error), so it
+    // is deliberately not also exposed as `source`, which would print it twice in a chain.
+    #[error("I/O error on {path}: {error}")]
     Io {
         /// The file or directory.
         path: PathBuf,
         /// What the OS said.
-        #[source]
-        source: io::Error,
+        error: io::Error,
     },
     /// A skippable, isolated corrupt entry (see [`CorruptEntry`]).
     #[error(transparent)]
@@ -72,7 +73,7 @@ impl StorageError {
     pub fn io(path: impl Into<PathBuf>, source: io::Error) -> Self {
         Self::Io {
             path: path.into(),
-            source,
+            error: source,
         }
     }
 }

@@ -166,10 +166,8 @@ impl Log {
     /// Blocking; must be called from within a Tokio runtime (the log's stages run on its blocking
     /// pool), typically inside `spawn_blocking`.
     pub fn open(dir: &Path, vfs: Arc<dyn Vfs>, config: LogConfig) -> Result<Self, StorageError> {
-        let runtime = tokio::runtime::Handle::try_current().map_err(|e| StorageError::Io {
-            path: dir.to_owned(),
-            source: std::io::Error::other(e),
-        })?;
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|e| StorageError::io(dir, std::io::Error::other(e)))?;
         if !vfs.is_dir(dir) {
             vfs.create_dir_all(dir).at(dir)?;
             if let Some(parent) = dir.parent() {
