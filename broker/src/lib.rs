@@ -3,10 +3,23 @@
 //! # Layout
 //! - [`storage`]: the segment store: framing, segments and indexes, the group-commit log,
 //!   recovery, checkpoints, and the file abstraction under all of it.
+//! - [`topics`]: the registry of topics (one log and its checkpoints each), created on first use.
+//! - [`config`]: `serve` settings and the strict `dispatchers.json` loader.
+//! - [`dispatch`]: dispatchers, their drain workers and their targets (remote HTTP consumers).
+//! - [`broker`]: [`broker::Broker`], the handle that ties topics, dispatchers and metrics together.
+//! - [`http`]: the HTTP API on axum; [`server`]: `run(listener, config, shutdown)`.
+//! - [`metrics`]: Prometheus metrics.
 //! - [`inspect`]: `mmmq inspect`, an offline reader of a topic directory for when a disk misbehaves.
 //! - [`bench`]: `mmmq bench`, benchmarks that print JSON lines.
 #![deny(missing_docs)]
 
 pub mod bench;
+pub mod broker;
+pub mod config;
+pub mod dispatch;
+pub mod http;
 pub mod inspect;
+pub mod metrics;
+pub mod server;
 pub mod storage;
+pub mod topics;

@@ -22,6 +22,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the broker.
+    Serve(ServeArgs),
     /// Read a topic directory offline and print every entry and a summary; exits 1 on corruption.
     Inspect {
         /// A topic directory (`{root}/topics/{topic}`), a `topics/` directory or a root dir.
@@ -35,6 +37,26 @@ enum Command {
         #[command(subcommand)]
         what: BenchCommand,
     },
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Where topics, checkpoints and dispatchers.json live.
+    #[arg(long, env = "MMMQ_ROOT_DIR", default_value = "./mmmq")]
+    root_dir: PathBuf,
+    /// Address to listen on (port 0 picks a free port; the log says which).
+    #[arg(long, env = "MMMQ_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// A new segment starts when the tail has reached this size (a soft cap).
+    #[arg(long, env = "MMMQ_SEGMENT_MAX_BYTES", default_value_t = 67_108_864)]
+    segment_max_bytes: u64,
+    /// Largest message body accepted; a batch may be 32 times this.
+    #[arg(long, env = "MMMQ_MAX_BODY_BYTES", default_value_t = 1_048_576)]
+    max_body_bytes: usize,
+    /// When a produce is acknowledged: group (group commit, durable), per-append (durable, slow),
+    /// none (no fsync: survives a crash of mmmq, not of the machine).
+    #[arg(long, env = "MMMQ_FLUSH", default_value = "group")]
+    flush: FlushMode,
 }
 
 #[derive(Subcommand)]
@@ -67,6 +89,7 @@ fn init_tracing() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 
@@ -84,6 +107,12 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Serve(args) => {
+            raise_fd_limit();
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(serve(args))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Inspect { dir, no_payload } => {
             let vfs: Arc<dyn Vfs> = Arc::new(OsFs);
             let options = mmmq::inspect::InspectOptions { no_payload };
@@ -130,6 +159,29 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut config = mmmq::config::ServeConfig::new(&args.root_dir).with_flush(args.flush);
+    config.log.segment_max_bytes = args.segment_max_bytes;
+    config.max_body_bytes = args.max_body_bytes;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, root_dir = %args.root_dir.display(), "listening");
+    mmmq::server::run(listener, config, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
     }
 }
 

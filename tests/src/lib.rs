@@ -1,6 +1,15 @@
-//! Support for the end-to-end tests: finding the real `mmmq` binary and the shapes of test data.
+//! Support for the end-to-end tests: the real `mmmq` binary in a temporary root dir on a free
+//! port, and real HTTP consumers that record what they receive.
 
-use std::path::PathBuf;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde_json::Value;
 
 /// The payload the crash appender writes for (`cycle`, `task`, `seq`): varied lengths, so that
 /// torn writes land at every kind of boundary.
@@ -26,4 +35,330 @@ pub fn mmmq_bin() -> PathBuf {
         bin.display()
     );
     bin
+}
+
+/// Waits until `f` returns `Some`, checking every 20 ms, or panics after `timeout` with `what`.
+pub async fn eventually<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A running `mmmq serve`.
+pub struct Broker {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// Its root dir.
+    pub root: PathBuf,
+    /// Everything it logged so far.
+    pub log: Arc<Mutex<String>>,
+    /// HTTP client for the tests.
+    pub http: reqwest::Client,
+}
+
+impl Broker {
+    /// Starts `mmmq serve` on a free port with `root` and waits until `/healthz` answers 200.
+    pub async fn start(root: &Path) -> Self {
+        Self::start_with(root, &[]).await
+    }
+
+    /// As [`Broker::start`], with extra flags.
+    pub async fn start_with(root: &Path, args: &[&str]) -> Self {
+        let (child, addr, log) = spawn_serve(root, args);
+        let addr = addr.unwrap_or_else(|| {
+            panic!("mmmq serve did not start:\n{}", log.lock());
+        });
+        let broker = Self {
+            child,
+            url: format!("http://{addr}"),
+            root: root.to_owned(),
+            log,
+            http: reqwest::Client::new(),
+        };
+        let url = format!("{}/healthz", broker.url);
+        let http = broker.http.clone();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = http.get(&url).send().await
+                && r.status() == 200
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "broker never became healthy");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        broker
+    }
+
+    /// POSTs JSON to a path; returns the status and the JSON answer.
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.url))
+            .json(body)
+            .send()
+            .await
+            .expect("request");
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// GETs a path; returns the status and the JSON answer.
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.url))
+            .send()
+            .await
+            .expect("request");
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Produces one message and returns its offset (panics unless ACKed).
+    pub async fn produce(&self, topic: &str, content: Value) -> u64 {
+        let (status, body) = self
+            .post(
+                "/mmmq/messages",
+                &serde_json::json!({"topic": topic, "content": content}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["ack"], "ACK");
+        body["offset"].as_u64().unwrap()
+    }
+
+    /// Every message of a topic, by pull.
+    pub async fn pull_all(&self, topic: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut from = 0;
+        loop {
+            let (status, body) = self
+                .get(&format!(
+                    "/mmmq/topics/{topic}/messages?from={from}&max=1000"
+                ))
+                .await;
+            assert_eq!(status, 200, "{body}");
+            let msgs = body["messages"].as_array().unwrap().clone();
+            let next = body["next"].as_u64().unwrap();
+            if next == from {
+                return out;
+            }
+            out.extend(msgs);
+            from = next;
+        }
+    }
+
+    /// SIGTERM, then waits for the exit.
+    pub fn terminate(mut self) -> ExitStatus {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().expect("wait");
+        std::mem::forget(self);
+        status
+    }
+
+    /// SIGKILL, then waits for the exit.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::mem::forget(self);
+    }
+
+    /// Sends a signal without waiting.
+    pub fn signal(&self, sig: i32) {
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `mmmq serve` and returns the child, the address it listens on (None if it exited first)
+/// and its log.
+pub fn spawn_serve(root: &Path, args: &[&str]) -> (Child, Option<SocketAddr>, Arc<Mutex<String>>) {
+    let mut child = Command::new(mmmq_bin())
+        .arg("serve")
+        .arg("--root-dir")
+        .arg(root)
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn mmmq");
+    let log = Arc::new(Mutex::new(String::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    let sink = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if let Some(addr) = line
+                .split_once(" addr=")
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .and_then(|a| a.parse::<SocketAddr>().ok())
+            {
+                let _ = tx.send(addr);
+            }
+            eprintln!("[mmmq] {line}");
+            let mut l = sink.lock();
+            l.push_str(&line);
+            l.push('\n');
+        }
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(30)).ok();
+    (child, addr, log)
+}
+
+/// Writes `{root}/dispatchers.json`.
+pub fn write_dispatchers(root: &Path, dispatchers: &Value) {
+    std::fs::create_dir_all(root).unwrap();
+    std::fs::write(
+        root.join("dispatchers.json"),
+        serde_json::to_vec_pretty(dispatchers).unwrap(),
+    )
+    .unwrap();
+}
+
+/// A dispatcher entry for a local consumer.
+pub fn host_dispatcher(id: &str, pattern: &str, port: u16) -> Value {
+    serde_json::json!({
+        "consumerId": id,
+        "pattern": pattern,
+        "host": {"protocol": "HTTP", "address": "127.0.0.1", "port": port, "timeoutMs": 5000},
+    })
+}
+
+/// How a test consumer answers one envelope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// `200 {"ack":"ACK"}`.
+    Ack,
+    /// `200 {"ack":"NACK"}`.
+    Nack,
+    /// `500`.
+    Error,
+}
+
+type Policy = dyn Fn(&Value) -> Answer + Send + Sync;
+
+/// A real HTTP consumer (contract §3) that records every envelope it receives, in order.
+pub struct Consumer {
+    /// Its port.
+    pub port: u16,
+    received: Arc<Mutex<Vec<Value>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Consumer {
+    /// ACKs everything, on a free port.
+    pub async fn start() -> Self {
+        Self::start_on(0, Arc::new(|_| Answer::Ack)).await
+    }
+
+    /// Answers by `policy`, on `port` (0 for a free one).
+    pub async fn start_on(port: u16, policy: Arc<Policy>) -> Self {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let rec = received.clone();
+        let app = axum::Router::new().route(
+            "/mmmq/messages",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let rec = rec.clone();
+                let policy = policy.clone();
+                async move {
+                    let v: Value = serde_json::from_slice(&body).expect("broker sent JSON");
+                    let items = match &v {
+                        Value::Array(a) => a.clone(),
+                        one => vec![one.clone()],
+                    };
+                    let mut answer = Answer::Ack;
+                    for item in &items {
+                        let a = policy(item);
+                        if a != Answer::Ack {
+                            answer = a;
+                        }
+                    }
+                    rec.lock().push(v);
+                    match answer {
+                        Answer::Ack => (axum::http::StatusCode::OK, r#"{"ack":"ACK"}"#),
+                        Answer::Nack => (axum::http::StatusCode::OK, r#"{"ack":"NACK"}"#),
+                        Answer::Error => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "{}"),
+                    }
+                }
+            }),
+        );
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Self {
+            port,
+            received,
+            task,
+        }
+    }
+
+    /// Every request body received, in order (an envelope, or an array for batches).
+    pub fn requests(&self) -> Vec<Value> {
+        self.received.lock().clone()
+    }
+
+    /// Every envelope received, batches flattened, in order.
+    pub fn envelopes(&self) -> Vec<Value> {
+        self.received
+            .lock()
+            .iter()
+            .flat_map(|v| match v {
+                Value::Array(a) => a.clone(),
+                one => vec![one.clone()],
+            })
+            .collect()
+    }
+
+    /// Envelopes of one topic, in the order received.
+    pub fn of_topic(&self, topic: &str) -> Vec<Value> {
+        self.envelopes()
+            .into_iter()
+            .filter(|e| e["topic"] == topic)
+            .collect()
+    }
+
+    /// Waits until at least `n` envelopes arrived.
+    pub async fn wait_for(&self, n: usize, timeout: Duration) -> Vec<Value> {
+        eventually(timeout, &format!("{n} envelopes"), || {
+            let e = self.envelopes();
+            (e.len() >= n).then_some(e)
+        })
+        .await
+    }
+
+    /// Stops listening (the port is free again).
+    pub async fn stop(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+/// A port nothing listens on (yet).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }

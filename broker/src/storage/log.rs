@@ -58,8 +58,11 @@ impl std::str::FromStr for FlushMode {
     }
 }
 
+/// Called after every commit with the number of entries it made durable (for metrics).
+pub type CommitObserver = Arc<dyn Fn(u64) + Send + Sync>;
+
 /// How a log writes.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct LogConfig {
     /// A new segment starts when the tail has reached this many bytes before an append (a soft
     /// cap: an entry is never split).
@@ -69,6 +72,18 @@ pub struct LogConfig {
     /// Upper bound on the bytes one group commit writes, so that one huge burst does not hold
     /// every waiting append behind a single enormous write.
     pub max_batch_bytes: usize,
+    /// Told about every commit.
+    pub on_commit: Option<CommitObserver>,
+}
+
+impl std::fmt::Debug for LogConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogConfig")
+            .field("segment_max_bytes", &self.segment_max_bytes)
+            .field("flush", &self.flush)
+            .field("max_batch_bytes", &self.max_batch_bytes)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for LogConfig {
@@ -77,6 +92,7 @@ impl Default for LogConfig {
             segment_max_bytes: 64 * 1024 * 1024,
             flush: FlushMode::GroupCommit,
             max_batch_bytes: 8 * 1024 * 1024,
+            on_commit: None,
         }
     }
 }
@@ -557,7 +573,10 @@ impl Inner {
             piece.segment.publish(&piece.positions, piece.end);
         }
         if let Some(last) = staged.last() {
-            self.committed.send_replace(last.next_offset);
+            let before = self.committed.send_replace(last.next_offset);
+            if let Some(observe) = &self.config.on_commit {
+                observe(last.next_offset - before);
+            }
         }
         Ok(())
     }

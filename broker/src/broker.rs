@@ -1,0 +1,218 @@
+//! The broker: topics, dispatchers and metrics behind one handle. The HTTP layer is a thin skin
+//! over it, and it is what an application embeds.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use mmmq_core::{StoredMessage, Topic};
+use serde_json::value::RawValue;
+
+use crate::config::{self, ConfigError, ServeConfig};
+use crate::dispatch::{
+    Dispatch, DispatchError, DispatcherStatus, HostTargets, ReloadReport, TargetFactory,
+};
+use crate::metrics::{Metrics, TopicLabel};
+use crate::storage::{OsFs, StorageError, Vfs};
+use crate::topics::{Registry, TopicLog};
+
+/// Errors of the broker layer.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// `dispatchers.json` is wrong.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A dispatcher's target could not be built.
+    #[error(transparent)]
+    Dispatch(#[from] DispatchError),
+    /// The disk said no.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// Producers may not write to `__` topics.
+    #[error(
+        "topic {0:?} is internal (names starting with \"__\" hold dead letters); producers cannot write to it"
+    )]
+    InternalTopic(String),
+}
+
+/// One message to produce.
+#[derive(Debug)]
+pub struct ProduceItem {
+    /// Where.
+    pub topic: Topic,
+    /// Optional key.
+    pub key: Option<String>,
+    /// Content, verbatim JSON.
+    pub content: Box<RawValue>,
+}
+
+/// A running broker.
+pub struct Broker {
+    config: ServeConfig,
+    registry: Arc<Registry>,
+    dispatch: Arc<Dispatch>,
+    metrics: Arc<Metrics>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Broker {
+    /// Recovers every topic, loads `dispatchers.json` and starts delivering, with host targets only.
+    pub async fn open(config: ServeConfig) -> Result<Self, BrokerError> {
+        Self::open_with(config, Arc::new(OsFs), Arc::new(HostTargets)).await
+    }
+
+    /// As [`Broker::open`], with a chosen file system and target factory.
+    pub async fn open_with(
+        mut config: ServeConfig,
+        vfs: Arc<dyn Vfs>,
+        factory: Arc<dyn TargetFactory>,
+    ) -> Result<Self, BrokerError> {
+        let root = config.root_dir.clone();
+        let specs = tokio::task::spawn_blocking(move || config::load_dispatchers(&root))
+            .await
+            .expect("config task panicked")?;
+        let metrics = Arc::new(Metrics::new());
+        let m = metrics.clone();
+        config.log.on_commit = Some(Arc::new(move |n| m.observe_commit(n)));
+        let registry =
+            Arc::new(Registry::restore(config.topics_dir(), vfs, config.log.clone()).await?);
+        let dispatch = Dispatch::start(registry.clone(), metrics.clone(), factory);
+        let report = dispatch.apply(specs).await?;
+        tracing::info!(
+            dispatchers = report.added.len(),
+            topics = registry.len(),
+            "broker ready"
+        );
+        Ok(Self {
+            config,
+            registry,
+            dispatch,
+            metrics,
+        })
+    }
+
+    /// The settings it runs with.
+    pub fn config(&self) -> &ServeConfig {
+        &self.config
+    }
+
+    /// The topics.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Appends one message; resolves with its offset once it is durable.
+    pub async fn produce(&self, item: ProduceItem) -> Result<u64, BrokerError> {
+        let topic = self.writable(&item.topic).await?;
+        let payload = stored_payload(&item);
+        let offset = topic.log.append(&payload).await?;
+        self.count_in(&item.topic, 1, payload.len());
+        Ok(offset)
+    }
+
+    /// Appends messages, each topic's share at consecutive offsets in one commit, topics in
+    /// parallel. Resolves with each message's offset, in request order.
+    pub async fn produce_batch(&self, items: Vec<ProduceItem>) -> Result<Vec<u64>, BrokerError> {
+        for item in &items {
+            if item.topic.is_internal() {
+                return Err(BrokerError::InternalTopic(item.topic.to_string()));
+            }
+        }
+        let mut by_topic: Vec<(Topic, Vec<usize>)> = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            match by_topic.iter_mut().find(|(t, _)| *t == item.topic) {
+                Some((_, v)) => v.push(i),
+                None => by_topic.push((item.topic.clone(), vec![i])),
+            }
+        }
+        let mut set = tokio::task::JoinSet::new();
+        for (topic, indexes) in by_topic {
+            let log = self.registry.get_or_create(&topic).await?.log.clone();
+            let payloads: Vec<Vec<u8>> =
+                indexes.iter().map(|&i| stored_payload(&items[i])).collect();
+            set.spawn(async move {
+                let bytes: usize = payloads.iter().map(Vec::len).sum();
+                let first = log.append_batch(&payloads).await;
+                (topic, indexes, bytes, first)
+            });
+        }
+        let mut offsets = vec![0; items.len()];
+        let mut failure = None;
+        while let Some(joined) = set.join_next().await {
+            let (topic, indexes, bytes, first) = joined.expect("append task panicked");
+            match first {
+                Ok(first) => {
+                    self.count_in(&topic, indexes.len() as u64, bytes);
+                    for (k, &i) in indexes.iter().enumerate() {
+                        offsets[i] = first + k as u64;
+                    }
+                }
+                Err(e) => failure = Some(e),
+            }
+        }
+        match failure {
+            Some(e) => Err(e.into()),
+            None => Ok(offsets),
+        }
+    }
+
+    async fn writable(&self, topic: &Topic) -> Result<Arc<TopicLog>, BrokerError> {
+        if topic.is_internal() {
+            return Err(BrokerError::InternalTopic(topic.to_string()));
+        }
+        Ok(self.registry.get_or_create(topic).await?)
+    }
+
+    fn count_in(&self, topic: &Topic, messages: u64, bytes: usize) {
+        let label = TopicLabel {
+            topic: topic.to_string(),
+        };
+        self.metrics
+            .messages_in
+            .get_or_create(&label)
+            .inc_by(messages);
+        self.metrics
+            .bytes_in
+            .get_or_create(&label)
+            .inc_by(bytes as u64);
+    }
+
+    /// Re-reads `dispatchers.json` and applies it; a bad file changes nothing.
+    pub async fn reload(&self) -> Result<ReloadReport, BrokerError> {
+        let root = self.config.root_dir.clone();
+        let specs = tokio::task::spawn_blocking(move || config::load_dispatchers(&root))
+            .await
+            .expect("config task panicked")?;
+        let report = self.dispatch.apply(specs).await?;
+        tracing::info!(?report, "dispatchers reloaded");
+        Ok(report)
+    }
+
+    /// Status of every dispatcher.
+    pub async fn dispatchers(&self) -> Vec<DispatcherStatus> {
+        self.dispatch.status().await
+    }
+
+    /// Stops delivery cleanly: in-flight deliveries finish, checkpoints are written.
+    pub async fn shutdown(&self) {
+        self.dispatch.shutdown().await;
+    }
+}
+
+fn stored_payload(item: &ProduceItem) -> Vec<u8> {
+    StoredMessage {
+        timestamp: now_ms(),
+        key: item.key.clone(),
+        content: item.content.clone(),
+    }
+    .to_payload()
+}

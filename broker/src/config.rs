@@ -1,0 +1,433 @@
+//! Configuration: the `serve` settings and `dispatchers.json` (contract §4).
+//!
+//! `dispatchers.json` is validated strictly and as a whole: any problem refuses the file, and the
+//! error names the entry (its position and consumerId) and the field. A broker that starts with a
+//! half-understood configuration would deliver messages where nobody meant them to go.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use mmmq_core::{ConsumerId, TopicPattern};
+use serde::Deserialize;
+
+use crate::storage::{FlushMode, LogConfig};
+
+/// The settings of `mmmq serve`.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Root of everything on disk.
+    pub root_dir: PathBuf,
+    /// How topic logs write.
+    pub log: LogConfig,
+    /// Largest accepted message body (a batch may carry up to [`BATCH_BODY_FACTOR`] of them).
+    pub max_body_bytes: usize,
+}
+
+/// A batch request may be this many times the single-message body limit.
+pub const BATCH_BODY_FACTOR: usize = 32;
+
+impl ServeConfig {
+    /// Defaults of the contract, rooted at `root_dir`.
+    pub fn new(root_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            root_dir: root_dir.into(),
+            log: LogConfig::default(),
+            max_body_bytes: 1024 * 1024,
+        }
+    }
+
+    /// `{root-dir}/dispatchers.json`.
+    pub fn dispatchers_file(&self) -> PathBuf {
+        self.root_dir.join("dispatchers.json")
+    }
+
+    /// `{root-dir}/topics`.
+    pub fn topics_dir(&self) -> PathBuf {
+        self.root_dir.join("topics")
+    }
+
+    /// Uses `flush` for every log.
+    pub fn with_flush(mut self, flush: FlushMode) -> Self {
+        self.log.flush = flush;
+        self
+    }
+}
+
+/// Why `dispatchers.json` was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read or created.
+    #[error("{path}: {error}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        error: std::io::Error,
+    },
+    /// The file is not a JSON array.
+    #[error("{path}: {reason}")]
+    Syntax {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said.
+        reason: String,
+    },
+    /// One entry is wrong.
+    #[error("{path}: entry {index}{id}: {reason}")]
+    Entry {
+        /// The file.
+        path: PathBuf,
+        /// Position of the entry in the array, from 0.
+        index: usize,
+        /// ` (consumerId "…")` when the entry has a readable id.
+        id: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Where a dispatcher delivers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetSpec {
+    /// A remote HTTP consumer (contract §3).
+    Host(HostSpec),
+    /// A local WebAssembly component (contract §5).
+    Plugin(PluginSpec),
+}
+
+/// A remote consumer's address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostSpec {
+    /// `http` or `https`.
+    pub https: bool,
+    /// Host name or IP.
+    pub address: String,
+    /// TCP port.
+    pub port: u16,
+    /// Per-request timeout.
+    pub timeout: Duration,
+}
+
+impl HostSpec {
+    /// The URL the broker POSTs to: `{protocol}://{address}:{port}/mmmq/messages`.
+    pub fn url(&self) -> String {
+        let scheme = if self.https { "https" } else { "http" };
+        let host = if self.address.contains(':') && !self.address.starts_with('[') {
+            format!("[{}]", self.address) // an IPv6 literal
+        } else {
+            self.address.clone()
+        };
+        format!("{scheme}://{host}:{}/mmmq/messages", self.port)
+    }
+}
+
+/// A WebAssembly handler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginSpec {
+    /// The component file, resolved against the root dir.
+    pub path: PathBuf,
+    /// Each `handle` call is interrupted after this long.
+    pub timeout: Duration,
+    /// The guest's memory cap.
+    pub max_memory_bytes: u64,
+}
+
+/// One validated dispatcher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DispatcherSpec {
+    /// Unique id; names the checkpoint file and the dead-letter topic.
+    pub consumer_id: ConsumerId,
+    /// Which topics it receives.
+    pub pattern: TopicPattern,
+    /// Where it delivers.
+    pub target: TargetSpec,
+    /// Resends after a NACK before the message is dead-lettered.
+    pub max_nack_retries: u32,
+    /// Messages per delivery (host targets).
+    pub batch_max_messages: usize,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawDispatcher {
+    consumer_id: String,
+    pattern: String,
+    host: Option<RawHost>,
+    plugin: Option<RawPlugin>,
+    max_nack_retries: Option<u32>,
+    batch_max_messages: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawHost {
+    protocol: String,
+    address: String,
+    port: u16,
+    timeout_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawPlugin {
+    path: String,
+    timeout_ms: Option<u64>,
+    max_memory_bytes: Option<u64>,
+}
+
+/// Defaults of contract §4.
+pub const DEFAULT_HOST_TIMEOUT_MS: u64 = 30_000;
+/// Default plugin call timeout.
+pub const DEFAULT_PLUGIN_TIMEOUT_MS: u64 = 1_000;
+/// Default plugin memory cap (64 MiB).
+pub const DEFAULT_PLUGIN_MEMORY: u64 = 64 * 1024 * 1024;
+/// Default NACK resends.
+pub const DEFAULT_MAX_NACK_RETRIES: u32 = 3;
+/// Upper bound for `batchMaxMessages`.
+pub const MAX_BATCH_MESSAGES: u64 = 1000;
+
+/// Reads and validates `{root-dir}/dispatchers.json`, creating it as `[]` when it is missing.
+/// Blocking.
+pub fn load_dispatchers(root_dir: &Path) -> Result<Vec<DispatcherSpec>, ConfigError> {
+    let path = root_dir.join("dispatchers.json");
+    let io = |error| ConfigError::Io {
+        path: path.clone(),
+        error,
+    };
+    if !path.exists() {
+        std::fs::create_dir_all(root_dir).map_err(io)?;
+        std::fs::write(&path, "[]\n").map_err(io)?;
+    }
+    let text = std::fs::read_to_string(&path).map_err(io)?;
+    parse_dispatchers(&text, &path, root_dir)
+}
+
+/// Validates the text of a `dispatchers.json`; `path` is only used in messages.
+pub fn parse_dispatchers(
+    text: &str,
+    path: &Path,
+    root_dir: &Path,
+) -> Result<Vec<DispatcherSpec>, ConfigError> {
+    let entries: Vec<serde_json::Value> =
+        serde_json::from_str(text).map_err(|e| ConfigError::Syntax {
+            path: path.to_owned(),
+            reason: format!("not a JSON array of dispatchers: {e}"),
+        })?;
+    let mut seen = HashSet::new();
+    let mut out = Vec::with_capacity(entries.len());
+    for (index, value) in entries.into_iter().enumerate() {
+        let id = value
+            .get("consumerId")
+            .and_then(|v| v.as_str())
+            .map(|s| format!(" (consumerId {s:?})"))
+            .unwrap_or_default();
+        let entry_err = |reason: String| ConfigError::Entry {
+            path: path.to_owned(),
+            index,
+            id: id.clone(),
+            reason,
+        };
+        let spec = parse_entry(value, root_dir).map_err(&entry_err)?;
+        if !seen.insert(spec.consumer_id.clone()) {
+            return Err(entry_err(format!(
+                "duplicate consumerId {:?}",
+                spec.consumer_id.as_str()
+            )));
+        }
+        out.push(spec);
+    }
+    Ok(out)
+}
+
+fn parse_entry(value: serde_json::Value, root_dir: &Path) -> Result<DispatcherSpec, String> {
+    if !value.is_object() {
+        return Err(format!("expected an object, found {value}"));
+    }
+    let raw: RawDispatcher = serde_json::from_value(value).map_err(|e| e.to_string())?;
+    let consumer_id = ConsumerId::new(raw.consumer_id).map_err(|e| e.to_string())?;
+    let pattern = TopicPattern::new(raw.pattern).map_err(|e| e.to_string())?;
+    let target = match (raw.host, raw.plugin) {
+        (Some(_), Some(_)) => return Err("has both `host` and `plugin`; give exactly one".into()),
+        (None, None) => return Err("has neither `host` nor `plugin`; give exactly one".into()),
+        (Some(h), None) => {
+            let https = match h.protocol.to_ascii_uppercase().as_str() {
+                "HTTP" => false,
+                "HTTPS" => true,
+                _ => {
+                    return Err(format!(
+                        "unknown protocol {:?} in `host`; use HTTP or HTTPS",
+                        h.protocol
+                    ));
+                }
+            };
+            if h.address.trim().is_empty() || h.address.contains(['/', ' ', '?', '#', '@']) {
+                return Err(format!(
+                    "`host.address` {:?} is not a host name or IP address",
+                    h.address
+                ));
+            }
+            if h.port == 0 {
+                return Err("`host.port` must be 1 to 65535".into());
+            }
+            TargetSpec::Host(HostSpec {
+                https,
+                address: h.address,
+                port: h.port,
+                timeout: positive_ms(h.timeout_ms, DEFAULT_HOST_TIMEOUT_MS, "host.timeoutMs")?,
+            })
+        }
+        (None, Some(p)) => {
+            if p.path.trim().is_empty() {
+                return Err("`plugin.path` is empty".into());
+            }
+            let max_memory_bytes = p.max_memory_bytes.unwrap_or(DEFAULT_PLUGIN_MEMORY);
+            if max_memory_bytes < 64 * 1024 {
+                return Err(
+                    "`plugin.maxMemoryBytes` must be at least 65536 (one wasm page)".into(),
+                );
+            }
+            TargetSpec::Plugin(PluginSpec {
+                path: root_dir.join(&p.path),
+                timeout: positive_ms(p.timeout_ms, DEFAULT_PLUGIN_TIMEOUT_MS, "plugin.timeoutMs")?,
+                max_memory_bytes,
+            })
+        }
+    };
+    let batch = raw.batch_max_messages.unwrap_or(1);
+    if !(1..=MAX_BATCH_MESSAGES).contains(&batch) {
+        return Err(format!(
+            "`batchMaxMessages` must be 1 to {MAX_BATCH_MESSAGES}, not {batch}"
+        ));
+    }
+    if batch > 1 && matches!(target, TargetSpec::Plugin(_)) {
+        return Err("`batchMaxMessages` applies to host targets only".into());
+    }
+    let max_nack_retries = raw.max_nack_retries.unwrap_or(DEFAULT_MAX_NACK_RETRIES);
+    if max_nack_retries > 1000 {
+        return Err("`maxNackRetries` must be at most 1000".into());
+    }
+    Ok(DispatcherSpec {
+        consumer_id,
+        pattern,
+        target,
+        max_nack_retries,
+        batch_max_messages: batch as usize,
+    })
+}
+
+fn positive_ms(v: Option<u64>, default: u64, field: &str) -> Result<Duration, String> {
+    match v.unwrap_or(default) {
+        0 => Err(format!("`{field}` must be at least 1")),
+        ms if ms > 3_600_000 => Err(format!("`{field}` must be at most 3600000 (one hour)")),
+        ms => Ok(Duration::from_millis(ms)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Vec<DispatcherSpec>, String> {
+        parse_dispatchers(text, Path::new("dispatchers.json"), Path::new("/root"))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_contract_example_parses_with_defaults() {
+        let specs = parse(
+            r#"[{"consumerId":"order-created","host":{"protocol":"http","address":"consumer-host","port":8080},"pattern":"order.created"},
+                {"consumerId":"audit","pattern":"**","plugin":{"path":"plugins/audit.wasm"}}]"#,
+        )
+        .unwrap();
+        assert_eq!(specs.len(), 2);
+        assert_eq!(specs[0].max_nack_retries, 3);
+        assert_eq!(specs[0].batch_max_messages, 1);
+        match &specs[0].target {
+            TargetSpec::Host(h) => {
+                assert_eq!(h.url(), "http://consumer-host:8080/mmmq/messages");
+                assert_eq!(h.timeout, Duration::from_secs(30));
+            }
+            other => panic!("{other:?}"),
+        }
+        match &specs[1].target {
+            TargetSpec::Plugin(p) => {
+                assert_eq!(p.path, Path::new("/root/plugins/audit.wasm"));
+                assert_eq!(p.timeout, Duration::from_secs(1));
+                assert_eq!(p.max_memory_bytes, 64 * 1024 * 1024);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_broken_variant_names_the_entry_and_the_problem() {
+        let host = r#""host":{"protocol":"HTTP","address":"h","port":1}"#;
+        let cases = [
+            ("{", "not a JSON array"),
+            (r#"{"consumerId":"a"}"#, "not a JSON array"),
+            (r#"[1]"#, "entry 0: expected an object"),
+            (
+                &format!(
+                    r#"[{{"consumerId":"a","pattern":"x",{host}}},{{"consumerId":"a","pattern":"y",{host}}}]"#
+                ),
+                "entry 1 (consumerId \"a\"): duplicate consumerId",
+            ),
+            (
+                r#"[{"consumerId":"a","pattern":"x","host":{"protocol":"FTP","address":"h","port":1}}]"#,
+                "unknown protocol \"FTP\"",
+            ),
+            (
+                r#"[{"consumerId":"a","pattern":"x"}]"#,
+                "neither `host` nor `plugin`",
+            ),
+            (
+                &format!(
+                    r#"[{{"consumerId":"a","pattern":"x",{host},"plugin":{{"path":"p.wasm"}}}}]"#
+                ),
+                "both `host` and `plugin`",
+            ),
+            (
+                &format!(r#"[{{"consumerId":"a","pattern":"x",{host},"colour":"red"}}]"#),
+                "unknown field `colour`",
+            ),
+            (
+                r#"[{"consumerId":"a","pattern":"x","host":{"protocol":"HTTP","address":"h","port":1,"tls":true}}]"#,
+                "unknown field `tls`",
+            ),
+            (
+                &format!(r#"[{{"consumerId":"../etc","pattern":"x",{host}}}]"#),
+                "consumerId \"../etc\" contains '/'",
+            ),
+            (
+                &format!(r#"[{{"pattern":"x",{host}}}]"#),
+                "missing field `consumerId`",
+            ),
+            (
+                &format!(r#"[{{"consumerId":"a","pattern":"a..b",{host}}}]"#),
+                "empty word",
+            ),
+            (
+                &format!(r#"[{{"consumerId":"a","pattern":"x",{host},"batchMaxMessages":0}}]"#),
+                "batchMaxMessages",
+            ),
+            (
+                r#"[{"consumerId":"a","pattern":"x","host":{"protocol":"HTTP","address":"h","port":70000}}]"#,
+                "port",
+            ),
+            (
+                r#"[{"consumerId":"a","pattern":"x","host":{"protocol":"HTTP","address":"h","port":1,"timeoutMs":0}}]"#,
+                "timeoutMs",
+            ),
+            (
+                r#"[{"consumerId":"a","pattern":"x","plugin":{"path":"p.wasm"},"batchMaxMessages":5}]"#,
+                "host targets only",
+            ),
+        ];
+        for (text, want) in cases {
+            let err = parse(text).unwrap_err();
+            assert!(err.contains(want), "{text}\n  gave: {err}\n  want: {want}");
+            assert!(err.starts_with("dispatchers.json"), "{err}");
+        }
+    }
+}

@@ -1,0 +1,354 @@
+//! Dispatchers: the configured consumers, each subscribed to every topic its pattern matches, with
+//! one drain worker per (dispatcher, topic).
+//!
+//! # Layout
+//! - [`target`]: the [`Target`] trait and the HTTP consumer target.
+//! - `worker`: the drain loop of one (dispatcher, topic): order, retries, dead letters, checkpoints.
+//! - this module: [`Dispatch`], which starts and stops workers as dispatchers are configured and
+//!   topics appear, and reports their status.
+
+pub mod target;
+mod worker;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use mmmq_core::{ConsumerId, Topic};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{DispatcherSpec, TargetSpec};
+use crate::metrics::{DispatchLabel, Metrics};
+use crate::topics::{Registry, TopicLog};
+pub use target::{Delivery, Outcome, Target, TargetStatus};
+pub use worker::WorkerStats;
+
+/// Why a dispatcher could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum DispatchError {
+    /// The target could not be built (an HTTP client, a plugin that does not load).
+    #[error("dispatcher {consumer_id:?}: {reason}")]
+    Target {
+        /// The dispatcher.
+        consumer_id: String,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// Builds targets from specs. The HTTP target is built in; the WebAssembly runtime plugs in here.
+pub trait TargetFactory: Send + Sync {
+    /// A target for `spec`, or why it cannot be built.
+    fn build(&self, spec: &DispatcherSpec) -> Result<Arc<dyn Target>, String>;
+}
+
+/// The factory that knows host targets only.
+#[derive(Debug, Default)]
+pub struct HostTargets;
+
+impl TargetFactory for HostTargets {
+    fn build(&self, spec: &DispatcherSpec) -> Result<Arc<dyn Target>, String> {
+        match &spec.target {
+            TargetSpec::Host(h) => target::HttpTarget::new(h)
+                .map(|t| Arc::new(t) as Arc<dyn Target>)
+                .map_err(|e| e.to_string()),
+            TargetSpec::Plugin(p) => Err(format!(
+                "plugin targets ({}) are not available in this build",
+                p.path.display()
+            )),
+        }
+    }
+}
+
+struct WorkerHandle {
+    join: tokio::task::JoinHandle<()>,
+    stats: Arc<WorkerStats>,
+    topic: Arc<TopicLog>,
+}
+
+struct Running {
+    spec: Arc<DispatcherSpec>,
+    target: Arc<dyn Target>,
+    cancel: CancellationToken,
+    workers: BTreeMap<Topic, WorkerHandle>,
+}
+
+/// What a reload changed.
+#[derive(Debug, Default, Clone, Serialize, PartialEq, Eq)]
+pub struct ReloadReport {
+    /// New dispatchers.
+    pub added: Vec<String>,
+    /// Dispatchers that are gone (their checkpoints stay).
+    pub removed: Vec<String>,
+    /// Dispatchers whose definition changed (restarted from their checkpoints).
+    pub changed: Vec<String>,
+    /// Dispatchers left running as they were.
+    pub unchanged: Vec<String>,
+}
+
+/// Status of one dispatcher on one topic.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopicStatus {
+    /// The topic.
+    pub topic: String,
+    /// Next offset to deliver.
+    pub next_offset: u64,
+    /// Committed messages not yet delivered.
+    pub lag: u64,
+    /// Messages ACKed.
+    pub delivered: u64,
+    /// NACK answers.
+    pub nacked: u64,
+    /// Messages dead-lettered.
+    pub dead_lettered: u64,
+    /// Corrupt entries skipped.
+    pub corrupt_skipped: u64,
+    /// Communication failures retried.
+    pub retries: u64,
+    /// The last problem on this topic.
+    pub last_error: Option<String>,
+}
+
+/// Status of one dispatcher (`GET /mmmq/dispatchers`).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DispatcherStatus {
+    /// Its id.
+    pub consumer_id: String,
+    /// Its pattern.
+    pub pattern: String,
+    /// Where it delivers.
+    pub target: TargetStatus,
+    /// NACK resends before dead-lettering.
+    pub max_nack_retries: u32,
+    /// Messages per delivery.
+    pub batch_max_messages: usize,
+    /// Sum over topics.
+    pub delivered: u64,
+    /// Sum over topics.
+    pub nacked: u64,
+    /// Sum over topics.
+    pub dead_lettered: u64,
+    /// Sum over topics.
+    pub lag: u64,
+    /// The most recent problem on any topic.
+    pub last_error: Option<String>,
+    /// Per topic.
+    pub topics: Vec<TopicStatus>,
+}
+
+/// All running dispatchers.
+pub struct Dispatch {
+    registry: Arc<Registry>,
+    metrics: Arc<Metrics>,
+    factory: Arc<dyn TargetFactory>,
+    running: tokio::sync::Mutex<BTreeMap<ConsumerId, Running>>,
+    shutdown: CancellationToken,
+}
+
+impl Dispatch {
+    /// Starts watching for new topics; no dispatchers until [`Dispatch::apply`].
+    pub fn start(
+        registry: Arc<Registry>,
+        metrics: Arc<Metrics>,
+        factory: Arc<dyn TargetFactory>,
+    ) -> Arc<Self> {
+        let this = Arc::new(Self {
+            registry,
+            metrics,
+            factory,
+            running: tokio::sync::Mutex::new(BTreeMap::new()),
+            shutdown: CancellationToken::new(),
+        });
+        let weak = Arc::downgrade(&this);
+        let mut created = this.registry.subscribe_created();
+        let stop = this.shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                let event = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    e = created.recv() => e,
+                };
+                let Some(this) = weak.upgrade() else { return };
+                match event {
+                    Ok(topic) => this.attach(&[topic]).await,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        let all = this.registry.all();
+                        this.attach(&all).await;
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+        this
+    }
+
+    /// Subscribes every dispatcher whose pattern matches to `topics` (idempotent).
+    async fn attach(&self, topics: &[Arc<TopicLog>]) {
+        let mut running = self.running.lock().await;
+        for r in running.values_mut() {
+            for t in topics {
+                self.start_worker(r, t);
+            }
+        }
+    }
+
+    fn start_worker(&self, r: &mut Running, topic: &Arc<TopicLog>) {
+        if !r.spec.pattern.matches(&topic.topic) || r.workers.contains_key(&topic.topic) {
+            return;
+        }
+        let stats = Arc::new(WorkerStats::default());
+        let worker = worker::Worker {
+            topic: topic.clone(),
+            spec: r.spec.clone(),
+            target: r.target.clone(),
+            stats: stats.clone(),
+            cancel: r.cancel.child_token(),
+            registry: self.registry.clone(),
+            metrics: self.metrics.clone(),
+        };
+        tracing::info!(consumer_id = %r.spec.consumer_id, topic = %topic.topic, "dispatcher subscribed");
+        r.workers.insert(
+            topic.topic.clone(),
+            WorkerHandle {
+                join: tokio::spawn(worker.run()),
+                stats,
+                topic: topic.clone(),
+            },
+        );
+    }
+
+    /// Makes the running set equal `specs`: starts added dispatchers, stops removed ones (their
+    /// checkpoints stay), restarts changed ones from their checkpoints. All targets are built
+    /// before anything changes, so a target that cannot be built leaves everything as it was.
+    pub async fn apply(&self, specs: Vec<DispatcherSpec>) -> Result<ReloadReport, DispatchError> {
+        let mut running = self.running.lock().await;
+        let mut report = ReloadReport::default();
+        let mut to_start = Vec::new();
+        for spec in specs {
+            match running.get(&spec.consumer_id) {
+                Some(r) if *r.spec == spec => {
+                    report.unchanged.push(spec.consumer_id.to_string());
+                    continue;
+                }
+                Some(_) => report.changed.push(spec.consumer_id.to_string()),
+                None => report.added.push(spec.consumer_id.to_string()),
+            }
+            let target = self
+                .factory
+                .build(&spec)
+                .map_err(|reason| DispatchError::Target {
+                    consumer_id: spec.consumer_id.to_string(),
+                    reason,
+                })?;
+            to_start.push((spec, target));
+        }
+        let keep: std::collections::HashSet<String> = report
+            .unchanged
+            .iter()
+            .chain(&report.changed)
+            .cloned()
+            .collect();
+        let removed: Vec<ConsumerId> = running
+            .keys()
+            .filter(|id| !keep.contains(id.as_str()))
+            .cloned()
+            .collect();
+        for id in &removed {
+            report.removed.push(id.to_string());
+        }
+        let changed: Vec<ConsumerId> = to_start
+            .iter()
+            .filter(|(s, _)| running.contains_key(&s.consumer_id))
+            .map(|(s, _)| s.consumer_id.clone())
+            .collect();
+        for id in removed.iter().chain(&changed) {
+            if let Some(r) = running.remove(id) {
+                stop(r).await;
+            }
+        }
+        let topics = self.registry.all();
+        for (spec, target) in to_start {
+            let mut r = Running {
+                spec: Arc::new(spec),
+                target,
+                cancel: self.shutdown.child_token(),
+                workers: BTreeMap::new(),
+            };
+            for t in &topics {
+                self.start_worker(&mut r, t);
+            }
+            running.insert(r.spec.consumer_id.clone(), r);
+        }
+        Ok(report)
+    }
+
+    /// Status of every dispatcher; also refreshes the lag gauges.
+    pub async fn status(&self) -> Vec<DispatcherStatus> {
+        let running = self.running.lock().await;
+        running
+            .values()
+            .map(|r| {
+                let topics: Vec<TopicStatus> = r
+                    .workers
+                    .values()
+                    .map(|w| {
+                        let next = w.stats.next_offset.load(Ordering::Relaxed);
+                        let lag = w.topic.log.next_offset().saturating_sub(next);
+                        self.metrics
+                            .lag
+                            .get_or_create(&DispatchLabel {
+                                consumer: r.spec.consumer_id.to_string(),
+                                topic: w.topic.topic.to_string(),
+                            })
+                            .set(lag as i64);
+                        TopicStatus {
+                            topic: w.topic.topic.to_string(),
+                            next_offset: next,
+                            lag,
+                            delivered: w.stats.delivered.load(Ordering::Relaxed),
+                            nacked: w.stats.nacked.load(Ordering::Relaxed),
+                            dead_lettered: w.stats.dead_lettered.load(Ordering::Relaxed),
+                            corrupt_skipped: w.stats.corrupt_skipped.load(Ordering::Relaxed),
+                            retries: w.stats.retries.load(Ordering::Relaxed),
+                            last_error: w.stats.last_error.lock().clone(),
+                        }
+                    })
+                    .collect();
+                DispatcherStatus {
+                    consumer_id: r.spec.consumer_id.to_string(),
+                    pattern: r.spec.pattern.to_string(),
+                    target: r.target.status(),
+                    max_nack_retries: r.spec.max_nack_retries,
+                    batch_max_messages: r.spec.batch_max_messages,
+                    delivered: topics.iter().map(|t| t.delivered).sum(),
+                    nacked: topics.iter().map(|t| t.nacked).sum(),
+                    dead_lettered: topics.iter().map(|t| t.dead_lettered).sum(),
+                    lag: topics.iter().map(|t| t.lag).sum(),
+                    last_error: topics.iter().rev().find_map(|t| t.last_error.clone()),
+                    topics,
+                }
+            })
+            .collect()
+    }
+
+    /// Stops every worker: waits cut short, deliveries in flight finished, checkpoints written.
+    pub async fn shutdown(&self) {
+        self.shutdown.cancel();
+        let mut running = self.running.lock().await;
+        let all: Vec<Running> = std::mem::take(&mut *running).into_values().collect();
+        for r in all {
+            stop(r).await;
+        }
+    }
+}
+
+async fn stop(r: Running) {
+    r.cancel.cancel();
+    for (_, w) in r.workers {
+        let _ = w.join.await;
+    }
+    tracing::info!(consumer_id = %r.spec.consumer_id, "dispatcher stopped");
+}

@@ -1,0 +1,176 @@
+//! Where a dispatcher delivers: one trait, one implementation per kind of target. The drain
+//! worker owns ordering, retries, dead letters and checkpoints; a target only answers "what did the
+//! consumer say to these messages".
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use mmmq_core::{Ack, Envelope};
+use serde::{Deserialize, Serialize};
+
+use crate::config::HostSpec;
+
+/// A boxed future, so that targets can be trait objects.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One message on its way out: the envelope, and its JSON encoded once.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The message.
+    pub envelope: Envelope,
+    /// `serde_json::to_vec(&envelope)`.
+    pub json: Bytes,
+}
+
+impl Delivery {
+    /// Wraps an envelope.
+    pub fn new(envelope: Envelope) -> Self {
+        let json = serde_json::to_vec(&envelope).expect("an envelope always encodes");
+        Self {
+            envelope,
+            json: json.into(),
+        }
+    }
+}
+
+/// What came back from one delivery attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The consumer is done with the message(s).
+    Ack,
+    /// The consumer refused; the reason is recorded with the dead letter.
+    Nack(String),
+    /// No usable answer (connection error, timeout, bad status, unreadable body): retried with
+    /// backoff, forever.
+    Failed(String),
+}
+
+/// What `GET /mmmq/dispatchers` shows of a target.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum TargetStatus {
+    /// A remote consumer.
+    Host {
+        /// Where it POSTs.
+        url: String,
+    },
+    /// A WebAssembly component.
+    Plugin {
+        /// The component file.
+        path: String,
+        /// Hash of the version serving now.
+        version: Option<String>,
+        /// Why the newest file is not serving, if it is not.
+        #[serde(rename = "loadError")]
+        load_error: Option<String>,
+    },
+}
+
+/// A way to deliver.
+pub trait Target: Send + Sync {
+    /// Delivers `batch` (one message unless the dispatcher batches) and reports the answer.
+    fn deliver<'a>(&'a self, batch: &'a [Delivery]) -> BoxFuture<'a, Outcome>;
+    /// For status.
+    fn status(&self) -> TargetStatus;
+}
+
+/// A remote HTTP consumer (contract §3): POST the envelope (or an array of them) to
+/// `{protocol}://{address}:{port}/mmmq/messages`, expect `200 {"ack":"ACK"|"NACK"}`.
+pub struct HttpTarget {
+    client: reqwest::Client,
+    url: String,
+}
+
+#[derive(Deserialize)]
+struct ConsumerAnswer {
+    ack: Ack,
+}
+
+impl HttpTarget {
+    /// A client with its own connection pool and the spec's timeout.
+    pub fn new(spec: &HostSpec) -> Result<Self, reqwest::Error> {
+        let client = reqwest::Client::builder()
+            .timeout(spec.timeout)
+            .connect_timeout(spec.timeout.min(Duration::from_secs(10)))
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build()?;
+        Ok(Self {
+            client,
+            url: spec.url(),
+        })
+    }
+
+    async fn post(&self, body: Bytes) -> Outcome {
+        let response = match self
+            .client
+            .post(&self.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => return Outcome::Failed(describe(&e)),
+        };
+        let status = response.status();
+        if status != reqwest::StatusCode::OK {
+            return Outcome::Failed(format!("{} answered HTTP {status}", self.url));
+        }
+        match response.bytes().await {
+            Ok(body) => match serde_json::from_slice::<ConsumerAnswer>(&body) {
+                Ok(ConsumerAnswer { ack: Ack::Ack }) => Outcome::Ack,
+                Ok(ConsumerAnswer { ack: Ack::Nack }) => {
+                    Outcome::Nack(format!("{} answered NACK", self.url))
+                }
+                Err(_) => Outcome::Failed(format!(
+                    "{} answered 200 with a body that is not {{\"ack\":\"ACK\"|\"NACK\"}}: {:?}",
+                    self.url,
+                    String::from_utf8_lossy(&body[..body.len().min(200)])
+                )),
+            },
+            Err(e) => Outcome::Failed(describe(&e)),
+        }
+    }
+}
+
+/// reqwest's Display hides the cause ("error sending request"); the chain says what happened.
+fn describe(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cause = c.source();
+    }
+    s
+}
+
+impl Target for HttpTarget {
+    fn deliver<'a>(&'a self, batch: &'a [Delivery]) -> BoxFuture<'a, Outcome> {
+        let body = match batch {
+            [one] => one.json.clone(),
+            many => {
+                let mut b =
+                    Vec::with_capacity(many.iter().map(|d| d.json.len() + 1).sum::<usize>() + 1);
+                b.push(b'[');
+                for (i, d) in many.iter().enumerate() {
+                    if i > 0 {
+                        b.push(b',');
+                    }
+                    b.extend_from_slice(&d.json);
+                }
+                b.push(b']');
+                Bytes::from(b)
+            }
+        };
+        Box::pin(self.post(body))
+    }
+
+    fn status(&self) -> TargetStatus {
+        TargetStatus::Host {
+            url: self.url.clone(),
+        }
+    }
+}

@@ -1,0 +1,406 @@
+//! The drain worker of one (dispatcher, topic): reads the topic's log from the dispatcher's
+//! checkpoint and delivers in strict offset order, one request in flight.
+//!
+//! It is a Tokio task that sleeps on the log's commit watch while there is nothing to do (no thread,
+//! no polling). Two layers of retry, as in MMMQ: a NACK is resent up to `maxNackRetries` times and
+//! then dead-lettered; a communication failure is retried with backoff (1 s doubling to 60 s)
+//! forever, because the consumer will come back and the message must not be skipped.
+//!
+//! Checkpoints are persisted after the ACK by a companion task that always writes the newest
+//! position, so a slow fsync never holds delivery back; after a crash at most the messages ACKed
+//! since the last completed checkpoint write are delivered again (at-least-once). A clean stop
+//! waits for the final write, so nothing ACKed is redelivered after a clean restart.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use mmmq_core::{StoredMessage, Topic};
+use parking_lot::Mutex;
+use serde_json::value::RawValue;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::target::{Delivery, Outcome, Target};
+use crate::config::DispatcherSpec;
+use crate::metrics::{ConsumerLabel, DispatchLabel, Metrics};
+use crate::storage::Entry;
+use crate::topics::{Registry, TopicLog};
+
+const READ_BATCH: usize = 256;
+const READ_BYTES: usize = 4 << 20;
+const BACKOFF_START: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// Counters of one worker, shown in `GET /mmmq/dispatchers`.
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    /// The next offset to deliver.
+    pub next_offset: AtomicU64,
+    /// Messages ACKed.
+    pub delivered: AtomicU64,
+    /// NACK answers.
+    pub nacked: AtomicU64,
+    /// Messages moved to the dead-letter topic.
+    pub dead_lettered: AtomicU64,
+    /// Corrupt entries skipped.
+    pub corrupt_skipped: AtomicU64,
+    /// Communication failures retried.
+    pub retries: AtomicU64,
+    /// The last thing that went wrong.
+    pub last_error: Mutex<Option<String>>,
+}
+
+/// Everything a worker needs.
+pub(crate) struct Worker {
+    pub topic: Arc<TopicLog>,
+    pub spec: Arc<DispatcherSpec>,
+    pub target: Arc<dyn Target>,
+    pub stats: Arc<WorkerStats>,
+    pub cancel: CancellationToken,
+    pub registry: Arc<Registry>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// The worker was told to stop while waiting.
+struct Stopped;
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Worker {
+    fn label(&self) -> DispatchLabel {
+        DispatchLabel {
+            consumer: self.spec.consumer_id.to_string(),
+            topic: self.topic.topic.to_string(),
+        }
+    }
+
+    /// Runs until cancelled.
+    pub async fn run(self) {
+        let span = tracing::info_span!("drain", topic = %self.topic.topic, consumer_id = %self.spec.consumer_id);
+        self.drain().instrument(span).await
+    }
+
+    async fn drain(self) {
+        let Some(mut next) = self.start_offset().await else {
+            return;
+        };
+        self.stats.next_offset.store(next, Ordering::Relaxed);
+        let saver = CheckpointSaver::spawn(self.topic.clone(), self.spec.clone(), next);
+        let mut committed = self.topic.log.subscribe();
+        'outer: loop {
+            tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => break,
+                r = committed.wait_for(|&n| n > next) => if r.is_err() { break },
+            }
+            let log = self.topic.log.clone();
+            let from = next;
+            let entries = match tokio::task::spawn_blocking(move || {
+                log.read_from(from, READ_BATCH, READ_BYTES)
+            })
+            .await
+            .expect("read task panicked")
+            {
+                Ok(entries) => entries,
+                Err(e) => {
+                    self.record_error(format!("reading offset {next}: {e}"));
+                    if self.sleep(BACKOFF_START).await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            let mut run: Vec<(u64, Delivery)> = Vec::new();
+            for entry in entries {
+                match self.to_delivery(entry) {
+                    Ok((offset, d)) => {
+                        run.push((offset, d));
+                        if run.len() < self.spec.batch_max_messages {
+                            continue;
+                        }
+                    }
+                    Err(offset) => {
+                        if self.deliver_run(&mut run, &saver, &mut next).await.is_err() {
+                            break 'outer;
+                        }
+                        next = offset + 1;
+                        saver.set(next);
+                        self.stats.next_offset.store(next, Ordering::Relaxed);
+                        continue;
+                    }
+                }
+                if self.deliver_run(&mut run, &saver, &mut next).await.is_err() {
+                    break 'outer;
+                }
+            }
+            if self.deliver_run(&mut run, &saver, &mut next).await.is_err() {
+                break;
+            }
+        }
+        saver.finish().await;
+    }
+
+    /// The checkpoint, or 0; clamped into the log's range.
+    async fn start_offset(&self) -> Option<u64> {
+        let topic = self.topic.clone();
+        let id = self.spec.consumer_id.clone();
+        let stored = tokio::task::spawn_blocking(move || topic.checkpoints.read(&id))
+            .await
+            .expect("checkpoint read panicked");
+        let stored = match stored {
+            Ok(v) => v.unwrap_or(0),
+            Err(e) => {
+                // Starting from 0 would redeliver everything; refusing keeps the problem visible.
+                tracing::error!(error = %e, "cannot read the checkpoint; this dispatcher will not deliver this topic");
+                self.record_error(e.to_string());
+                return None;
+            }
+        };
+        let (first, end) = (self.topic.log.first_offset(), self.topic.log.next_offset());
+        if stored > end {
+            tracing::warn!(
+                checkpoint = stored,
+                log_end = end,
+                "checkpoint is past the end of the log; continuing from the end"
+            );
+            return Some(end);
+        }
+        Some(stored.max(first))
+    }
+
+    /// Decodes an entry; `Err(offset)` when it is corrupt (logged and counted here).
+    fn to_delivery(&self, entry: Entry) -> Result<(u64, Delivery), u64> {
+        let offset = entry.offset;
+        let problem = match entry.payload {
+            Ok(bytes) => match StoredMessage::from_payload(&bytes) {
+                Ok(msg) => {
+                    let envelope = msg.into_envelope(self.topic.topic.clone(), offset);
+                    return Ok((offset, Delivery::new(envelope)));
+                }
+                Err(e) => format!("offset {offset}: payload is not a stored message: {e}"),
+            },
+            Err(c) => c.to_string(),
+        };
+        tracing::error!(offset, problem = %problem, "skipping a corrupt entry");
+        self.stats.corrupt_skipped.fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .corrupt_skipped
+            .get_or_create(&self.label())
+            .inc();
+        self.record_error(problem);
+        Err(offset)
+    }
+
+    /// Delivers the gathered run (as one batch when the dispatcher batches) and advances.
+    async fn deliver_run(
+        &self,
+        run: &mut Vec<(u64, Delivery)>,
+        saver: &CheckpointSaver,
+        next: &mut u64,
+    ) -> Result<(), Stopped> {
+        if run.is_empty() {
+            return Ok(());
+        }
+        let items: Vec<(u64, Delivery)> = std::mem::take(run);
+        if items.len() > 1 {
+            let batch: Vec<Delivery> = items.iter().map(|(_, d)| d.clone()).collect();
+            match self.deliver_with_backoff(&batch).await? {
+                Outcome::Ack => {
+                    for (offset, d) in &items {
+                        self.acked(d);
+                        *next = offset + 1;
+                    }
+                    saver.set(*next);
+                    self.stats.next_offset.store(*next, Ordering::Relaxed);
+                    return Ok(());
+                }
+                // A NACKed batch goes again one message at a time, so only the failing ones
+                // are retried and dead-lettered.
+                _ => self.nacked(),
+            }
+        }
+        for (offset, d) in items {
+            self.deliver_one(d).await?;
+            *next = offset + 1;
+            saver.set(*next);
+            self.stats.next_offset.store(*next, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// One message: resend on NACK up to the limit, then dead-letter it.
+    async fn deliver_one(&self, d: Delivery) -> Result<(), Stopped> {
+        let batch = std::slice::from_ref(&d);
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            match self.deliver_with_backoff(batch).await? {
+                Outcome::Ack => {
+                    self.acked(&d);
+                    return Ok(());
+                }
+                Outcome::Nack(reason) => {
+                    self.nacked();
+                    if attempts > self.spec.max_nack_retries {
+                        return self.dead_letter(&d, &reason, attempts).await;
+                    }
+                    tracing::debug!(offset = d.envelope.offset, attempts, "NACK; resending");
+                }
+                Outcome::Failed(_) => unreachable!("deliver_with_backoff retries failures"),
+            }
+        }
+    }
+
+    /// Delivers until the consumer gives an answer (ACK or NACK), backing off on failures.
+    async fn deliver_with_backoff(&self, batch: &[Delivery]) -> Result<Outcome, Stopped> {
+        let mut backoff = BACKOFF_START;
+        let mut failures = 0u64;
+        loop {
+            match self.target.deliver(batch).await {
+                Outcome::Failed(why) => {
+                    failures += 1;
+                    self.stats.retries.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.retries.get_or_create(&self.label()).inc();
+                    if failures == 1 || backoff == BACKOFF_MAX {
+                        tracing::warn!(offset = batch[0].envelope.offset, error = %why, retry_in_s = backoff.as_secs(), "delivery failed; retrying");
+                    }
+                    self.record_error(why);
+                    self.sleep(backoff).await?;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+                answer => {
+                    if failures > 0 {
+                        tracing::info!(failures, "consumer reachable again");
+                    }
+                    return Ok(answer);
+                }
+            }
+        }
+    }
+
+    async fn dead_letter(&self, d: &Delivery, reason: &str, attempts: u32) -> Result<(), Stopped> {
+        let dlq = Topic::dead_letter(&self.spec.consumer_id);
+        let content = serde_json::json!({
+            "consumerId": self.spec.consumer_id,
+            "reason": reason,
+            "attempts": attempts,
+            "envelope": d.envelope,
+        });
+        let payload = StoredMessage {
+            timestamp: now_ms(),
+            key: d.envelope.key.clone(),
+            content: RawValue::from_string(content.to_string()).expect("json! is valid JSON"),
+        }
+        .to_payload();
+        let mut backoff = BACKOFF_START;
+        loop {
+            let result = match self.registry.get_or_create(&dlq).await {
+                Ok(t) => t.log.append(&payload).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(dlq_offset) => {
+                    tracing::warn!(offset = d.envelope.offset, attempts, reason, dlq = %dlq, dlq_offset, "message dead-lettered");
+                    self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                    self.metrics
+                        .dead_lettered
+                        .get_or_create(&self.label())
+                        .inc();
+                    self.record_error(format!(
+                        "offset {} dead-lettered after {attempts} attempts: {reason}",
+                        d.envelope.offset
+                    ));
+                    return Ok(());
+                }
+                Err(e) => {
+                    // Skipping would lose the message: wait for the disk instead.
+                    tracing::error!(error = %e, "cannot write to the dead-letter topic; retrying");
+                    self.record_error(e.to_string());
+                    self.sleep(backoff).await?;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
+    fn acked(&self, d: &Delivery) {
+        self.stats.delivered.fetch_add(1, Ordering::Relaxed);
+        self.metrics.delivered.get_or_create(&self.label()).inc();
+        let latency = now_ms().saturating_sub(d.envelope.timestamp) as f64 / 1000.0;
+        self.metrics
+            .delivery_latency
+            .get_or_create(&ConsumerLabel {
+                consumer: self.spec.consumer_id.to_string(),
+            })
+            .observe(latency);
+    }
+
+    fn nacked(&self) {
+        self.stats.nacked.fetch_add(1, Ordering::Relaxed);
+        self.metrics.nacked.get_or_create(&self.label()).inc();
+    }
+
+    fn record_error(&self, e: String) {
+        *self.stats.last_error.lock() = Some(e);
+    }
+
+    async fn sleep(&self, d: Duration) -> Result<(), Stopped> {
+        tokio::select! {
+            _ = self.cancel.cancelled() => Err(Stopped),
+            _ = tokio::time::sleep(d) => Ok(()),
+        }
+    }
+}
+
+/// Persists the newest ACKed position in the background, one write at a time.
+struct CheckpointSaver {
+    tx: watch::Sender<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CheckpointSaver {
+    fn spawn(topic: Arc<TopicLog>, spec: Arc<DispatcherSpec>, start: u64) -> Self {
+        let (tx, mut rx) = watch::channel(start);
+        let task = tokio::spawn(
+            async move {
+                let mut written = None;
+                loop {
+                    let closed = rx.changed().await.is_err();
+                    let value = *rx.borrow_and_update();
+                    if written != Some(value) {
+                        let topic = topic.clone();
+                        let id = spec.consumer_id.clone();
+                        let r = tokio::task::spawn_blocking(move || topic.checkpoints.write(&id, value))
+                            .await
+                            .expect("checkpoint write panicked");
+                        match r {
+                            Ok(()) => written = Some(value),
+                            Err(e) => tracing::error!(error = %e, "checkpoint write failed; will retry with the next position"),
+                        }
+                    }
+                    if closed {
+                        return;
+                    }
+                }
+            }
+            .in_current_span(),
+        );
+        Self { tx, task }
+    }
+
+    fn set(&self, next: u64) {
+        self.tx.send_replace(next);
+    }
+
+    /// Waits for the final position to be on disk.
+    async fn finish(self) {
+        drop(self.tx);
+        let _ = self.task.await;
+    }
+}

@@ -1,0 +1,162 @@
+//! The HTTP API (contract §2), on axum. Every answer is JSON, errors included: `{"error": "…"}`
+//! with 4xx for the client's fault and 5xx for the broker's.
+//!
+//! # Layout
+//! - this module: the router, the shared state and [`ApiError`].
+//! - `produce`: `POST /mmmq/messages` and `/mmmq/messages/batch`.
+//! - `consume`: topic list and pull with long poll.
+//! - `admin`: dispatcher status, reload, health, metrics.
+//!
+//! Bodies are read by hand (not with `Json<T>`), so that every rejection — too large, wrong
+//! content type, malformed — is a JSON error the client can read, never axum's plain text.
+
+mod admin;
+mod consume;
+mod produce;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::de::DeserializeOwned;
+use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::{Broker, BrokerError};
+use crate::storage::StorageError;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    broker: Arc<OnceCell<Arc<Broker>>>,
+    max_body_bytes: usize,
+    /// Cancelled at shutdown, so long polls answer at once instead of holding the exit.
+    stopping: CancellationToken,
+}
+
+impl AppState {
+    /// State for a broker that is still recovering; [`AppState::ready`] completes it.
+    pub fn new(max_body_bytes: usize, stopping: CancellationToken) -> Self {
+        Self {
+            broker: Arc::new(OnceCell::new()),
+            max_body_bytes,
+            stopping,
+        }
+    }
+
+    /// Boot recovery is done: start answering.
+    pub fn ready(&self, broker: Arc<Broker>) {
+        let _ = self.broker.set(broker);
+    }
+
+    fn broker(&self) -> Result<&Arc<Broker>, ApiError> {
+        self.broker.get().ok_or(ApiError::Starting)
+    }
+}
+
+/// Every route of contract §2.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/mmmq/messages", post(produce::produce))
+        .route("/mmmq/messages/batch", post(produce::produce_batch))
+        .route("/mmmq/topics", get(consume::topics))
+        .route("/mmmq/topics/{topic}/messages", get(consume::pull))
+        .route("/mmmq/dispatchers", get(admin::dispatchers))
+        .route("/mmmq/admin/reload", post(admin::reload))
+        .route("/healthz", get(admin::healthz))
+        .route("/metrics", get(admin::metrics))
+        .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .with_state(state)
+}
+
+/// An error answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The request is wrong.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The body is larger than allowed.
+    #[error("request body is larger than the {0}-byte limit")]
+    TooLarge(usize),
+    /// The body is not JSON.
+    #[error("Content-Type must be application/json, not {0:?}")]
+    UnsupportedMediaType(String),
+    /// No such thing.
+    #[error("{0}")]
+    NotFound(String),
+    /// Wrong method on a known path.
+    #[error("method not allowed on this path")]
+    MethodNotAllowed,
+    /// Still recovering at boot.
+    #[error("starting: recovering topics")]
+    Starting,
+    /// The message could not be made durable.
+    #[error("{0}")]
+    NotDurable(String),
+    /// Anything else on the broker's side.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<BrokerError> for ApiError {
+    fn from(e: BrokerError) -> Self {
+        match e {
+            BrokerError::InternalTopic(_) => Self::BadRequest(e.to_string()),
+            BrokerError::Storage(StorageError::PayloadTooLarge { max, .. }) => Self::TooLarge(max),
+            BrokerError::Storage(s) => Self::NotDurable(s.to_string()),
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = match &self {
+            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::Starting | Self::NotDurable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let body = if matches!(self, Self::NotDurable(_)) {
+            serde_json::json!({"ack": "NACK", "error": self.to_string()})
+        } else {
+            serde_json::json!({"error": self.to_string()})
+        };
+        if status.is_server_error() {
+            tracing::warn!(%status, error = %self, "request failed");
+        }
+        (status, axum::Json(body)).into_response()
+    }
+}
+
+/// Reads the whole body, refusing more than `limit` bytes and anything not declared as JSON
+/// (a missing Content-Type is accepted, as curl users expect).
+async fn read_json<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: axum::body::Body,
+    limit: usize,
+) -> Result<T, ApiError> {
+    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+        let ct = ct.to_str().unwrap_or("");
+        let mime = ct
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        if mime != "application/json" && !mime.ends_with("+json") {
+            return Err(ApiError::UnsupportedMediaType(ct.to_owned()));
+        }
+    }
+    let bytes = axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| ApiError::TooLarge(limit))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
+}

@@ -1,0 +1,121 @@
+//! `POST /mmmq/messages` and `POST /mmmq/messages/batch`.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use mmmq_core::{Ack, Topic};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::{ApiError, AppState, read_json};
+use crate::broker::ProduceItem;
+use crate::config::BATCH_BODY_FACTOR;
+
+/// Keys are for partitioning later; a key this long is a mistake.
+const MAX_KEY_BYTES: usize = 1024;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ProduceRequest {
+    topic: String,
+    content: Box<RawValue>,
+    #[serde(default)]
+    key: Option<String>,
+}
+
+#[derive(Serialize)]
+pub(super) struct ProduceAck {
+    ack: Ack,
+    topic: Topic,
+    offset: u64,
+}
+
+#[derive(Serialize)]
+pub(super) struct BatchResult {
+    topic: Topic,
+    offset: u64,
+}
+
+#[derive(Serialize)]
+pub(super) struct BatchAck {
+    ack: Ack,
+    results: Vec<BatchResult>,
+}
+
+fn validate(req: ProduceRequest, max_content: usize) -> Result<ProduceItem, String> {
+    let topic = Topic::new(req.topic).map_err(|e| e.to_string())?;
+    if topic.is_internal() {
+        return Err(format!(
+            "topic {:?} is internal (names starting with \"__\" hold dead letters); producers cannot write to it",
+            topic.as_str()
+        ));
+    }
+    if req.content.get().len() > max_content {
+        return Err(format!(
+            "content is {} bytes; the limit is {max_content}",
+            req.content.get().len()
+        ));
+    }
+    if let Some(k) = &req.key
+        && k.len() > MAX_KEY_BYTES
+    {
+        return Err(format!(
+            "key is {} bytes; the limit is {MAX_KEY_BYTES}",
+            k.len()
+        ));
+    }
+    Ok(ProduceItem {
+        topic,
+        key: req.key,
+        content: req.content,
+    })
+}
+
+#[tracing::instrument(skip_all)]
+pub(super) async fn produce(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<Json<ProduceAck>, ApiError> {
+    let broker = state.broker()?;
+    let req: ProduceRequest = read_json(&headers, body, state.max_body_bytes).await?;
+    let item = validate(req, state.max_body_bytes).map_err(ApiError::BadRequest)?;
+    let topic = item.topic.clone();
+    let offset = broker.produce(item).await?;
+    Ok(Json(ProduceAck {
+        ack: Ack::Ack,
+        topic,
+        offset,
+    }))
+}
+
+#[tracing::instrument(skip_all)]
+pub(super) async fn produce_batch(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<Json<BatchAck>, ApiError> {
+    let broker = state.broker()?;
+    let limit = state.max_body_bytes.saturating_mul(BATCH_BODY_FACTOR);
+    let reqs: Vec<ProduceRequest> = read_json(&headers, body, limit).await?;
+    if reqs.is_empty() {
+        return Err(ApiError::BadRequest("the batch is empty".into()));
+    }
+    // All or nothing: every element is checked before anything is appended.
+    let items = reqs
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| validate(r, state.max_body_bytes).map_err(|e| format!("element {i}: {e}")))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(ApiError::BadRequest)?;
+    let topics: Vec<Topic> = items.iter().map(|i| i.topic.clone()).collect();
+    let offsets = broker.produce_batch(items).await?;
+    Ok(Json(BatchAck {
+        ack: Ack::Ack,
+        results: topics
+            .into_iter()
+            .zip(offsets)
+            .map(|(topic, offset)| BatchResult { topic, offset })
+            .collect(),
+    }))
+}

@@ -1,0 +1,165 @@
+//! Prometheus metrics (`GET /metrics`), through the `prometheus-client` crate.
+//!
+//! Counters are updated where things happen; the per-dispatcher lag is a gauge filled in at scrape
+//! time from the workers' positions, because it is a difference of two moving numbers.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// A topic label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TopicLabel {
+    /// The topic name.
+    pub topic: String,
+}
+
+/// A (dispatcher, topic) label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DispatchLabel {
+    /// The dispatcher's consumerId.
+    pub consumer: String,
+    /// The topic name.
+    pub topic: String,
+}
+
+/// A dispatcher label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConsumerLabel {
+    /// The dispatcher's consumerId.
+    pub consumer: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 100 µs to ~100 s.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 21))
+}
+
+/// Every metric the broker exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Messages durably appended, by topic.
+    pub messages_in: Family<TopicLabel, Counter>,
+    /// Payload bytes durably appended, by topic.
+    pub bytes_in: Family<TopicLabel, Counter>,
+    /// Group commits (one data fsync and one index fsync each).
+    pub commits: Counter,
+    /// Entries per group commit.
+    pub commit_size: Histogram,
+    /// Messages a consumer acknowledged.
+    pub delivered: Family<DispatchLabel, Counter>,
+    /// NACK answers.
+    pub nacked: Family<DispatchLabel, Counter>,
+    /// Communication failures that led to a retry.
+    pub retries: Family<DispatchLabel, Counter>,
+    /// Messages moved to a dead-letter topic.
+    pub dead_lettered: Family<DispatchLabel, Counter>,
+    /// Corrupt entries skipped by dispatchers.
+    pub corrupt_skipped: Family<DispatchLabel, Counter>,
+    /// Seconds from append to the consumer's ACK.
+    pub delivery_latency: HistogramFamily<ConsumerLabel>,
+    /// Messages not yet delivered, by dispatcher and topic (filled at scrape).
+    pub lag: Family<DispatchLabel, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("mmmq");
+        let m = Self {
+            messages_in: Family::default(),
+            bytes_in: Family::default(),
+            commits: Counter::default(),
+            commit_size: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
+            delivered: Family::default(),
+            nacked: Family::default(),
+            retries: Family::default(),
+            dead_lettered: Family::default(),
+            corrupt_skipped: Family::default(),
+            delivery_latency: Family::new_with_constructor(latency_histogram),
+            lag: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "messages_in",
+            "Messages durably appended",
+            m.messages_in.clone(),
+        );
+        registry.register(
+            "bytes_in",
+            "Payload bytes durably appended",
+            m.bytes_in.clone(),
+        );
+        registry.register(
+            "fsync_batches",
+            "Group commits (data fsync + index fsync)",
+            m.commits.clone(),
+        );
+        registry.register(
+            "fsync_batch_size",
+            "Entries per group commit",
+            m.commit_size.clone(),
+        );
+        registry.register(
+            "messages_delivered",
+            "Messages acknowledged by a consumer",
+            m.delivered.clone(),
+        );
+        registry.register(
+            "messages_nacked",
+            "NACK answers from consumers",
+            m.nacked.clone(),
+        );
+        registry.register(
+            "delivery_retries",
+            "Deliveries retried after a communication failure",
+            m.retries.clone(),
+        );
+        registry.register(
+            "messages_dead_lettered",
+            "Messages moved to a dead-letter topic",
+            m.dead_lettered.clone(),
+        );
+        registry.register(
+            "corrupt_entries_skipped",
+            "Corrupt entries skipped by dispatchers",
+            m.corrupt_skipped.clone(),
+        );
+        registry.register(
+            "delivery_latency_seconds",
+            "Seconds from append to the consumer's ACK",
+            m.delivery_latency.clone(),
+        );
+        registry.register(
+            "dispatcher_lag",
+            "Messages not yet delivered, per dispatcher and topic",
+            m.lag.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+
+    /// Records one group commit of `entries` entries.
+    pub fn observe_commit(&self, entries: u64) {
+        self.commits.inc();
+        self.commit_size.observe(entries as f64);
+    }
+}

@@ -1,0 +1,174 @@
+//! The topic registry: each topic's log and checkpoints, created on first produce, restored at boot,
+//! and announced to whoever wants to know about new topics (the dispatchers).
+//!
+//! A topic maps to one directory and one log today. When topics grow partitions, this is the only
+//! place that changes: the log and its drain workers know nothing about directories.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mmmq_core::Topic;
+use parking_lot::RwLock;
+use tokio::sync::broadcast;
+
+use crate::storage::{Checkpoints, Log, LogConfig, StorageError, Vfs};
+
+/// A topic's storage: its log and its consumers' checkpoints.
+#[derive(Debug)]
+pub struct TopicLog {
+    /// The topic.
+    pub topic: Topic,
+    /// Its messages.
+    pub log: Log,
+    /// Its dispatchers' positions.
+    pub checkpoints: Checkpoints,
+}
+
+/// All topics of a root dir.
+pub struct Registry {
+    dir: PathBuf,
+    vfs: Arc<dyn Vfs>,
+    log_config: LogConfig,
+    topics: RwLock<BTreeMap<Topic, Arc<TopicLog>>>,
+    /// Serialises creation, so two first produces to one topic open one log. Creation is rare.
+    create: tokio::sync::Mutex<()>,
+    created: broadcast::Sender<Arc<TopicLog>>,
+}
+
+impl Registry {
+    /// Opens every topic under `dir` (`{root}/topics`), recovering each log, with progress in the
+    /// log when there is much to do.
+    pub async fn restore(
+        dir: PathBuf,
+        vfs: Arc<dyn Vfs>,
+        log_config: LogConfig,
+    ) -> Result<Self, StorageError> {
+        let (created, _) = broadcast::channel(1024);
+        let registry = Self {
+            dir,
+            vfs,
+            log_config,
+            topics: RwLock::new(BTreeMap::new()),
+            create: tokio::sync::Mutex::new(()),
+            created,
+        };
+        let dir = registry.dir.clone();
+        let vfs = registry.vfs.clone();
+        let config = registry.log_config.clone();
+        let opened =
+            tokio::task::spawn_blocking(move || restore_all(&dir, &*vfs, vfs.clone(), &config))
+                .await
+                .expect("restore task panicked")?;
+        *registry.topics.write() = opened;
+        Ok(registry)
+    }
+
+    /// The topic, if it exists.
+    pub fn get(&self, topic: &Topic) -> Option<Arc<TopicLog>> {
+        self.topics.read().get(topic).cloned()
+    }
+
+    /// Every topic, by name.
+    pub fn all(&self) -> Vec<Arc<TopicLog>> {
+        self.topics.read().values().cloned().collect()
+    }
+
+    /// How many topics exist.
+    pub fn len(&self) -> usize {
+        self.topics.read().len()
+    }
+
+    /// Whether there are no topics.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The topic, created (directory, first segment) if it does not exist yet.
+    pub async fn get_or_create(&self, topic: &Topic) -> Result<Arc<TopicLog>, StorageError> {
+        if let Some(t) = self.get(topic) {
+            return Ok(t);
+        }
+        let _guard = self.create.lock().await;
+        if let Some(t) = self.get(topic) {
+            return Ok(t);
+        }
+        let dir = self.dir.join(topic.as_str());
+        let vfs = self.vfs.clone();
+        let config = self.log_config.clone();
+        let topic_name = topic.clone();
+        let t = tokio::task::spawn_blocking(move || open_topic(topic_name, dir, vfs, config))
+            .await
+            .expect("topic creation panicked")?;
+        let t = Arc::new(t);
+        self.topics.write().insert(topic.clone(), t.clone());
+        tracing::info!(topic = %topic, "topic created");
+        // Nobody listening is fine: dispatchers attach to existing topics when they start.
+        let _ = self.created.send(t.clone());
+        Ok(t)
+    }
+
+    /// New topics as they are created. A receiver that lags must rescan [`Registry::all`].
+    pub fn subscribe_created(&self) -> broadcast::Receiver<Arc<TopicLog>> {
+        self.created.subscribe()
+    }
+}
+
+fn open_topic(
+    topic: Topic,
+    dir: PathBuf,
+    vfs: Arc<dyn Vfs>,
+    config: LogConfig,
+) -> Result<TopicLog, StorageError> {
+    let log = Log::open(&dir, vfs.clone(), config)?;
+    Ok(TopicLog {
+        checkpoints: Checkpoints::new(dir.join("checkpoints"), vfs),
+        topic,
+        log,
+    })
+}
+
+fn restore_all(
+    dir: &std::path::Path,
+    vfs: &dyn Vfs,
+    shared: Arc<dyn Vfs>,
+    config: &LogConfig,
+) -> Result<BTreeMap<Topic, Arc<TopicLog>>, StorageError> {
+    let mut out = BTreeMap::new();
+    if !vfs.is_dir(dir) {
+        vfs.create_dir_all(dir)
+            .map_err(|e| StorageError::io(dir, e))?;
+        return Ok(out);
+    }
+    let mut names = vfs.read_dir(dir).map_err(|e| StorageError::io(dir, e))?;
+    names.sort();
+    let total = names.len();
+    let start = Instant::now();
+    let mut last_report = Instant::now();
+    for (i, name) in names.into_iter().enumerate() {
+        let path = dir.join(&name);
+        if !vfs.is_dir(&path) {
+            continue;
+        }
+        let topic = match Topic::new(name.clone()) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(dir = %path.display(), error = %e, "skipping a directory that is not a topic");
+                continue;
+            }
+        };
+        let t = open_topic(topic.clone(), path, shared.clone(), config.clone())?;
+        out.insert(topic, Arc::new(t));
+        if last_report.elapsed() > Duration::from_secs(2) {
+            tracing::info!(done = i + 1, total, "restoring topics");
+            last_report = Instant::now();
+        }
+    }
+    tracing::info!(
+        topics = out.len(),
+        elapsed_ms = start.elapsed().as_millis() as u64,
+        "topics restored"
+    );
+    Ok(out)
+}

@@ -1,0 +1,390 @@
+//! The broker end to end: the real binary, real HTTP producers and real HTTP consumers.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mmmq_tests::{
+    Answer, Broker, Consumer, eventually, free_port, host_dispatcher, write_dispatchers,
+};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread")]
+async fn eight_producers_four_topics_each_message_once_in_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let consumer = Consumer::start().await;
+    write_dispatchers(
+        tmp.path(),
+        &json!([host_dispatcher("all", "orders.*", consumer.port)]),
+    );
+    let broker = Arc::new(Broker::start(tmp.path()).await);
+    let topics = ["orders.a", "orders.b", "orders.c", "orders.d"];
+    const PER_CLIENT: usize = 60;
+    let mut clients = Vec::new();
+    for c in 0..8 {
+        let broker = broker.clone();
+        clients.push(tokio::spawn(async move {
+            let mut acks = Vec::new();
+            for i in 0..PER_CLIENT {
+                let topic = topics[(c + i) % 4];
+                let content =
+                    json!({"client": c, "seq": i, "text": format!("m-{c}-{i}"), "n": 1.50});
+                let offset = broker.produce(topic, content.clone()).await;
+                acks.push((topic.to_owned(), offset, content));
+            }
+            acks
+        }));
+    }
+    let mut acked: BTreeMap<String, BTreeMap<u64, Value>> = BTreeMap::new();
+    for c in clients {
+        for (topic, offset, content) in c.await.unwrap() {
+            assert!(
+                acked
+                    .entry(topic)
+                    .or_default()
+                    .insert(offset, content)
+                    .is_none()
+            );
+        }
+    }
+    for (topic, by_offset) in &acked {
+        let offsets: Vec<u64> = by_offset.keys().copied().collect();
+        assert_eq!(
+            offsets,
+            (0..by_offset.len() as u64).collect::<Vec<_>>(),
+            "{topic}: consecutive"
+        );
+    }
+    consumer.wait_for(8 * PER_CLIENT, WAIT).await;
+    for (topic, by_offset) in &acked {
+        let got = consumer.of_topic(topic);
+        assert_eq!(
+            got.len(),
+            by_offset.len(),
+            "{topic}: each message exactly once"
+        );
+        for (i, env) in got.iter().enumerate() {
+            assert_eq!(env["offset"], i as u64, "{topic}: in offset order");
+            assert_eq!(
+                env["content"],
+                by_offset[&(i as u64)],
+                "{topic}: exact content"
+            );
+            assert!(env["timestamp"].as_u64().unwrap() > 1_700_000_000_000);
+            assert_eq!(env["key"], Value::Null);
+        }
+    }
+    // The content's bytes are kept as produced: numbers are not reformatted.
+    let content = r#"{"n":1.50,"big":18446744073709551616,"e":1e3}"#;
+    let r = broker
+        .http
+        .post(format!("{}/mmmq/messages", broker.url))
+        .header("content-type", "application/json")
+        .body(format!(r#"{{"topic":"raw","content":{content}}}"#))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let raw = broker
+        .http
+        .get(format!("{}/mmmq/topics/raw/messages", broker.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(raw.contains(&format!(r#""content":{content}"#)), "{raw}");
+    // Status shows the work.
+    let (_, status) = broker.get("/mmmq/dispatchers").await;
+    assert_eq!(status[0]["consumerId"], "all");
+    assert_eq!(status[0]["delivered"], 8 * PER_CLIENT as u64);
+    assert_eq!(status[0]["lag"], 0);
+    assert_eq!(status[0]["target"]["type"], "host");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn batch_produce_is_all_or_nothing_and_keeps_request_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::start(tmp.path()).await;
+    let (status, body) = broker
+        .post(
+            "/mmmq/messages/batch",
+            &json!([{"topic": "a", "content": 1}, {"topic": "b", "content": 2}, {"topic": "../etc", "content": 3}]),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("element 2"),
+        "{body}"
+    );
+    let (_, topics) = broker.get("/mmmq/topics").await;
+    assert_eq!(topics, json!([]), "nothing appended, no topic created");
+
+    let (status, body) = broker
+        .post(
+            "/mmmq/messages/batch",
+            &json!([{"topic": "a", "content": "a0"}, {"topic": "b", "content": "b0", "key": "k"}, {"topic": "a", "content": "a1"}]),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        json!({"ack": "ACK", "results": [{"topic": "a", "offset": 0}, {"topic": "b", "offset": 0}, {"topic": "a", "offset": 1}]})
+    );
+    let a = broker.pull_all("a").await;
+    assert_eq!(
+        a.iter().map(|e| e["content"].clone()).collect::<Vec<_>>(),
+        vec![json!("a0"), json!("a1")]
+    );
+    assert_eq!(broker.pull_all("b").await[0]["key"], "k");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pull_long_polls_until_a_message_arrives() {
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Arc::new(Broker::start(tmp.path()).await);
+    broker.produce("t", json!("first")).await;
+    let poller = {
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            let r = broker
+                .get("/mmmq/topics/t/messages?from=1&waitMs=20000")
+                .await;
+            (r, start.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !poller.is_finished(),
+        "the poll waits while there is nothing"
+    );
+    broker.produce("t", json!("second")).await;
+    let ((status, body), elapsed) = poller.await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(body["messages"][0]["content"], "second");
+    assert_eq!(body["messages"][0]["offset"], 1);
+    assert_eq!(body["next"], 2);
+    assert!(
+        elapsed < Duration::from_secs(15),
+        "returned as the message arrived, not at the deadline"
+    );
+
+    // Without waitMs an empty read answers at once.
+    let (status, body) = broker.get("/mmmq/topics/t/messages?from=2").await;
+    assert_eq!((status, body), (200, json!({"messages": [], "next": 2})));
+    // max and from.
+    let (_, body) = broker.get("/mmmq/topics/t/messages?from=0&max=1").await;
+    assert_eq!(body["messages"].as_array().unwrap().len(), 1);
+    assert_eq!(body["next"], 1);
+    let (status, body) = broker.get("/mmmq/topics/nope/messages").await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("nope"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn overlapping_patterns_each_get_every_match_and_dead_letters_reach_no_wildcard() {
+    let tmp = tempfile::tempdir().unwrap();
+    let orders = Consumer::start().await;
+    let everything = Consumer::start().await;
+    // Refuses everything: its messages end up in __dlq.refuser.
+    let refuser = Consumer::start_on(0, Arc::new(|_| Answer::Nack)).await;
+    write_dispatchers(
+        tmp.path(),
+        &json!([
+            host_dispatcher("orders", "order.*", orders.port),
+            host_dispatcher("everything", "**", everything.port),
+            {"consumerId": "refuser", "pattern": "order.new", "maxNackRetries": 0,
+             "host": {"protocol": "http", "address": "127.0.0.1", "port": refuser.port}},
+        ]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    broker.produce("order.new", json!(1)).await;
+    broker.produce("order.cancel", json!(2)).await;
+    broker.produce("payment.kakao.success", json!(3)).await;
+    orders.wait_for(2, WAIT).await;
+    everything.wait_for(3, WAIT).await;
+    let dlq = eventually_pull(&broker, "__dlq.refuser", 1).await;
+    assert_eq!(dlq[0]["content"]["envelope"]["topic"], "order.new");
+    // Time for a wrongly subscribed `**` dispatcher to have picked the dead letter up.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let topics: Vec<String> = everything
+        .envelopes()
+        .iter()
+        .map(|e| e["topic"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        topics,
+        vec!["order.new", "order.cancel", "payment.kakao.success"]
+    );
+    let topics: Vec<Value> = orders
+        .envelopes()
+        .iter()
+        .map(|e| e["topic"].clone())
+        .collect();
+    assert_eq!(topics, vec![json!("order.new"), json!("order.cancel")]);
+}
+
+async fn eventually_pull(broker: &Broker, topic: &str, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (status, body) = broker
+            .get(&format!("/mmmq/topics/{topic}/messages?waitMs=1000"))
+            .await;
+        if status == 200 && body["messages"].as_array().unwrap().len() >= n {
+            return body["messages"].as_array().unwrap().clone();
+        }
+        assert!(Instant::now() < deadline, "{topic} never got {n} messages");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nacked_message_is_resent_three_times_then_dead_lettered_and_the_next_flows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let consumer = Consumer::start_on(
+        0,
+        Arc::new(|e: &Value| {
+            if e["content"]["bad"] == true {
+                Answer::Nack
+            } else {
+                Answer::Ack
+            }
+        }),
+    )
+    .await;
+    write_dispatchers(
+        tmp.path(),
+        &json!([host_dispatcher("billing", "pay.*", consumer.port)]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    broker
+        .produce("pay.in", json!({"bad": true, "id": 1}))
+        .await;
+    broker
+        .produce("pay.in", json!({"bad": false, "id": 2}))
+        .await;
+    let got = consumer.wait_for(5, WAIT).await;
+    let ids: Vec<Value> = got.iter().map(|e| e["content"]["id"].clone()).collect();
+    assert_eq!(
+        ids,
+        vec![json!(1), json!(1), json!(1), json!(1), json!(2)],
+        "1 + 3 attempts, then the next"
+    );
+    let dlq = eventually_pull(&broker, "__dlq.billing", 1).await;
+    let letter = &dlq[0]["content"];
+    assert_eq!(letter["attempts"], 4);
+    assert_eq!(letter["consumerId"], "billing");
+    assert!(
+        letter["reason"].as_str().unwrap().contains("NACK"),
+        "{letter}"
+    );
+    assert_eq!(letter["envelope"]["topic"], "pay.in");
+    assert_eq!(letter["envelope"]["offset"], 0);
+    assert_eq!(letter["envelope"]["content"], json!({"bad": true, "id": 1}));
+    let (_, status) = broker.get("/mmmq/dispatchers").await;
+    let s = &status[0];
+    assert_eq!(
+        (
+            s["delivered"].clone(),
+            s["nacked"].clone(),
+            s["deadLettered"].clone()
+        ),
+        (json!(1), json!(4), json!(1))
+    );
+    // Producing to the dead-letter topic is refused; reading it is allowed (above).
+    let (code, _) = broker
+        .post(
+            "/mmmq/messages",
+            &json!({"topic": "__dlq.billing", "content": 1}),
+        )
+        .await;
+    assert_eq!(code, 400);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_consumer_that_is_down_gets_everything_in_order_once_it_is_up() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = free_port();
+    write_dispatchers(tmp.path(), &json!([host_dispatcher("late", "**", port)]));
+    let broker = Broker::start(tmp.path()).await;
+    for i in 0..5 {
+        broker.produce("jobs", json!(i)).await;
+    }
+    // A failing consumer is also a communication failure, not a NACK.
+    let failing = Consumer::start_on(port, Arc::new(|_| Answer::Error)).await;
+    eventually(WAIT, "a failed delivery", || {
+        (!failing.envelopes().is_empty()).then_some(())
+    })
+    .await;
+    failing.stop().await;
+    let (_, status) = broker.get("/mmmq/dispatchers").await;
+    assert!(status[0]["lastError"].as_str().is_some(), "{status}");
+    assert_eq!(status[0]["deadLettered"], 0);
+    let consumer = Consumer::start_on(port, Arc::new(|_| Answer::Ack)).await;
+    let got = consumer.wait_for(5, Duration::from_secs(90)).await;
+    let contents: Vec<Value> = got.iter().map(|e| e["content"].clone()).collect();
+    assert_eq!(contents, (0..5).map(|i| json!(i)).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn batched_delivery_sends_arrays_and_a_nack_falls_back_to_one_at_a_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let consumer = Consumer::start_on(
+        0,
+        Arc::new(|e: &Value| {
+            if e["content"] == 3 {
+                Answer::Nack
+            } else {
+                Answer::Ack
+            }
+        }),
+    )
+    .await;
+    write_dispatchers(
+        tmp.path(),
+        &json!([{"consumerId": "b", "pattern": "x", "batchMaxMessages": 10, "maxNackRetries": 1,
+                 "host": {"protocol": "HTTP", "address": "127.0.0.1", "port": consumer.port}}]),
+    );
+    let (status, _) = {
+        let broker = Broker::start(tmp.path()).await;
+        let items: Vec<Value> = (0..6)
+            .map(|i| json!({"topic": "x", "content": i}))
+            .collect();
+        let r = broker
+            .post("/mmmq/messages/batch", &Value::Array(items))
+            .await;
+        eventually_pull(&broker, "__dlq.b", 1).await;
+        eventually(WAIT, "delivery done", || {
+            consumer
+                .envelopes()
+                .iter()
+                .any(|e| e["content"] == 5)
+                .then_some(())
+        })
+        .await;
+        r
+    };
+    assert_eq!(status, 200);
+    let requests = consumer.requests();
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.is_array() && r.as_array().unwrap().len() > 1),
+        "{requests:?}"
+    );
+    // Everything but 3 was ACKed; 3 was tried in the batch, then alone twice (1 + 1 retry).
+    let singles: Vec<Value> = requests
+        .iter()
+        .filter(|r| !r.is_array())
+        .map(|r| r["content"].clone())
+        .collect();
+    assert_eq!(
+        singles.iter().filter(|c| **c == 3).count(),
+        2,
+        "{requests:?}"
+    );
+}
