@@ -244,7 +244,15 @@ fn parse_entry(value: serde_json::Value, root_dir: &Path) -> Result<DispatcherSp
     if !value.is_object() {
         return Err(format!("expected an object, found {value}"));
     }
-    let raw: RawDispatcher = serde_json::from_value(value).map_err(|e| e.to_string())?;
+    // The path names the field in nested objects ("host.port: invalid value …").
+    let raw: RawDispatcher = serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            e.inner().to_string()
+        } else {
+            format!("{path}: {}", e.inner())
+        }
+    })?;
     let consumer_id = ConsumerId::new(raw.consumer_id).map_err(|e| e.to_string())?;
     let pattern = TopicPattern::new(raw.pattern).map_err(|e| e.to_string())?;
     let target = match (raw.host, raw.plugin) {

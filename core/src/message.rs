@@ -9,6 +9,37 @@ use serde_json::value::RawValue;
 
 use crate::topic::Topic;
 
+/// Content nested deeper than this is refused: consumers parsing it into a tree (serde_json's own
+/// limit is 128) would fail on it forever, and the raw pass-through never checks depth itself.
+pub const MAX_CONTENT_DEPTH: usize = 128;
+
+/// How deeply arrays and objects nest in `json`, which must be valid JSON. One pass over the bytes,
+/// no allocation: the broker never builds a tree of a message's content.
+pub fn nesting_depth(json: &str) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in json.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
 /// The payload of one log entry: the UTF-8 JSON of this struct (contract §6).
 ///
 /// The topic and the offset are not stored: the directory and the position in the log say them.
@@ -66,6 +97,17 @@ pub struct Envelope {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nesting_depth_ignores_brackets_in_strings() {
+        assert_eq!(nesting_depth("1"), 0);
+        assert_eq!(nesting_depth(r#"{"a":[1,{"b":[]}]}"#), 4);
+        assert_eq!(nesting_depth(r#"["[[[[", "\"{{{"]"#), 1);
+        assert_eq!(
+            nesting_depth(&format!("{}{}", "[".repeat(300), "]".repeat(300))),
+            300
+        );
+    }
 
     #[test]
     fn content_survives_byte_for_byte() {

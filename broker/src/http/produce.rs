@@ -56,6 +56,13 @@ fn validate(req: ProduceRequest, max_content: usize) -> Result<ProduceItem, Stri
             req.content.get().len()
         ));
     }
+    let depth = mmmq_core::nesting_depth(req.content.get());
+    if depth > mmmq_core::MAX_CONTENT_DEPTH {
+        return Err(format!(
+            "content nests {depth} levels deep; at most {} are allowed",
+            mmmq_core::MAX_CONTENT_DEPTH
+        ));
+    }
     if let Some(k) = &req.key
         && k.len() > MAX_KEY_BYTES
     {

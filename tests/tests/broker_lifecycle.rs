@@ -1,0 +1,447 @@
+//! Restarts, crashes, reloads and bad input, against the real binary.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use mmmq_tests::{Broker, Consumer, eventually, host_dispatcher, mmmq_bin, write_dispatchers};
+use rand::Rng;
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn checkpoint(root: &std::path::Path, topic: &str, id: &str) -> Option<u64> {
+    let raw = std::fs::read(
+        root.join("topics")
+            .join(topic)
+            .join("checkpoints")
+            .join(format!("{id}.checkpoint")),
+    )
+    .ok()?;
+    Some(u64::from_be_bytes(raw.try_into().expect("8 bytes")))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_clean_restart_neither_loses_nor_redelivers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let consumer = Consumer::start().await;
+    write_dispatchers(
+        tmp.path(),
+        &json!([host_dispatcher("c", "**", consumer.port)]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    for i in 0..10 {
+        broker.produce("t", json!(i)).await;
+    }
+    consumer.wait_for(10, WAIT).await;
+    assert!(broker.terminate().success(), "SIGTERM exits 0");
+    assert_eq!(
+        checkpoint(tmp.path(), "t", "c"),
+        Some(10),
+        "checkpoint persisted at shutdown"
+    );
+
+    let broker = Broker::start(tmp.path()).await;
+    assert_eq!(broker.pull_all("t").await.len(), 10, "nothing lost");
+    broker.produce("t", json!(10)).await;
+    consumer.wait_for(11, WAIT).await;
+    // Long enough for a redelivery from an old checkpoint to show up.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let offsets: Vec<u64> = consumer
+        .envelopes()
+        .iter()
+        .map(|e| e["offset"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        offsets,
+        (0..11).collect::<Vec<_>>(),
+        "each message exactly once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_under_load_keeps_every_acknowledged_message_and_delivers_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let consumer = Consumer::start().await;
+    write_dispatchers(
+        tmp.path(),
+        &json!([host_dispatcher("c", "load.*", consumer.port)]),
+    );
+    // Small segments, so the kill can land in a rotation too.
+    let broker = Arc::new(Broker::start_with(tmp.path(), &["--segment-max-bytes", "4096"]).await);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut producers = Vec::new();
+    for p in 0..4u64 {
+        let broker = broker.clone();
+        let stop = stop.clone();
+        producers.push(tokio::spawn(async move {
+            let mut acked = Vec::new();
+            for i in 0u64.. {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let topic = if i % 2 == 0 { "load.even" } else { "load.odd" };
+                let content = json!({"p": p, "i": i, "pad": "x".repeat((i % 50) as usize)});
+                let r = broker
+                    .http
+                    .post(format!("{}/mmmq/messages", broker.url))
+                    .json(&json!({"topic": topic, "content": content}))
+                    .send()
+                    .await;
+                match r {
+                    Ok(r) if r.status() == 200 => {
+                        let body: Value = r.json().await.unwrap();
+                        acked.push((topic.to_owned(), body["offset"].as_u64().unwrap(), content));
+                    }
+                    // The broker died mid-request: not acknowledged, so no promise.
+                    _ => break,
+                }
+            }
+            acked
+        }));
+    }
+    consumer.wait_for(20, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(rand::rng().random_range(50..400))).await;
+    // SIGKILL while producers and the dispatcher are busy.
+    broker.signal(libc::SIGKILL);
+    stop.store(true, Ordering::Relaxed);
+    let mut acked: BTreeMap<String, BTreeMap<u64, Value>> = BTreeMap::new();
+    for p in producers {
+        for (topic, offset, content) in p.await.unwrap() {
+            assert!(
+                acked
+                    .entry(topic)
+                    .or_default()
+                    .insert(offset, content)
+                    .is_none()
+            );
+        }
+    }
+    drop(broker);
+    let total: usize = acked.values().map(BTreeMap::len).sum();
+    assert!(total > 20, "only {total} acknowledged before the kill");
+
+    let broker = Broker::start(tmp.path()).await;
+    for (topic, by_offset) in &acked {
+        let stored = broker.pull_all(topic).await;
+        for (i, e) in stored.iter().enumerate() {
+            assert_eq!(e["offset"], i as u64, "{topic}: no gaps");
+        }
+        for (offset, content) in by_offset {
+            let e = stored
+                .get(*offset as usize)
+                .unwrap_or_else(|| panic!("{topic}/{offset} lost"));
+            assert_eq!(&e["content"], content, "{topic}/{offset} altered");
+        }
+    }
+    // Every acknowledged message reaches the consumer; duplicates only around the crash.
+    eventually(WAIT, "every acknowledged message delivered", || {
+        let got = consumer.envelopes();
+        acked
+            .iter()
+            .all(|(topic, by_offset)| {
+                let seen: BTreeSet<u64> = got
+                    .iter()
+                    .filter(|e| e["topic"] == topic.as_str())
+                    .map(|e| e["offset"].as_u64().unwrap())
+                    .collect();
+                by_offset.keys().all(|o| seen.contains(o))
+            })
+            .then_some(())
+    })
+    .await;
+    let got = consumer.envelopes();
+    let mut duplicates = 0;
+    for topic in acked.keys() {
+        let mut seen = BTreeSet::new();
+        let mut last = None;
+        for e in got.iter().filter(|e| e["topic"] == topic.as_str()) {
+            let o = e["offset"].as_u64().unwrap();
+            if !seen.insert(o) {
+                duplicates += 1;
+                continue;
+            }
+            assert!(
+                last.is_none_or(|l| o == l + 1),
+                "{topic}: {o} delivered after {last:?}"
+            );
+            last = Some(o);
+        }
+    }
+    eprintln!("acknowledged {total}, redelivered after the crash: {duplicates}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_requests_get_4xx_and_change_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::start(tmp.path()).await;
+    broker.produce("kept", json!({"v": 1})).await;
+    let before = broker.pull_all("kept").await;
+    let deep = format!(
+        r#"{{"topic":"deep","content":{}1{}}}"#,
+        "[".repeat(5000),
+        "]".repeat(5000)
+    );
+    let big = format!(
+        r#"{{"topic":"big","content":"{}"}}"#,
+        "x".repeat(2 * 1024 * 1024)
+    );
+    let long = format!(r#"{{"topic":"{}","content":1}}"#, "t".repeat(250));
+    let cases: Vec<(&str, &str, String, Option<&str>)> = vec![
+        ("POST", "/mmmq/messages", "not json".into(), None),
+        ("POST", "/mmmq/messages", "[1,2]".into(), None),
+        ("POST", "/mmmq/messages", r#"{"topic":"a"}"#.into(), None),
+        ("POST", "/mmmq/messages", r#"{"content":1}"#.into(), None),
+        (
+            "POST",
+            "/mmmq/messages",
+            r#"{"topic":"../../etc/passwd","content":1}"#.into(),
+            None,
+        ),
+        (
+            "POST",
+            "/mmmq/messages",
+            r#"{"topic":"a/b","content":1}"#.into(),
+            None,
+        ),
+        (
+            "POST",
+            "/mmmq/messages",
+            r#"{"topic":"주문.생성","content":1}"#.into(),
+            None,
+        ),
+        (
+            "POST",
+            "/mmmq/messages",
+            r#"{"topic":"..","content":1}"#.into(),
+            None,
+        ),
+        (
+            "POST",
+            "/mmmq/messages",
+            r#"{"topic":"","content":1}"#.into(),
+            None,
+        ),
+        ("POST", "/mmmq/messages", long, None),
+        ("POST", "/mmmq/messages", big, None),
+        ("POST", "/mmmq/messages", deep, None),
+        (
+            "POST",
+            "/mmmq/messages",
+            r#"{"topic":"a","content":1}"#.into(),
+            Some("text/plain"),
+        ),
+        (
+            "POST",
+            "/mmmq/messages",
+            r#"{"topic":"a","contnet":1}"#.into(),
+            None,
+        ),
+        (
+            "POST",
+            "/mmmq/messages",
+            r#"{"topic":"a","content":1,"key":5}"#.into(),
+            None,
+        ),
+        (
+            "POST",
+            "/mmmq/messages",
+            r#"{"topic":"__dlq.x","content":1}"#.into(),
+            None,
+        ),
+        (
+            "POST",
+            "/mmmq/messages",
+            "{\"topic\":\"a\",\"content\":\"a\u{1}b\"}".into(),
+            None,
+        ),
+        (
+            "POST",
+            "/mmmq/messages/batch",
+            r#"{"topic":"a","content":1}"#.into(),
+            None,
+        ),
+        ("POST", "/mmmq/messages/batch", "[]".into(), None),
+        (
+            "GET",
+            "/mmmq/topics/..%2F..%2Fetc/messages",
+            String::new(),
+            None,
+        ),
+        (
+            "GET",
+            "/mmmq/topics/kept/messages?from=-1",
+            String::new(),
+            None,
+        ),
+        (
+            "GET",
+            "/mmmq/topics/kept/messages?waitMs=soon",
+            String::new(),
+            None,
+        ),
+        ("DELETE", "/mmmq/messages", String::new(), None),
+    ];
+    assert!(cases.len() >= 12);
+    for (method, path, body, ct) in &cases {
+        let mut req = broker
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", broker.url))
+            .header("content-type", ct.unwrap_or("application/json"));
+        if !body.is_empty() {
+            req = req.body(body.clone());
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        let shown: String = body.chars().take(80).collect();
+        assert!(
+            (400..500).contains(&status),
+            "{method} {path} {shown}: {status} {text}"
+        );
+        let err: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|_| panic!("{method} {path}: not JSON: {text}"));
+        assert!(
+            err["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{text}"
+        );
+    }
+    let (status, _) = broker.get("/healthz").await;
+    assert_eq!(status, 200, "still healthy");
+    assert_eq!(
+        broker.pull_all("kept").await,
+        before,
+        "stored data unchanged"
+    );
+    let (_, topics) = broker.get("/mmmq/topics").await;
+    assert_eq!(
+        topics.as_array().unwrap().len(),
+        1,
+        "no topic created: {topics}"
+    );
+    let mut entries: Vec<String> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    entries.sort();
+    assert_eq!(
+        entries,
+        vec!["dispatchers.json", "topics"],
+        "nothing created outside topics/"
+    );
+    let topics: Vec<String> = std::fs::read_dir(tmp.path().join("topics"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(topics, vec!["kept"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_broken_dispatchers_json_stops_serve_with_a_message_naming_the_entry() {
+    let host = json!({"protocol": "HTTP", "address": "127.0.0.1", "port": 9});
+    let cases = vec![
+        ("[{", "not a JSON array".to_owned()),
+        (r#"{"consumerId":"a"}"#, "not a JSON array".to_owned()),
+        (&*Box::leak(json!([{"consumerId": "dup", "pattern": "a", "host": host}, {"consumerId": "dup", "pattern": "b", "host": host}]).to_string().into_boxed_str()), "entry 1 (consumerId \"dup\"): duplicate consumerId".to_owned()),
+        (&*Box::leak(json!([{"consumerId": "ftp", "pattern": "a", "host": {"protocol": "FTP", "address": "h", "port": 1}}]).to_string().into_boxed_str()), "entry 0 (consumerId \"ftp\"): unknown protocol \"FTP\"".to_owned()),
+        (&*Box::leak(json!([{"consumerId": "none", "pattern": "a"}]).to_string().into_boxed_str()), "entry 0 (consumerId \"none\"): has neither".to_owned()),
+        (&*Box::leak(json!([{"consumerId": "both", "pattern": "a", "host": host, "plugin": {"path": "x.wasm"}}]).to_string().into_boxed_str()), "has both".to_owned()),
+        (&*Box::leak(json!([{"consumerId": "extra", "pattern": "a", "host": host, "retries": 1}]).to_string().into_boxed_str()), "unknown field `retries`".to_owned()),
+    ];
+    for (text, want) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("dispatchers.json"), text).unwrap();
+        let out = Command::new(mmmq_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--root-dir"])
+            .arg(tmp.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{text}: serve started");
+        assert!(
+            stderr.contains(&want),
+            "{text}\nwant: {want}\ngot: {stderr}"
+        );
+        assert!(stderr.contains("dispatchers.json"), "{stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reload_adds_changes_and_removes_dispatchers_without_a_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::start(tmp.path()).await;
+    assert_eq!(
+        std::fs::read_to_string(tmp.path().join("dispatchers.json"))
+            .unwrap()
+            .trim(),
+        "[]",
+        "created as []"
+    );
+    for i in 0..3 {
+        broker.produce("t", json!(i)).await;
+    }
+    let consumer = Consumer::start().await;
+    write_dispatchers(
+        tmp.path(),
+        &json!([host_dispatcher("late", "t", consumer.port)]),
+    );
+    let (status, report) = broker.post("/mmmq/admin/reload", &json!(null)).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["added"], json!(["late"]));
+    let got = consumer.wait_for(3, WAIT).await;
+    assert_eq!(
+        got.iter().map(|e| e["offset"].clone()).collect::<Vec<_>>(),
+        vec![json!(0), json!(1), json!(2)],
+        "caught up from 0"
+    );
+
+    // An invalid file is refused and the running configuration stays.
+    std::fs::write(
+        tmp.path().join("dispatchers.json"),
+        r#"[{"consumerId":"late","pattern":"t"}]"#,
+    )
+    .unwrap();
+    let (status, body) = broker.post("/mmmq/admin/reload", &json!(null)).await;
+    assert_eq!(status, 400);
+    assert!(
+        body["error"].as_str().unwrap().contains("entry 0"),
+        "{body}"
+    );
+    broker.produce("t", json!(3)).await;
+    consumer.wait_for(4, WAIT).await;
+
+    // SIGHUP applies a removal; the checkpoint stays and nothing more is delivered.
+    write_dispatchers(tmp.path(), &json!([]));
+    broker.signal(libc::SIGHUP);
+    eventually(WAIT, "the dispatcher to go", || {
+        broker
+            .log
+            .lock()
+            .contains("dispatcher stopped")
+            .then_some(())
+    })
+    .await;
+    let (_, status) = broker.get("/mmmq/dispatchers").await;
+    assert_eq!(status, json!([]));
+    broker.produce("t", json!(4)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(consumer.envelopes().len(), 4);
+    assert_eq!(checkpoint(tmp.path(), "t", "late"), Some(4));
+
+    // Back again: it resumes from its checkpoint, not from 0.
+    write_dispatchers(
+        tmp.path(),
+        &json!([host_dispatcher("late", "t", consumer.port)]),
+    );
+    let (status, _) = broker.post("/mmmq/admin/reload", &json!(null)).await;
+    assert_eq!(status, 200);
+    let got = consumer.wait_for(5, WAIT).await;
+    assert_eq!(got[4]["offset"], 4);
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(300) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(consumer.envelopes().len(), 5);
+}
