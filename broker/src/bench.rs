@@ -244,3 +244,227 @@ fn sequential_read(dir: &Path) -> Result<(u64, f64), StorageError> {
     }
     Ok((bytes, start.elapsed().as_secs_f64().max(1e-9)))
 }
+
+/// Parameters of `mmmq bench http`.
+#[derive(Debug, Clone)]
+pub struct HttpBench {
+    /// Where the broker's temporary root dir goes.
+    pub dir: PathBuf,
+    /// How long each configuration runs.
+    pub duration: Duration,
+    /// Content size in bytes (the JSON string's length).
+    pub message_bytes: usize,
+    /// Producer counts for single-message produce.
+    pub producers: Vec<usize>,
+    /// Producers of the end-to-end run.
+    pub e2e_producers: usize,
+}
+
+/// Durable produce over HTTP (1 and 64 keep-alive clients), batch produce, and end to end through
+/// a no-op HTTP consumer, each next to the storage engine alone in the same run.
+pub async fn http(cfg: HttpBench, out: &mut (dyn Write + Send)) -> anyhow::Result<()> {
+    use crate::config::ServeConfig;
+    std::fs::create_dir_all(&cfg.dir)?;
+    let scratch = tempfile::Builder::new()
+        .prefix("mmmq-bench-")
+        .tempdir_in(&cfg.dir)?;
+    let mb = cfg.message_bytes as f64 / 1e6;
+
+    // The consumer: answers ACK and records when each message arrived.
+    let started = Instant::now();
+    let received: Arc<parking_lot::Mutex<Vec<f64>>> = Arc::default();
+    let consumer = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let consumer_port = consumer.local_addr()?.port();
+    {
+        let received = received.clone();
+        let app = axum::Router::new().route(
+            "/mmmq/messages",
+            axum::routing::post(move |body: bytes::Bytes| {
+                let received = received.clone();
+                async move {
+                    let now = started.elapsed().as_secs_f64();
+                    if let Ok(env) = serde_json::from_slice::<serde_json::Value>(&body)
+                        && let Some(sent) = env["content"]["t"].as_f64()
+                    {
+                        received.lock().push(now - sent);
+                    }
+                    r#"{"ack":"ACK"}"#
+                }
+            }),
+        );
+        tokio::spawn(async move { axum::serve(consumer, app).await });
+    }
+    let root = scratch.path().join("root");
+    std::fs::create_dir_all(&root)?;
+    std::fs::write(
+        root.join("dispatchers.json"),
+        json!([{"consumerId": "bench", "pattern": "e2e.*",
+                "host": {"protocol": "HTTP", "address": "127.0.0.1", "port": consumer_port}}])
+        .to_string(),
+    )?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(crate::server::run(
+        listener,
+        ServeConfig::new(&root),
+        stop.clone().cancelled_owned(),
+    ));
+    let health = reqwest::Client::new();
+    while health
+        .get(format!("{base}/healthz"))
+        .send()
+        .await
+        .map(|r| r.status() != 200)
+        .unwrap_or(true)
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let pad = "x".repeat(cfg.message_bytes);
+    for &p in &cfg.producers {
+        let topic = format!("produce.p{p}");
+        let r = http_load(&base, p, cfg.duration, started, 1, &topic, &pad).await?;
+        let storage = run_appenders(
+            &scratch.path().join(format!("storage-{p}")),
+            FlushMode::GroupCommit,
+            p,
+            cfg.message_bytes,
+            cfg.duration,
+        )
+        .await?;
+        writeln!(
+            out,
+            "{}",
+            json!({
+                "bench": "http", "what": "produce", "producers": p, "message_bytes": cfg.message_bytes,
+                "msgs_per_s": r.rate().round(), "mb_per_s": r.rate() * mb, "p50_us": r.p50_us, "p99_us": r.p99_us,
+                "storage_alone_msgs_per_s": storage.rate().round(), "ratio_to_storage": r.rate() / storage.rate(),
+            })
+        )?;
+    }
+    let r = http_load(&base, 8, cfg.duration, started, 100, "batch.t", &pad).await?;
+    writeln!(
+        out,
+        "{}",
+        json!({
+            "bench": "http", "what": "batch_produce", "producers": 8, "batch": 100, "message_bytes": cfg.message_bytes,
+            "msgs_per_s": r.rate().round(), "mb_per_s": r.rate() * mb, "p50_us_per_request": r.p50_us, "p99_us_per_request": r.p99_us,
+        })
+    )?;
+
+    received.lock().clear();
+    let r = http_load(
+        &base,
+        cfg.e2e_producers,
+        cfg.duration,
+        started,
+        1,
+        "e2e.t",
+        &pad,
+    )
+    .await?;
+    // Wait for the consumer to drain what was produced.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while (received.lock().len() as u64) < r.count && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let drain_end = started.elapsed().as_secs_f64();
+    let mut lat: Vec<Duration> = received
+        .lock()
+        .iter()
+        .map(|s| Duration::from_secs_f64(s.max(0.0)))
+        .collect();
+    lat.sort_unstable();
+    writeln!(
+        out,
+        "{}",
+        json!({
+            "bench": "http", "what": "end_to_end", "producers": cfg.e2e_producers, "message_bytes": cfg.message_bytes,
+            "produced": r.count, "delivered": lat.len(), "produce_msgs_per_s": r.rate().round(),
+            "delivered_msgs_per_s": (lat.len() as f64 / (drain_end - r.started_at)).round(),
+            "p50_us_produce_to_consumer": percentile(&lat, 0.5), "p99_us_produce_to_consumer": percentile(&lat, 0.99),
+        })
+    )?;
+    stop.cancel();
+    let _ = server.await;
+    Ok(())
+}
+
+struct LoadResult {
+    count: u64,
+    elapsed: Duration,
+    started_at: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+impl LoadResult {
+    fn rate(&self) -> f64 {
+        self.count as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// `producers` clients, each with its own connection and one request in flight, for `duration`.
+async fn http_load(
+    base: &str,
+    producers: usize,
+    duration: Duration,
+    clock: Instant,
+    batch: usize,
+    topic: &str,
+    pad: &str,
+) -> anyhow::Result<LoadResult> {
+    let started_at = clock.elapsed().as_secs_f64();
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut tasks = Vec::new();
+    for _ in 0..producers {
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(1)
+            .build()?;
+        let url = if batch == 1 {
+            format!("{base}/mmmq/messages")
+        } else {
+            format!("{base}/mmmq/messages/batch")
+        };
+        let topic = topic.to_owned();
+        let pad = pad.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            while Instant::now() < deadline {
+                let t = clock.elapsed().as_secs_f64();
+                let one = format!(r#"{{"topic":"{topic}","content":{{"t":{t},"pad":"{pad}"}}}}"#);
+                let body = if batch == 1 {
+                    one
+                } else {
+                    format!("[{}]", vec![one; batch].join(","))
+                };
+                let sent = Instant::now();
+                let r = client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await?;
+                anyhow::ensure!(r.status() == 200, "produce answered {}", r.status());
+                r.bytes().await?;
+                lat.push(sent.elapsed());
+            }
+            Ok::<_, anyhow::Error>(lat)
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    let elapsed = start.elapsed();
+    all.sort_unstable();
+    Ok(LoadResult {
+        count: (all.len() * batch) as u64,
+        elapsed,
+        started_at,
+        p50_us: percentile(&all, 0.5),
+        p99_us: percentile(&all, 0.99),
+    })
+}

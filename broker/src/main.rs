@@ -61,6 +61,25 @@ struct ServeArgs {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// The broker over HTTP: durable produce with 1 and 64 clients, batch produce, and end to
+    /// end through a no-op HTTP consumer, next to the storage engine alone.
+    Http {
+        /// Directory for the broker's scratch root (on the disk to measure).
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Seconds per configuration.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        /// Content size in bytes.
+        #[arg(long, default_value_t = 1024)]
+        message_bytes: usize,
+        /// Producer counts, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,64")]
+        producers: Vec<usize>,
+        /// Producers of the end-to-end run.
+        #[arg(long, default_value_t = 16)]
+        e2e_producers: usize,
+    },
     /// The segment store alone: appends/s under each flush mode and appender count, with the raw
     /// disk measured in the same run.
     Storage {
@@ -140,6 +159,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             raise_fd_limit();
             let rt = tokio::runtime::Runtime::new()?;
             match what {
+                BenchCommand::Http {
+                    dir,
+                    seconds,
+                    message_bytes,
+                    producers,
+                    e2e_producers,
+                } => rt.block_on(mmmq::bench::http(
+                    mmmq::bench::HttpBench {
+                        dir,
+                        duration: Duration::from_secs_f64(seconds),
+                        message_bytes,
+                        producers,
+                        e2e_producers,
+                    },
+                    &mut std::io::stdout(),
+                ))?,
                 BenchCommand::Storage {
                     dir,
                     seconds,

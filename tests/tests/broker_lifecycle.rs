@@ -445,3 +445,43 @@ async fn reload_adds_changes_and_removes_dispatchers_without_a_restart() {
     }
     assert_eq!(consumer.envelopes().len(), 5);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_thousand_topics_open_restore_and_deliver() {
+    let tmp = tempfile::tempdir().unwrap();
+    let consumer = Consumer::start().await;
+    write_dispatchers(
+        tmp.path(),
+        &json!([host_dispatcher("all", "many.*", consumer.port)]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    let batch: Vec<Value> = (0..1000)
+        .map(|i| json!({"topic": format!("many.t{i:04}"), "content": i}))
+        .collect();
+    let (status, body) = broker
+        .post("/mmmq/messages/batch", &Value::Array(batch))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    consumer.wait_for(1000, Duration::from_secs(60)).await;
+    assert!(broker.terminate().success());
+    // About two file descriptors per topic: more than the usual soft limit of 1,024.
+    let broker = Broker::start(tmp.path()).await;
+    let (_, topics) = broker.get("/mmmq/topics").await;
+    assert_eq!(topics.as_array().unwrap().len(), 1000);
+    let batch: Vec<Value> = (0..1000)
+        .map(|i| json!({"topic": format!("many.t{i:04}"), "content": -i}))
+        .collect();
+    let (status, _) = broker
+        .post("/mmmq/messages/batch", &Value::Array(batch))
+        .await;
+    assert_eq!(status, 200);
+    consumer.wait_for(2000, Duration::from_secs(60)).await;
+    assert_eq!(
+        consumer
+            .envelopes()
+            .iter()
+            .filter(|e| e["offset"] == 1)
+            .count(),
+        1000
+    );
+}

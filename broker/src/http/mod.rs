@@ -128,7 +128,7 @@ impl IntoResponse for ApiError {
         } else {
             serde_json::json!({"error": self.to_string()})
         };
-        if status.is_server_error() {
+        if status.is_server_error() && !matches!(self, Self::Starting) {
             tracing::warn!(%status, error = %self, "request failed");
         }
         (status, axum::Json(body)).into_response()
