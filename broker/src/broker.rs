@@ -9,7 +9,7 @@ use serde_json::value::RawValue;
 
 use crate::config::{self, ConfigError, ServeConfig};
 use crate::dispatch::{
-    Dispatch, DispatchError, DispatcherStatus, HostTargets, ReloadReport, TargetFactory,
+    Dispatch, DispatchError, DispatcherStatus, ReloadReport, TargetFactory, Targets,
 };
 use crate::metrics::{Metrics, TopicLabel};
 use crate::storage::{OsFs, StorageError, Vfs};
@@ -60,9 +60,9 @@ fn now_ms() -> u64 {
 }
 
 impl Broker {
-    /// Recovers every topic, loads `dispatchers.json` and starts delivering, with host targets only.
+    /// Recovers every topic, loads `dispatchers.json` and starts delivering.
     pub async fn open(config: ServeConfig) -> Result<Self, BrokerError> {
-        Self::open_with(config, Arc::new(OsFs), Arc::new(HostTargets)).await
+        Self::open_with(config, Arc::new(OsFs), Arc::new(Targets::default())).await
     }
 
     /// As [`Broker::open`], with a chosen file system and target factory.

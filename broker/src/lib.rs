@@ -8,6 +8,7 @@
 //! - [`dispatch`]: dispatchers, their drain workers and their targets (remote HTTP consumers).
 //! - [`broker`]: [`broker::Broker`], the handle that ties topics, dispatchers and metrics together.
 //! - [`http`]: the HTTP API on axum; [`server`]: `run(listener, config, shutdown)`.
+//! - [`plugin`]: WebAssembly handlers: the sandboxed runtime and the hot-reloading plugin target.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`inspect`]: `mmmq inspect`, an offline reader of a topic directory for when a disk misbehaves.
 //! - [`bench`]: `mmmq bench`, benchmarks that print JSON lines.
@@ -20,6 +21,7 @@ pub mod dispatch;
 pub mod http;
 pub mod inspect;
 pub mod metrics;
+pub mod plugin;
 pub mod server;
 pub mod storage;
 pub mod topics;

@@ -32,10 +32,35 @@ enum Command {
         #[arg(long)]
         no_payload: bool,
     },
+    /// Tools for WebAssembly handlers.
+    Plugin {
+        #[command(subcommand)]
+        what: PluginCommand,
+    },
     /// Benchmarks that print JSON lines.
     Bench {
         #[command(subcommand)]
         what: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum PluginCommand {
+    /// Is FILE a component mmmq can run? Prints its world, version and imports; exits 1 if not.
+    Check {
+        /// The `.wasm` file.
+        file: PathBuf,
+    },
+    /// Writes a new plugin crate NAME that builds as it is.
+    New {
+        /// Crate name (lower case, digits, '-', '_').
+        name: String,
+        /// Where to create it.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// The plugin-sdk directory of an mmmq checkout (default: the one this binary was built from).
+        #[arg(long)]
+        sdk_path: Option<PathBuf>,
     },
 }
 
@@ -155,6 +180,29 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ExitCode::from(1)
             })
         }
+        Command::Plugin { what } => match what {
+            PluginCommand::Check { file } => {
+                let ok = mmmq::plugin::tools::check(&file, &mut std::io::stdout())?;
+                Ok(if ok {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                })
+            }
+            PluginCommand::New {
+                name,
+                dir,
+                sdk_path,
+            } => {
+                let root = mmmq::plugin::tools::new(&name, &dir, sdk_path.as_deref())?;
+                println!("created {}", root.display());
+                println!(
+                    "  cd {} && cargo test && cargo build --release --target wasm32-wasip2",
+                    root.display()
+                );
+                Ok(ExitCode::SUCCESS)
+            }
+        },
         Command::Bench { what } => {
             raise_fd_limit();
             let rt = tokio::runtime::Runtime::new()?;

@@ -59,6 +59,7 @@
 use serde::de::DeserializeOwned;
 
 #[doc(hidden)]
+#[allow(clippy::too_many_arguments)] // generated code
 pub mod __bindings {
     wit_bindgen::generate!({
         world: "handler",

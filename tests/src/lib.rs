@@ -362,3 +362,125 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace")
+        .to_owned()
+}
+
+/// Builds the plugin crate `package` for `wasm32-wasip2` (profile `plugin`) and returns the
+/// component's path. `variant` sets `TESTBED_VERSION` and gets its own target dir, so two
+/// versions of one plugin can exist side by side. Built once per test process.
+pub fn plugin_wasm(package: &str, variant: Option<&str>) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let key = format!("{package}/{}", variant.unwrap_or("-"));
+    let mut built = BUILT.lock().unwrap();
+    if let Some((_, p)) = built.iter().find(|(k, _)| *k == key) {
+        return p.clone();
+    }
+    ensure_wasm_target();
+    let root = workspace_root();
+    let target_dir = root.join("target").join(match variant {
+        Some(v) => format!("wasm-{v}"),
+        None => "wasm".to_owned(),
+    });
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(&root)
+        .args([
+            "build",
+            "--profile",
+            "plugin",
+            "--target",
+            "wasm32-wasip2",
+            "-p",
+            package,
+        ])
+        .arg("--target-dir")
+        .arg(&target_dir);
+    if let Some(v) = variant {
+        cmd.env("TESTBED_VERSION", v);
+    }
+    let out = cmd.output().expect("run cargo");
+    assert!(
+        out.status.success(),
+        "building {package} for wasm32-wasip2 failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = target_dir
+        .join("wasm32-wasip2/plugin")
+        .join(format!("{}.wasm", package.replace('-', "_")));
+    assert!(path.exists(), "{} was not built", path.display());
+    built.push((key, path.clone()));
+    path
+}
+
+/// Installs the `wasm32-wasip2` target when it is missing (`scripts/test` does it first).
+pub fn ensure_wasm_target() {
+    let out = Command::new("rustc")
+        .args(["--print", "target-libdir", "--target", "wasm32-wasip2"])
+        .output();
+    let installed = out
+        .ok()
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+        .is_some_and(|p| p.exists());
+    if !installed {
+        let status = Command::new("rustup")
+            .args(["target", "add", "wasm32-wasip2"])
+            .status()
+            .expect("rustup");
+        assert!(status.success(), "rustup target add wasm32-wasip2 failed");
+    }
+}
+
+/// Copies a built component to `{root}/plugins/{name}` atomically (write aside, then rename), as
+/// a deploy would.
+pub fn deploy_plugin(root: &Path, wasm: &Path, name: &str) -> PathBuf {
+    let dir = root.join("plugins");
+    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::copy(wasm, &tmp).unwrap();
+    let dest = dir.join(name);
+    std::fs::rename(&tmp, &dest).unwrap();
+    dest
+}
+
+/// One line the testbed plugin logged for a message it handled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handled {
+    /// `TESTBED_VERSION` of the build that handled it.
+    pub version: String,
+    /// Topic.
+    pub topic: String,
+    /// Offset.
+    pub offset: u64,
+    /// The rest of the line: `key=… content=…`.
+    pub rest: String,
+}
+
+impl Broker {
+    /// Every message the testbed plugin reported handling, in log order.
+    pub fn handled(&self) -> Vec<Handled> {
+        self.log
+            .lock()
+            .lines()
+            .filter_map(|l| {
+                let rest = l.split_once("testbed version=")?.1;
+                let (version, rest) = rest.split_once(" topic=")?;
+                let (topic, rest) = rest.split_once(" offset=")?;
+                let (offset, rest) = rest.split_once(' ')?;
+                // tracing appends the span's fields after the message.
+                let rest = rest.split(" consumer_id=").next().unwrap_or(rest);
+                Some(Handled {
+                    version: version.to_owned(),
+                    topic: topic.to_owned(),
+                    offset: offset.parse().ok()?,
+                    rest: rest.to_owned(),
+                })
+            })
+            .collect()
+    }
+}

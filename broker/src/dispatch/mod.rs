@@ -2,7 +2,8 @@
 //! one drain worker per (dispatcher, topic).
 //!
 //! # Layout
-//! - [`target`]: the [`Target`] trait and the HTTP consumer target.
+//! - [`target`]: the [`Target`] trait and the HTTP consumer target (the plugin target lives in
+//!   [`crate::plugin`]); [`Targets`] builds either from a spec.
 //! - `worker`: the drain loop of one (dispatcher, topic): order, retries, dead letters, checkpoints.
 //! - this module: [`Dispatch`], which starts and stops workers as dispatchers are configured and
 //!   topics appear, and reports their status.
@@ -20,8 +21,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{DispatcherSpec, TargetSpec};
 use crate::metrics::{DispatchLabel, Metrics};
+use crate::plugin::{PluginEngine, PluginTarget};
 use crate::topics::{Registry, TopicLog};
-pub use target::{Delivery, Outcome, Target, TargetStatus};
+pub use target::{BoxFuture, Delivery, Outcome, Target, TargetStatus};
 pub use worker::WorkerStats;
 
 /// Why a dispatcher could not be started.
@@ -37,27 +39,49 @@ pub enum DispatchError {
     },
 }
 
-/// Builds targets from specs. The HTTP target is built in; the WebAssembly runtime plugs in here.
+/// Builds targets from specs: the seam where the kinds of target plug in.
 pub trait TargetFactory: Send + Sync {
     /// A target for `spec`, or why it cannot be built.
-    fn build(&self, spec: &DispatcherSpec) -> Result<Arc<dyn Target>, String>;
+    fn build<'a>(
+        &'a self,
+        spec: &'a DispatcherSpec,
+    ) -> BoxFuture<'a, Result<Arc<dyn Target>, String>>;
 }
 
-/// The factory that knows host targets only.
-#[derive(Debug, Default)]
-pub struct HostTargets;
+/// Host targets (HTTP consumers) and plugin targets (WebAssembly components). The WebAssembly
+/// engine is created with the first plugin dispatcher, so a broker without plugins runs none.
+#[derive(Default)]
+pub struct Targets {
+    engine: tokio::sync::OnceCell<Arc<PluginEngine>>,
+}
 
-impl TargetFactory for HostTargets {
-    fn build(&self, spec: &DispatcherSpec) -> Result<Arc<dyn Target>, String> {
-        match &spec.target {
-            TargetSpec::Host(h) => target::HttpTarget::new(h)
-                .map(|t| Arc::new(t) as Arc<dyn Target>)
-                .map_err(|e| e.to_string()),
-            TargetSpec::Plugin(p) => Err(format!(
-                "plugin targets ({}) are not available in this build",
-                p.path.display()
-            )),
-        }
+impl TargetFactory for Targets {
+    fn build<'a>(
+        &'a self,
+        spec: &'a DispatcherSpec,
+    ) -> BoxFuture<'a, Result<Arc<dyn Target>, String>> {
+        Box::pin(async move {
+            match &spec.target {
+                TargetSpec::Host(h) => target::HttpTarget::new(h)
+                    .map(|t| Arc::new(t) as Arc<dyn Target>)
+                    .map_err(|e| e.to_string()),
+                TargetSpec::Plugin(p) => {
+                    let engine = self
+                        .engine
+                        .get_or_try_init(|| async {
+                            tokio::task::spawn_blocking(PluginEngine::new)
+                                .await
+                                .expect("engine task panicked")
+                        })
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let target =
+                        PluginTarget::start(engine.clone(), p.clone(), spec.consumer_id.as_str())
+                            .await;
+                    Ok(Arc::new(target) as Arc<dyn Target>)
+                }
+            }
+        })
     }
 }
 
@@ -76,6 +100,7 @@ struct Running {
 
 /// What a reload changed.
 #[derive(Debug, Default, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
 pub struct ReloadReport {
     /// New dispatchers.
     pub added: Vec<String>,
@@ -85,6 +110,11 @@ pub struct ReloadReport {
     pub changed: Vec<String>,
     /// Dispatchers left running as they were.
     pub unchanged: Vec<String>,
+    /// Plugin dispatchers whose component file changed and now run the new version.
+    pub reloaded: Vec<String>,
+    /// Plugin dispatchers whose changed component file could not be loaded (the old version
+    /// keeps serving).
+    pub reload_errors: Vec<String>,
 }
 
 /// Status of one dispatcher on one topic.
@@ -230,19 +260,26 @@ impl Dispatch {
         for spec in specs {
             match running.get(&spec.consumer_id) {
                 Some(r) if *r.spec == spec => {
-                    report.unchanged.push(spec.consumer_id.to_string());
+                    let id = spec.consumer_id.to_string();
+                    match r.target.reload().await {
+                        Ok(true) => report.reloaded.push(id.clone()),
+                        Ok(false) => {}
+                        Err(e) => report.reload_errors.push(format!("{id}: {e}")),
+                    }
+                    report.unchanged.push(id);
                     continue;
                 }
                 Some(_) => report.changed.push(spec.consumer_id.to_string()),
                 None => report.added.push(spec.consumer_id.to_string()),
             }
-            let target = self
-                .factory
-                .build(&spec)
-                .map_err(|reason| DispatchError::Target {
-                    consumer_id: spec.consumer_id.to_string(),
-                    reason,
-                })?;
+            let target =
+                self.factory
+                    .build(&spec)
+                    .await
+                    .map_err(|reason| DispatchError::Target {
+                        consumer_id: spec.consumer_id.to_string(),
+                        reason,
+                    })?;
             to_start.push((spec, target));
         }
         let keep: std::collections::HashSet<String> = report

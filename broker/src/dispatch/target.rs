@@ -74,6 +74,10 @@ pub trait Target: Send + Sync {
     fn deliver<'a>(&'a self, batch: &'a [Delivery]) -> BoxFuture<'a, Outcome>;
     /// For status.
     fn status(&self) -> TargetStatus;
+    /// Re-reads what the target is made of (a plugin's file); `Ok(true)` when that changed it.
+    fn reload(&self) -> BoxFuture<'_, Result<bool, String>> {
+        Box::pin(async { Ok(false) })
+    }
 }
 
 /// A remote HTTP consumer (contract §3): POST the envelope (or an array of them) to

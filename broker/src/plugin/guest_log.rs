@@ -1,0 +1,186 @@
+//! Where a guest's words go: the `log` import and its stdout/stderr both end up in `tracing`,
+//! tagged with the dispatcher's consumerId, through a token bucket so that a guest that logs in a
+//! loop cannot flood the broker's log (what is dropped is counted and reported).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
+
+/// Lines per second a guest may log on average.
+const RATE: f64 = 200.0;
+/// Lines a guest may log in a burst.
+const BURST: f64 = 1000.0;
+/// Longest line kept; the rest is cut.
+const MAX_LINE: usize = 4096;
+
+/// Guest log levels, as the WIT spells them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuestLevel {
+    /// trace
+    Trace,
+    /// debug
+    Debug,
+    /// info
+    Info,
+    /// warn
+    Warn,
+    /// error
+    Error,
+}
+
+struct Bucket {
+    tokens: f64,
+    refilled: Instant,
+    dropped: u64,
+}
+
+/// The log of one plugin dispatcher (shared by its instances).
+#[derive(Clone)]
+pub struct GuestLog {
+    consumer_id: Arc<str>,
+    bucket: Arc<Mutex<Bucket>>,
+}
+
+impl GuestLog {
+    /// A log for `consumer_id`.
+    pub fn new(consumer_id: &str) -> Self {
+        Self {
+            consumer_id: consumer_id.into(),
+            bucket: Arc::new(Mutex::new(Bucket {
+                tokens: BURST,
+                refilled: Instant::now(),
+                dropped: 0,
+            })),
+        }
+    }
+
+    /// Emits one guest line, unless the guest is over its budget.
+    pub fn emit(&self, level: GuestLevel, source: &'static str, line: &str) {
+        let dropped = {
+            let mut b = self.bucket.lock();
+            let now = Instant::now();
+            b.tokens = (b.tokens + now.duration_since(b.refilled).as_secs_f64() * RATE).min(BURST);
+            b.refilled = now;
+            if b.tokens < 1.0 {
+                b.dropped += 1;
+                return;
+            }
+            b.tokens -= 1.0;
+            std::mem::take(&mut b.dropped)
+        };
+        let consumer_id = &*self.consumer_id;
+        if dropped > 0 {
+            tracing::warn!(
+                consumer_id,
+                dropped,
+                "plugin logged too fast; lines were dropped"
+            );
+        }
+        let line = truncate(line.trim_end(), MAX_LINE);
+        match level {
+            GuestLevel::Trace => tracing::trace!(consumer_id, source, "{line}"),
+            GuestLevel::Debug => tracing::debug!(consumer_id, source, "{line}"),
+            GuestLevel::Info => tracing::info!(consumer_id, source, "{line}"),
+            GuestLevel::Warn => tracing::warn!(consumer_id, source, "{line}"),
+            GuestLevel::Error => tracing::error!(consumer_id, source, "{line}"),
+        }
+    }
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// A guest's stdout or stderr: bytes are split into lines and logged.
+pub struct GuestOutput {
+    log: GuestLog,
+    source: &'static str,
+    level: GuestLevel,
+    partial: Arc<Mutex<Vec<u8>>>,
+}
+
+impl GuestOutput {
+    /// stdout (info) or stderr (warn) of a guest.
+    pub fn new(log: GuestLog, stderr: bool) -> Self {
+        Self {
+            log,
+            source: if stderr { "stderr" } else { "stdout" },
+            level: if stderr {
+                GuestLevel::Warn
+            } else {
+                GuestLevel::Info
+            },
+            partial: Arc::default(),
+        }
+    }
+
+    fn clone_stream(&self) -> Self {
+        Self {
+            log: self.log.clone(),
+            source: self.source,
+            level: self.level,
+            partial: self.partial.clone(),
+        }
+    }
+
+    fn take(&self, bytes: &[u8]) {
+        let mut partial = self.partial.lock();
+        partial.extend_from_slice(bytes);
+        while let Some(nl) = partial.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = partial.drain(..=nl).collect();
+            self.log
+                .emit(self.level, self.source, &String::from_utf8_lossy(&line));
+        }
+        if partial.len() > MAX_LINE {
+            let line: Vec<u8> = std::mem::take(&mut *partial);
+            self.log
+                .emit(self.level, self.source, &String::from_utf8_lossy(&line));
+        }
+    }
+}
+
+impl wasmtime_wasi::cli::IsTerminal for GuestOutput {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl wasmtime_wasi::cli::StdoutStream for GuestOutput {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone_stream())
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        // Only the WASIp2 stream is used; an empty sink keeps the contract of the trait.
+        Box::new(tokio::io::sink())
+    }
+}
+
+#[async_trait::async_trait]
+impl OutputStream for GuestOutput {
+    fn write(&mut self, bytes: Bytes) -> Result<(), StreamError> {
+        self.take(&bytes);
+        Ok(())
+    }
+    fn flush(&mut self) -> Result<(), StreamError> {
+        Ok(())
+    }
+    fn check_write(&mut self) -> Result<usize, StreamError> {
+        Ok(64 * 1024)
+    }
+}
+
+#[async_trait::async_trait]
+impl Pollable for GuestOutput {
+    async fn ready(&mut self) {}
+}

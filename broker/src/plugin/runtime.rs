@@ -1,0 +1,331 @@
+//! The WebAssembly host: one shared engine, components compiled once per file version, and
+//! sandboxed instances with a memory cap and a time limit per call.
+//!
+//! # Choices (measured: see docs/benchmarks.md)
+//! - **Instance reuse.** A call into a reused instance costs about a microsecond; a fresh instance
+//!   per message costs tens of microseconds. An instance is reused for consecutive messages of
+//!   one (dispatcher, topic) and thrown away after any fault (trap, timeout, memory cap), so a
+//!   broken instance never serves again. The price: state a guest keeps in statics survives from
+//!   one message to the next (the SDK documents it).
+//! - **No pooling allocator.** With reuse, instantiation is rare (start, reload, after a fault), so
+//!   reserving pooled slots sized for the largest `maxMemoryBytes` would cost more than it saves.
+//! - **Epochs, not fuel**, for time limits: a ticker thread bumps the engine's epoch every
+//!   millisecond and each call gets a deadline of `timeoutMs` ticks; fuel would tax every
+//!   instruction.
+//! - **WASI with nothing in it**: Rust's std for `wasm32-wasip2` imports WASI, so it is linked, but
+//!   with no directories, no environment, no network and frozen clocks; stdout and stderr go to the
+//!   broker's log.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::{Config, Engine, ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::guest_log::{GuestLevel, GuestLog, GuestOutput};
+
+mod bindings {
+    wasmtime::component::bindgen!({
+        world: "handler",
+        path: "../wit",
+    });
+}
+
+pub use bindings::mmmq::plugin::types::{Ack as WitAck, Message as WitMessage};
+
+/// How often the epoch advances: the granularity of `timeoutMs`.
+const TICK: Duration = Duration::from_millis(1);
+
+/// Why a component cannot be used, or a call failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PluginError {
+    /// The file cannot be read.
+    #[error("cannot read {path}: {reason}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// Not a component, or not a valid one.
+    #[error("not a valid WebAssembly component: {0}")]
+    Compile(String),
+    /// A component, but not of the `mmmq:plugin/handler` world (or it needs imports we do not give).
+    #[error("the component does not implement the mmmq:plugin handler world: {0}")]
+    World(String),
+    /// Instantiation failed (its start code trapped, or its initial memory exceeds the cap).
+    #[error("cannot instantiate the plugin: {0}")]
+    Instantiate(String),
+    /// The call ran past `timeoutMs`.
+    #[error("timed out after {0} ms")]
+    Timeout(u64),
+    /// The guest tried to grow its memory past `maxMemoryBytes`.
+    #[error("memory limit of {0} bytes exceeded")]
+    Memory(u64),
+    /// The guest trapped (a panic, an out-of-bounds access, a stack overflow, …).
+    #[error("trapped: {0}")]
+    Trap(String),
+}
+
+/// The shared engine and linker.
+pub struct PluginEngine {
+    engine: Engine,
+    linker: Linker<HostState>,
+}
+
+impl PluginEngine {
+    /// Builds the engine and starts its epoch ticker (which stops when the engine is dropped).
+    pub fn new() -> Result<Arc<Self>, PluginError> {
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        config.epoch_interruption(true);
+        config.max_wasm_stack(1 << 20);
+        let engine = Engine::new(&config).map_err(|e| PluginError::Compile(e.to_string()))?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| PluginError::Compile(e.to_string()))?;
+        bindings::Handler::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
+            .map_err(|e| PluginError::Compile(e.to_string()))?;
+        let this = Arc::new(Self { engine, linker });
+        let weak: Weak<Self> = Arc::downgrade(&this);
+        std::thread::Builder::new()
+            .name("mmmq-epoch".into())
+            .spawn(move || {
+                while let Some(engine) = weak.upgrade() {
+                    engine.engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(TICK);
+                }
+            })
+            .expect("spawn the epoch ticker");
+        Ok(this)
+    }
+
+    /// Compiles `bytes` and checks it against the handler world. Blocking (milliseconds to
+    /// seconds: keep it off the delivery path).
+    pub fn compile(&self, bytes: &[u8]) -> Result<Compiled, PluginError> {
+        let version = version_of(bytes);
+        let component = Component::new(&self.engine, bytes).map_err(|e| {
+            let msg = format!("{e:#}");
+            if wasmparser_says_core_module(bytes) {
+                PluginError::Compile(format!(
+                    "this is a core WebAssembly module, not a component (build with --target wasm32-wasip2): {msg}"
+                ))
+            } else {
+                PluginError::Compile(msg)
+            }
+        })?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| PluginError::World(format!("{e:#}")))?;
+        let pre =
+            bindings::HandlerPre::new(pre).map_err(|e| PluginError::World(format!("{e:#}")))?;
+        let imports = component
+            .component_type()
+            .imports(&self.engine)
+            .map(|(name, _)| name.to_owned())
+            .collect();
+        Ok(Compiled {
+            pre,
+            version,
+            size: bytes.len(),
+            imports,
+        })
+    }
+}
+
+/// A core module starts with the version 1 header; a component with a different layer byte.
+fn wasmparser_says_core_module(bytes: &[u8]) -> bool {
+    bytes.len() >= 8 && bytes[..4] == *b"\0asm" && bytes[4..8] == [1, 0, 0, 0]
+}
+
+/// The version of a component file: the first 16 hex digits of its SHA-256.
+pub fn version_of(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A compiled, type-checked component.
+pub struct Compiled {
+    pre: bindings::HandlerPre<HostState>,
+    /// See [`version_of`].
+    pub version: String,
+    /// File size.
+    pub size: usize,
+    /// What the component imports (for `mmmq plugin check`).
+    pub imports: Vec<String>,
+}
+
+/// Limits of one instance.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Memory cap.
+    pub max_memory_bytes: u64,
+    /// Time per call.
+    pub timeout: Duration,
+}
+
+/// Records whether a memory growth was refused, so a trap can be told apart from the cap.
+struct Limiter {
+    inner: StoreLimits,
+    refused: bool,
+}
+
+impl ResourceLimiter for Limiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let ok = self.inner.memory_growing(current, desired, maximum)?;
+        if !ok {
+            self.refused = true;
+        }
+        Ok(ok)
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.inner.table_growing(current, desired, maximum)
+    }
+}
+
+/// What a store carries.
+pub struct HostState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: Limiter,
+    log: GuestLog,
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl bindings::mmmq::plugin::types::Host for HostState {}
+
+impl bindings::mmmq::plugin::log::Host for HostState {
+    fn log(&mut self, level: bindings::mmmq::plugin::log::Level, message: String) {
+        use bindings::mmmq::plugin::log::Level;
+        let level = match level {
+            Level::Trace => GuestLevel::Trace,
+            Level::Debug => GuestLevel::Debug,
+            Level::Info => GuestLevel::Info,
+            Level::Warn => GuestLevel::Warn,
+            Level::Error => GuestLevel::Error,
+        };
+        self.log.emit(level, "log", &message);
+    }
+}
+
+/// Clocks that never move: the sandbox grants no time beyond the message's timestamp.
+struct FrozenClock;
+
+impl wasmtime_wasi::HostWallClock for FrozenClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    fn now(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+impl wasmtime_wasi::HostMonotonicClock for FrozenClock {
+    fn resolution(&self) -> u64 {
+        1_000_000_000
+    }
+    fn now(&self) -> u64 {
+        0
+    }
+}
+
+/// A live instance of one version, with its store.
+pub struct Instance {
+    store: Store<HostState>,
+    handler: bindings::Handler,
+    /// The version it runs.
+    pub version: String,
+    limits: Limits,
+}
+
+impl Instance {
+    /// Instantiates `compiled` in a fresh sandbox. Blocking.
+    pub fn new(
+        engine: &PluginEngine,
+        compiled: &Compiled,
+        limits: Limits,
+        log: &GuestLog,
+    ) -> Result<Self, PluginError> {
+        let wasi = WasiCtx::builder()
+            .stdout(GuestOutput::new(log.clone(), false))
+            .stderr(GuestOutput::new(log.clone(), true))
+            .wall_clock(FrozenClock)
+            .monotonic_clock(FrozenClock)
+            .build();
+        let state = HostState {
+            wasi,
+            table: ResourceTable::new(),
+            limiter: Limiter {
+                inner: StoreLimitsBuilder::new()
+                    .memory_size(usize::try_from(limits.max_memory_bytes).unwrap_or(usize::MAX))
+                    .instances(16)
+                    .build(),
+                refused: false,
+            },
+            log: log.clone(),
+        };
+        let mut store = Store::new(&engine.engine, state);
+        store.limiter(|s| &mut s.limiter);
+        store.epoch_deadline_trap();
+        store.set_epoch_deadline(ticks(limits.timeout));
+        let handler = compiled.pre.instantiate(&mut store).map_err(|e| {
+            if store.data().limiter.refused {
+                PluginError::Memory(limits.max_memory_bytes)
+            } else {
+                PluginError::Instantiate(format!("{e:#}"))
+            }
+        })?;
+        Ok(Self {
+            store,
+            handler,
+            version: compiled.version.clone(),
+            limits,
+        })
+    }
+
+    /// Calls `handle`. After an `Err` the instance must be dropped. Blocking.
+    pub fn handle(&mut self, message: &WitMessage) -> Result<WitAck, PluginError> {
+        self.store.set_epoch_deadline(ticks(self.limits.timeout));
+        self.handler
+            .call_handle(&mut self.store, message)
+            .map_err(|e| self.classify(e))
+    }
+
+    fn classify(&self, e: wasmtime::Error) -> PluginError {
+        if self.store.data().limiter.refused {
+            return PluginError::Memory(self.limits.max_memory_bytes);
+        }
+        match e.downcast_ref::<Trap>() {
+            Some(Trap::Interrupt) => PluginError::Timeout(self.limits.timeout.as_millis() as u64),
+            Some(Trap::StackOverflow) => PluginError::Trap("stack overflow".into()),
+            _ => PluginError::Trap(format!("{e:#}")),
+        }
+    }
+}
+
+fn ticks(timeout: Duration) -> u64 {
+    (timeout.as_micros() / TICK.as_micros()).max(1) as u64 + 1
+}

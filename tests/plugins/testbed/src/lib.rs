@@ -1,0 +1,74 @@
+//! The end-to-end tests' plugin. It logs `testbed version=V topic=T offset=N key=K content=C` for
+//! every message it
+//! handles (V is `TESTBED_VERSION` at build time, so the tests can build two versions), then does
+//! what the content's `"do"` says: `loop`, `alloc` (until memory runs out), `stack` (unbounded
+//! recursion), `panic`, `nack`, `flood` (10,000 log lines); anything else is ACKed.
+
+use mmmq_plugin_sdk::{Ack, Message, info};
+
+const VERSION: &str = match option_env!("TESTBED_VERSION") {
+    Some(v) => v,
+    None => "v1",
+};
+
+#[inline(never)]
+#[allow(unconditional_recursion)] // the point: overflow the stack
+fn recurse(n: u64, buf: &mut [u8; 256]) -> u64 {
+    buf[(n % 256) as usize] = n as u8;
+    let mut next = [0u8; 256];
+    recurse(n + 1, &mut next) + u64::from(std::hint::black_box(buf[0]))
+}
+
+/// See the crate documentation.
+pub fn handle(msg: Message) -> Ack {
+    info!(
+        "testbed version={VERSION} topic={} offset={} key={:?} content={}",
+        msg.topic, msg.offset, msg.key, msg.content
+    );
+    let action = msg
+        .value()
+        .ok()
+        .and_then(|v| v.get("do").and_then(|d| d.as_str()).map(str::to_owned));
+    match action.as_deref() {
+        Some("loop") => {
+            let mut i = 0u64;
+            loop {
+                i = std::hint::black_box(i.wrapping_add(1));
+            }
+        }
+        Some("alloc") => {
+            let mut hoard: Vec<Vec<u8>> = Vec::new();
+            loop {
+                hoard.push(vec![1u8; 1 << 20]);
+                std::hint::black_box(&hoard);
+            }
+        }
+        Some("stack") => {
+            let mut buf = [0u8; 256];
+            std::hint::black_box(recurse(0, &mut buf));
+            Ack::Ack
+        }
+        Some("panic") => panic!("testbed was told to panic"),
+        Some("nack") => Ack::Nack,
+        Some("flood") => {
+            for i in 0..10_000 {
+                info!("flood line {i}");
+            }
+            Ack::Ack
+        }
+        _ => Ack::Ack,
+    }
+}
+
+mmmq_plugin_sdk::export!(handle);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_messages_are_acked_and_nack_is_nacked() {
+        assert_eq!(handle(Message::new("t", r#"{"n":1}"#)), Ack::Ack);
+        assert_eq!(handle(Message::new("t", r#"{"do":"nack"}"#)), Ack::Nack);
+    }
+}

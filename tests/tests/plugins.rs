@@ -1,0 +1,441 @@
+//! WebAssembly handlers end to end: the real binary running real components built from source.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use mmmq_tests::{
+    Broker, Consumer, deploy_plugin, eventually, host_dispatcher, plugin_wasm, write_dispatchers,
+};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn plugin_dispatcher(id: &str, pattern: &str, file: &str, extra: Value) -> Value {
+    let mut d = json!({"consumerId": id, "pattern": pattern, "plugin": {"path": format!("plugins/{file}")}});
+    if let Value::Object(extra) = extra {
+        for (k, v) in extra {
+            if k == "plugin" {
+                for (pk, pv) in v.as_object().unwrap() {
+                    d["plugin"][pk] = pv.clone();
+                }
+            } else {
+                d[k] = v;
+            }
+        }
+    }
+    d
+}
+
+async fn dispatcher_status(broker: &Broker, id: &str) -> Value {
+    let (_, all) = broker.get("/mmmq/dispatchers").await;
+    all.as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["consumerId"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("no dispatcher {id}: {all}"))
+}
+
+async fn pull_until(broker: &Broker, topic: &str, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (status, body) = broker
+            .get(&format!("/mmmq/topics/{topic}/messages?waitMs=500"))
+            .await;
+        if status == 200 && body["messages"].as_array().unwrap().len() >= n {
+            return body["messages"].as_array().unwrap().clone();
+        }
+        assert!(Instant::now() < deadline, "{topic} never got {n} messages");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plugin_receives_every_message_in_order_with_content_and_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    deploy_plugin(tmp.path(), &plugin_wasm("testbed", None), "testbed.wasm");
+    write_dispatchers(
+        tmp.path(),
+        &json!([plugin_dispatcher("tb", "p.*", "testbed.wasm", json!({}))]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    for i in 0..20 {
+        let key = if i % 2 == 0 {
+            json!(format!("k{i}"))
+        } else {
+            Value::Null
+        };
+        let (status, _) = broker
+            .post(
+                "/mmmq/messages",
+                &json!({"topic": "p.a", "key": key, "content": {"i": i, "s": "é\"x"}}),
+            )
+            .await;
+        assert_eq!(status, 200);
+    }
+    let handled = eventually(WAIT, "20 handled", || {
+        let h = broker.handled();
+        (h.len() >= 20).then_some(h)
+    })
+    .await;
+    for (i, h) in handled.iter().enumerate() {
+        assert_eq!((h.topic.as_str(), h.offset), ("p.a", i as u64));
+        let key = if i % 2 == 0 {
+            format!("Some(\"k{i}\")")
+        } else {
+            "None".into()
+        };
+        assert!(
+            h.rest
+                .starts_with(&format!("key={key} content={{\"i\":{i},\"s\":\"é\\\"x\"}}")),
+            "{h:?}"
+        );
+    }
+    let status = dispatcher_status(&broker, "tb").await;
+    assert_eq!(status["delivered"], 20);
+    assert_eq!(status["target"]["type"], "plugin");
+    assert_eq!(
+        status["target"]["version"].as_str().unwrap().len(),
+        16,
+        "{status}"
+    );
+    assert_eq!(status["target"]["loadError"], Value::Null);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plugin_nack_is_retried_then_dead_lettered_and_the_next_flows() {
+    let tmp = tempfile::tempdir().unwrap();
+    deploy_plugin(tmp.path(), &plugin_wasm("testbed", None), "testbed.wasm");
+    write_dispatchers(
+        tmp.path(),
+        &json!([plugin_dispatcher("tb", "n", "testbed.wasm", json!({}))]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    broker.produce("n", json!({"do": "nack"})).await;
+    broker.produce("n", json!({"ok": 1})).await;
+    let dlq = pull_until(&broker, "__dlq.tb", 1).await;
+    assert_eq!(dlq[0]["content"]["attempts"], 4);
+    assert!(
+        dlq[0]["content"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("nack"),
+        "{dlq:?}"
+    );
+    eventually(WAIT, "the next message", || {
+        broker.handled().iter().any(|h| h.offset == 1).then_some(())
+    })
+    .await;
+    let offsets: Vec<u64> = broker.handled().iter().map(|h| h.offset).collect();
+    assert_eq!(
+        offsets,
+        vec![0, 0, 0, 0, 1],
+        "1 + 3 attempts, then the next"
+    );
+}
+
+/// A misbehaving guest on a topic that an HTTP consumer also receives: its message is NACKed with
+/// the right reason and dead-lettered, the HTTP consumer gets everything, the broker stays healthy,
+/// and the plugin handles the next message.
+async fn misbehaving_guest(action: &str, want_reason: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    deploy_plugin(tmp.path(), &plugin_wasm("testbed", None), "testbed.wasm");
+    let http = Consumer::start().await;
+    write_dispatchers(
+        tmp.path(),
+        &json!([
+            plugin_dispatcher(
+                "tb",
+                "bad",
+                "testbed.wasm",
+                json!({"maxNackRetries": 0, "plugin": {"timeoutMs": 300, "maxMemoryBytes": 33554432}})
+            ),
+            host_dispatcher("http", "bad", http.port),
+        ]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    broker.produce("bad", json!({"do": action})).await;
+    broker.produce("bad", json!({"after": true})).await;
+    let dlq = pull_until(&broker, "__dlq.tb", 1).await;
+    let reason = dlq[0]["content"]["reason"].as_str().unwrap().to_owned();
+    assert!(reason.contains(want_reason), "{action}: reason {reason:?}");
+    http.wait_for(2, WAIT).await;
+    eventually(WAIT, "the next message handled", || {
+        broker.handled().iter().any(|h| h.offset == 1).then_some(())
+    })
+    .await;
+    let (status, _) = broker.get("/healthz").await;
+    assert_eq!(status, 200);
+    let s = dispatcher_status(&broker, "tb").await;
+    assert_eq!(
+        (s["delivered"].clone(), s["deadLettered"].clone()),
+        (json!(1), json!(1)),
+        "{s}"
+    );
+    assert!(
+        s["lastError"].as_str().unwrap().contains(want_reason),
+        "{s}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_infinite_loop_times_out() {
+    misbehaving_guest("loop", "timed out after 300 ms").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_memory_bomb_hits_the_memory_limit() {
+    misbehaving_guest("alloc", "memory limit of 33554432 bytes exceeded").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stack_overflow_traps() {
+    misbehaving_guest("stack", "trapped").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_panic_traps() {
+    misbehaving_guest("panic", "trapped").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn files_that_are_not_handlers_are_refused_with_the_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("plugins");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("garbage.wasm"), b"this is not wasm").unwrap();
+    // The smallest core module: a module, not a component.
+    std::fs::write(dir.join("core.wasm"), b"\0asm\x01\0\0\0").unwrap();
+    deploy_plugin(
+        tmp.path(),
+        &plugin_wasm("notahandler", None),
+        "command.wasm",
+    );
+    let http = Consumer::start().await;
+    write_dispatchers(
+        tmp.path(),
+        &json!([
+            plugin_dispatcher("garbage", "w", "garbage.wasm", json!({})),
+            plugin_dispatcher("core", "w", "core.wasm", json!({})),
+            plugin_dispatcher("command", "w", "command.wasm", json!({})),
+            plugin_dispatcher("missing", "w", "missing.wasm", json!({})),
+            host_dispatcher("http", "w", http.port),
+        ]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    broker.produce("w", json!(1)).await;
+    http.wait_for(1, WAIT).await;
+    for (id, want) in [
+        ("garbage", "not a valid WebAssembly component"),
+        ("core", "core WebAssembly module, not a component"),
+        (
+            "command",
+            "does not implement the mmmq:plugin handler world",
+        ),
+        ("missing", "cannot read"),
+    ] {
+        let s = dispatcher_status(&broker, id).await;
+        let err = s["target"]["loadError"].as_str().unwrap_or_default();
+        assert!(err.contains(want), "{id}: {s}");
+        assert_eq!(s["target"]["version"], Value::Null);
+        assert_eq!(s["delivered"], 0);
+    }
+    // Nothing was dead-lettered: the messages wait for a good file.
+    let (status, _) = broker.get("/mmmq/topics/__dlq.garbage/messages").await;
+    assert_eq!(status, 404);
+    // The same verdicts from the command line.
+    for (file, want, ok) in [
+        ("garbage.wasm", "not a valid WebAssembly component", false),
+        ("command.wasm", "does not implement", false),
+    ] {
+        let out = std::process::Command::new(mmmq_tests::mmmq_bin())
+            .args(["plugin", "check"])
+            .arg(dir.join(file))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.success(), ok, "{text}");
+        assert!(text.contains(want), "{text}");
+    }
+    // A good file at a waiting dispatcher's path: it loads and the waiting message flows.
+    deploy_plugin(tmp.path(), &plugin_wasm("testbed", None), "missing.wasm");
+    eventually(WAIT, "the fixed plugin to deliver", || {
+        broker
+            .handled()
+            .iter()
+            .any(|h| h.topic == "w")
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hot_reload_under_load_switches_versions_between_messages() {
+    let tmp = tempfile::tempdir().unwrap();
+    let v1 = plugin_wasm("testbed", Some("v1"));
+    let v2 = plugin_wasm("testbed", Some("v2"));
+    deploy_plugin(tmp.path(), &v1, "live.wasm");
+    write_dispatchers(
+        tmp.path(),
+        &json!([plugin_dispatcher("live", "live", "live.wasm", json!({}))]),
+    );
+    let broker = Arc::new(Broker::start(tmp.path()).await);
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = {
+        let broker = broker.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                broker.produce("live", json!({"n": n})).await;
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            n
+        })
+    };
+    eventually(WAIT, "v1 at work", || {
+        (broker.handled().len() > 20).then_some(())
+    })
+    .await;
+    let swapped = Instant::now();
+    deploy_plugin(tmp.path(), &v2, "live.wasm");
+    eventually(WAIT, "v2 at work", || {
+        broker
+            .handled()
+            .iter()
+            .any(|h| h.version == "v2")
+            .then_some(())
+    })
+    .await;
+    let switch_time = swapped.elapsed();
+    assert!(
+        switch_time < Duration::from_secs(2),
+        "the new version took {switch_time:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // A broken replacement: the old version keeps serving and the error is shown.
+    std::fs::write(tmp.path().join("plugins/live.wasm"), b"\0asm broken").unwrap();
+    eventually(WAIT, "the load error", || {
+        broker
+            .log
+            .lock()
+            .contains("plugin reload failed; the old version keeps serving")
+            .then_some(())
+    })
+    .await;
+    let s = dispatcher_status(&broker, "live").await;
+    assert!(
+        s["target"]["loadError"]
+            .as_str()
+            .unwrap()
+            .contains("not a valid"),
+        "{s}"
+    );
+    assert_eq!(s["target"]["version"].as_str().unwrap().len(), 16);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let produced = producer.await.unwrap();
+    let handled = eventually(WAIT, "everything handled", || {
+        let h = broker.handled();
+        (h.len() as u64 >= produced).then_some(h)
+    })
+    .await;
+    assert_eq!(handled.len() as u64, produced, "none handled twice");
+    let first_v2 = handled.iter().position(|h| h.version == "v2").unwrap();
+    for (i, h) in handled.iter().enumerate() {
+        assert_eq!(h.offset, i as u64, "in order, none lost");
+        assert_eq!(
+            h.version,
+            if i < first_v2 { "v1" } else { "v2" },
+            "offset {i}: one switch, v1 then v2"
+        );
+        assert!(h.rest.ends_with(&format!("content={{\"n\":{i}}}")), "{h:?}");
+    }
+    assert!(
+        handled.len() > first_v2 + 10,
+        "v2 kept serving after the broken file"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_keeps_plugin_checkpoints() {
+    let tmp = tempfile::tempdir().unwrap();
+    deploy_plugin(tmp.path(), &plugin_wasm("testbed", None), "testbed.wasm");
+    write_dispatchers(
+        tmp.path(),
+        &json!([plugin_dispatcher("tb", "r", "testbed.wasm", json!({}))]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    for i in 0..5 {
+        broker.produce("r", json!(i)).await;
+    }
+    eventually(WAIT, "5 handled", || {
+        (broker.handled().len() == 5).then_some(())
+    })
+    .await;
+    assert!(broker.terminate().success());
+    let broker = Broker::start(tmp.path()).await;
+    broker.produce("r", json!(5)).await;
+    eventually(WAIT, "the new message", || {
+        (!broker.handled().is_empty()).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let offsets: Vec<u64> = broker.handled().iter().map(|h| h.offset).collect();
+    assert_eq!(offsets, vec![5], "nothing handled twice across the restart");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plugin_new_scaffolds_a_crate_that_builds_and_checks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(mmmq_tests::mmmq_bin())
+        .args(["plugin", "new", "my-handler", "--dir"])
+        .arg(tmp.path())
+        .arg("--sdk-path")
+        .arg(mmmq_tests::workspace_root().join("plugin-sdk"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let krate = tmp.path().join("my-handler");
+    mmmq_tests::ensure_wasm_target();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // Offline: every dependency is already in the local registry cache from the workspace build.
+    let build = std::process::Command::new(&cargo)
+        .current_dir(&krate)
+        .args([
+            "build",
+            "--offline",
+            "--release",
+            "--target",
+            "wasm32-wasip2",
+            "--target-dir",
+        ])
+        .arg(mmmq_tests::workspace_root().join("target/wasm-scaffold"))
+        .output()
+        .unwrap();
+    assert!(
+        build.status.success(),
+        "{}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+    let wasm = mmmq_tests::workspace_root()
+        .join("target/wasm-scaffold/wasm32-wasip2/release/my_handler.wasm");
+    let check = std::process::Command::new(mmmq_tests::mmmq_bin())
+        .args(["plugin", "check"])
+        .arg(&wasm)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success(), "{text}");
+    assert!(
+        text.contains("compatible mmmq plugin") && text.contains("mmmq:plugin/handler@0.1.0"),
+        "{text}"
+    );
+}
