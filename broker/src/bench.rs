@@ -468,3 +468,128 @@ async fn http_load(
         p99_us: percentile(&all, 0.99),
     })
 }
+
+/// Parameters of `mmmq bench plugin`.
+#[derive(Debug, Clone)]
+pub struct PluginBench {
+    /// A component that ACKs everything (`tests/plugins/noop`).
+    pub wasm: PathBuf,
+    /// Where the broker's temporary root dir goes.
+    pub dir: PathBuf,
+    /// Calls per call-cost measurement.
+    pub calls: usize,
+    /// How long the end-to-end runs produce.
+    pub duration: Duration,
+    /// Content size in bytes.
+    pub message_bytes: usize,
+    /// Producers of the end-to-end runs.
+    pub producers: usize,
+}
+
+/// The cost of one `handle` call (reused instance and instance per message), then end to end
+/// through the plugin versus through a no-op HTTP consumer in the same run.
+pub async fn plugin(cfg: PluginBench, out: &mut (dyn Write + Send)) -> anyhow::Result<()> {
+    use crate::plugin::runtime::{Instance, Limits, PluginEngine, WitMessage};
+    let bytes = std::fs::read(&cfg.wasm)?;
+    let calls = cfg.calls;
+    let size = cfg.message_bytes;
+    let costs = tokio::task::spawn_blocking(move || -> anyhow::Result<(f64, f64, f64)> {
+        let engine = PluginEngine::new()?;
+        let t = Instant::now();
+        let compiled = engine.compile(&bytes)?;
+        let compile_ms = t.elapsed().as_secs_f64() * 1e3;
+        let limits = Limits {
+            max_memory_bytes: 64 << 20,
+            timeout: Duration::from_secs(1),
+        };
+        let log = crate::plugin::runtime::bench_log();
+        let message = WitMessage {
+            topic: "bench".into(),
+            offset: 0,
+            timestamp: 0,
+            key: None,
+            content: format!(r#"{{"pad":"{}"}}"#, "x".repeat(size.saturating_sub(10))),
+        };
+        let mut instance = Instance::new(&engine, &compiled, limits, &log)?;
+        instance.handle(&message)?;
+        let t = Instant::now();
+        for _ in 0..calls {
+            instance.handle(&message)?;
+        }
+        let reuse_us = t.elapsed().as_secs_f64() * 1e6 / calls as f64;
+        let fresh_calls = (calls / 10).max(100);
+        let t = Instant::now();
+        for _ in 0..fresh_calls {
+            Instance::new(&engine, &compiled, limits, &log)?.handle(&message)?;
+        }
+        let fresh_us = t.elapsed().as_secs_f64() * 1e6 / fresh_calls as f64;
+        Ok((compile_ms, reuse_us, fresh_us))
+    })
+    .await??;
+    writeln!(out, "{}", json!({
+        "bench": "plugin", "what": "call_cost", "message_bytes": size, "compile_ms": costs.0,
+        "reused_instance_us_per_call": costs.1, "instance_per_message_us_per_call": costs.2,
+        "ratio_fresh_to_reused": costs.2 / costs.1,
+    }))?;
+
+    // End to end: the same load through a plugin dispatcher and through an HTTP dispatcher.
+    std::fs::create_dir_all(&cfg.dir)?;
+    let scratch = tempfile::Builder::new().prefix("mmmq-bench-").tempdir_in(&cfg.dir)?;
+    let root = scratch.path().join("root");
+    std::fs::create_dir_all(root.join("plugins"))?;
+    std::fs::copy(&cfg.wasm, root.join("plugins/noop.wasm"))?;
+    let consumer = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let consumer_port = consumer.local_addr()?.port();
+    let app = axum::Router::new().route("/mmmq/messages", axum::routing::post(|| async { r#"{"ack":"ACK"}"# }));
+    tokio::spawn(async move { axum::serve(consumer, app).await });
+    std::fs::write(
+        root.join("dispatchers.json"),
+        json!([
+            {"consumerId": "plugin", "pattern": "via.plugin", "plugin": {"path": "plugins/noop.wasm"}},
+            {"consumerId": "http", "pattern": "via.http",
+             "host": {"protocol": "HTTP", "address": "127.0.0.1", "port": consumer_port}},
+        ])
+        .to_string(),
+    )?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(crate::server::run(listener, crate::config::ServeConfig::new(&root), stop.clone().cancelled_owned()));
+    let client = reqwest::Client::new();
+    while client.get(format!("{base}/healthz")).send().await.map(|r| r.status() != 200).unwrap_or(true) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pad = "x".repeat(cfg.message_bytes);
+    let clock = Instant::now();
+    let mut rates = serde_json::Map::new();
+    for (topic, id) in [("via.plugin", "plugin"), ("via.http", "http")] {
+        let start = Instant::now();
+        let r = http_load(&base, cfg.producers, cfg.duration, clock, 1, topic, &pad).await?;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let status: serde_json::Value = client.get(format!("{base}/mmmq/dispatchers")).send().await?.json().await?;
+            let delivered = status
+                .as_array()
+                .and_then(|a| a.iter().find(|d| d["consumerId"] == id))
+                .and_then(|d| d["delivered"].as_u64())
+                .unwrap_or(0);
+            if delivered >= r.count || Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let delivered_rate = r.count as f64 / start.elapsed().as_secs_f64();
+        rates.insert(id.to_owned(), json!(delivered_rate));
+        writeln!(out, "{}", json!({
+            "bench": "plugin", "what": "end_to_end", "via": id, "producers": cfg.producers,
+            "message_bytes": cfg.message_bytes, "produced": r.count,
+            "produce_msgs_per_s": r.rate().round(), "delivered_msgs_per_s": delivered_rate.round(),
+        }))?;
+    }
+    if let (Some(p), Some(h)) = (rates["plugin"].as_f64(), rates["http"].as_f64()) {
+        writeln!(out, "{}", json!({"bench": "plugin", "what": "ratios", "plugin_vs_http_end_to_end": p / h}))?;
+    }
+    stop.cancel();
+    let _ = server.await;
+    Ok(())
+}

@@ -86,6 +86,29 @@ struct ServeArgs {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// WebAssembly handlers: the cost of one call (reused instance and instance per message) and
+    /// end to end through a no-op plugin next to a no-op HTTP consumer.
+    Plugin {
+        /// A component that ACKs everything, e.g. the `noop` test plugin:
+        /// cargo build --profile plugin --target wasm32-wasip2 -p noop
+        #[arg(long, default_value = "target/wasm32-wasip2/plugin/noop.wasm")]
+        wasm: PathBuf,
+        /// Directory for the broker's scratch root (on the disk to measure).
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Calls per call-cost measurement.
+        #[arg(long, default_value_t = 100_000)]
+        calls: usize,
+        /// Seconds each end-to-end run produces.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        /// Content size in bytes.
+        #[arg(long, default_value_t = 1024)]
+        message_bytes: usize,
+        /// Producers of the end-to-end runs.
+        #[arg(long, default_value_t = 16)]
+        producers: usize,
+    },
     /// The broker over HTTP: durable produce with 1 and 64 clients, batch produce, and end to
     /// end through a no-op HTTP consumer, next to the storage engine alone.
     Http {
@@ -207,6 +230,24 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             raise_fd_limit();
             let rt = tokio::runtime::Runtime::new()?;
             match what {
+                BenchCommand::Plugin {
+                    wasm,
+                    dir,
+                    calls,
+                    seconds,
+                    message_bytes,
+                    producers,
+                } => rt.block_on(mmmq::bench::plugin(
+                    mmmq::bench::PluginBench {
+                        wasm,
+                        dir,
+                        calls,
+                        duration: Duration::from_secs_f64(seconds),
+                        message_bytes,
+                        producers,
+                    },
+                    &mut std::io::stdout(),
+                ))?,
                 BenchCommand::Http {
                     dir,
                     seconds,

@@ -6,7 +6,7 @@
 //! - [`tools`]: `mmmq plugin check` and `mmmq plugin new`.
 //! - `guest_log`: a guest's log lines and stdout/stderr into `tracing`, rate-limited.
 
-mod guest_log;
+pub(crate) mod guest_log;
 pub mod runtime;
 pub mod target;
 pub mod tools;
