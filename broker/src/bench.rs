@@ -478,16 +478,14 @@ pub struct PluginBench {
     pub dir: PathBuf,
     /// Calls per call-cost measurement.
     pub calls: usize,
-    /// How long the end-to-end runs produce.
-    pub duration: Duration,
+    /// Messages in the backlog each target drains.
+    pub backlog: usize,
     /// Content size in bytes.
     pub message_bytes: usize,
-    /// Producers of the end-to-end runs.
-    pub producers: usize,
 }
 
-/// The cost of one `handle` call (reused instance and instance per message), then end to end
-/// through the plugin versus through a no-op HTTP consumer in the same run.
+/// The cost of one `handle` call (reused instance and instance per message), then a stored
+/// backlog drained through the plugin versus through a no-op HTTP consumer in the same run.
 pub async fn plugin(cfg: PluginBench, out: &mut (dyn Write + Send)) -> anyhow::Result<()> {
     use crate::plugin::runtime::{Instance, Limits, PluginEngine, WitMessage};
     let bytes = std::fs::read(&cfg.wasm)?;
@@ -526,68 +524,122 @@ pub async fn plugin(cfg: PluginBench, out: &mut (dyn Write + Send)) -> anyhow::R
         Ok((compile_ms, reuse_us, fresh_us))
     })
     .await??;
-    writeln!(out, "{}", json!({
-        "bench": "plugin", "what": "call_cost", "message_bytes": size, "compile_ms": costs.0,
-        "reused_instance_us_per_call": costs.1, "instance_per_message_us_per_call": costs.2,
-        "ratio_fresh_to_reused": costs.2 / costs.1,
-    }))?;
+    writeln!(
+        out,
+        "{}",
+        json!({
+            "bench": "plugin", "what": "call_cost", "message_bytes": size, "compile_ms": costs.0,
+            "reused_instance_us_per_call": costs.1, "instance_per_message_us_per_call": costs.2,
+            "ratio_fresh_to_reused": costs.2 / costs.1,
+        })
+    )?;
 
-    // End to end: the same load through a plugin dispatcher and through an HTTP dispatcher.
+    // Delivery: a stored backlog drained through a plugin dispatcher and through an HTTP
+    // dispatcher, each added by a reload once the backlog is there, in the same run.
     std::fs::create_dir_all(&cfg.dir)?;
-    let scratch = tempfile::Builder::new().prefix("mmmq-bench-").tempdir_in(&cfg.dir)?;
+    let scratch = tempfile::Builder::new()
+        .prefix("mmmq-bench-")
+        .tempdir_in(&cfg.dir)?;
     let root = scratch.path().join("root");
     std::fs::create_dir_all(root.join("plugins"))?;
     std::fs::copy(&cfg.wasm, root.join("plugins/noop.wasm"))?;
     let consumer = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let consumer_port = consumer.local_addr()?.port();
-    let app = axum::Router::new().route("/mmmq/messages", axum::routing::post(|| async { r#"{"ack":"ACK"}"# }));
+    let app = axum::Router::new().route(
+        "/mmmq/messages",
+        axum::routing::post(|| async { r#"{"ack":"ACK"}"# }),
+    );
     tokio::spawn(async move { axum::serve(consumer, app).await });
-    std::fs::write(
-        root.join("dispatchers.json"),
-        json!([
-            {"consumerId": "plugin", "pattern": "via.plugin", "plugin": {"path": "plugins/noop.wasm"}},
-            {"consumerId": "http", "pattern": "via.http",
-             "host": {"protocol": "HTTP", "address": "127.0.0.1", "port": consumer_port}},
-        ])
-        .to_string(),
-    )?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let stop = tokio_util::sync::CancellationToken::new();
-    let server = tokio::spawn(crate::server::run(listener, crate::config::ServeConfig::new(&root), stop.clone().cancelled_owned()));
+    let server = tokio::spawn(crate::server::run(
+        listener,
+        crate::config::ServeConfig::new(&root),
+        stop.clone().cancelled_owned(),
+    ));
     let client = reqwest::Client::new();
-    while client.get(format!("{base}/healthz")).send().await.map(|r| r.status() != 200).unwrap_or(true) {
+    while client
+        .get(format!("{base}/healthz"))
+        .send()
+        .await
+        .map(|r| r.status() != 200)
+        .unwrap_or(true)
+    {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let pad = "x".repeat(cfg.message_bytes);
-    let clock = Instant::now();
+    let one = format!(r#"{{"topic":"backlog","content":{{"pad":"{pad}"}}}}"#);
+    let batch = format!("[{}]", vec![one; 100].join(","));
+    for _ in 0..cfg.backlog / 100 {
+        let r = client
+            .post(format!("{base}/mmmq/messages/batch"))
+            .header("content-type", "application/json")
+            .body(batch.clone())
+            .send()
+            .await?;
+        anyhow::ensure!(r.status() == 200, "backlog produce answered {}", r.status());
+    }
+    let backlog = (cfg.backlog / 100 * 100) as u64;
     let mut rates = serde_json::Map::new();
-    for (topic, id) in [("via.plugin", "plugin"), ("via.http", "http")] {
+    let mut dispatchers = Vec::new();
+    for (id, target) in [
+        ("plugin", json!({"plugin": {"path": "plugins/noop.wasm"}})),
+        (
+            "http",
+            json!({"host": {"protocol": "HTTP", "address": "127.0.0.1", "port": consumer_port}}),
+        ),
+    ] {
+        let mut d = json!({"consumerId": id, "pattern": "backlog"});
+        for (k, v) in target.as_object().expect("object") {
+            d[k] = v.clone();
+        }
+        dispatchers.push(d);
+        std::fs::write(
+            root.join("dispatchers.json"),
+            serde_json::Value::Array(dispatchers.clone()).to_string(),
+        )?;
         let start = Instant::now();
-        let r = http_load(&base, cfg.producers, cfg.duration, clock, 1, topic, &pad).await?;
-        let deadline = Instant::now() + Duration::from_secs(120);
+        let r = client
+            .post(format!("{base}/mmmq/admin/reload"))
+            .send()
+            .await?;
+        anyhow::ensure!(r.status() == 200, "reload answered {}", r.status());
+        let deadline = Instant::now() + Duration::from_secs(300);
         loop {
-            let status: serde_json::Value = client.get(format!("{base}/mmmq/dispatchers")).send().await?.json().await?;
+            let status: serde_json::Value = client
+                .get(format!("{base}/mmmq/dispatchers"))
+                .send()
+                .await?
+                .json()
+                .await?;
             let delivered = status
                 .as_array()
                 .and_then(|a| a.iter().find(|d| d["consumerId"] == id))
                 .and_then(|d| d["delivered"].as_u64())
                 .unwrap_or(0);
-            if delivered >= r.count || Instant::now() > deadline {
+            if delivered >= backlog || Instant::now() > deadline {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let delivered_rate = r.count as f64 / start.elapsed().as_secs_f64();
-        rates.insert(id.to_owned(), json!(delivered_rate));
-        writeln!(out, "{}", json!({
-            "bench": "plugin", "what": "end_to_end", "via": id, "producers": cfg.producers,
-            "message_bytes": cfg.message_bytes, "produced": r.count,
-            "produce_msgs_per_s": r.rate().round(), "delivered_msgs_per_s": delivered_rate.round(),
-        }))?;
+        let rate = backlog as f64 / start.elapsed().as_secs_f64();
+        rates.insert(id.to_owned(), json!(rate));
+        writeln!(
+            out,
+            "{}",
+            json!({
+                "bench": "plugin", "what": "drain_backlog", "via": id, "messages": backlog,
+                "message_bytes": cfg.message_bytes, "delivered_msgs_per_s": rate.round(),
+            })
+        )?;
     }
     if let (Some(p), Some(h)) = (rates["plugin"].as_f64(), rates["http"].as_f64()) {
-        writeln!(out, "{}", json!({"bench": "plugin", "what": "ratios", "plugin_vs_http_end_to_end": p / h}))?;
+        writeln!(
+            out,
+            "{}",
+            json!({"bench": "plugin", "what": "ratios", "plugin_vs_http_drain": p / h})
+        )?;
     }
     stop.cancel();
     let _ = server.await;

@@ -99,15 +99,12 @@ enum BenchCommand {
         /// Calls per call-cost measurement.
         #[arg(long, default_value_t = 100_000)]
         calls: usize,
-        /// Seconds each end-to-end run produces.
-        #[arg(long, default_value_t = 3.0)]
-        seconds: f64,
+        /// Messages in the backlog each target drains.
+        #[arg(long, default_value_t = 50_000)]
+        backlog: usize,
         /// Content size in bytes.
         #[arg(long, default_value_t = 1024)]
         message_bytes: usize,
-        /// Producers of the end-to-end runs.
-        #[arg(long, default_value_t = 16)]
-        producers: usize,
     },
     /// The broker over HTTP: durable produce with 1 and 64 clients, batch produce, and end to
     /// end through a no-op HTTP consumer, next to the storage engine alone.
@@ -234,17 +231,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     wasm,
                     dir,
                     calls,
-                    seconds,
+                    backlog,
                     message_bytes,
-                    producers,
                 } => rt.block_on(mmmq::bench::plugin(
                     mmmq::bench::PluginBench {
                         wasm,
                         dir,
                         calls,
-                        duration: Duration::from_secs_f64(seconds),
+                        backlog,
                         message_bytes,
-                        producers,
                     },
                     &mut std::io::stdout(),
                 ))?,

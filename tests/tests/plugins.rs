@@ -273,7 +273,8 @@ async fn files_that_are_not_handlers_are_refused_with_the_reason() {
 #[tokio::test(flavor = "multi_thread")]
 async fn hot_reload_under_load_switches_versions_between_messages() {
     let tmp = tempfile::tempdir().unwrap();
-    let v1 = plugin_wasm("testbed", Some("v1"));
+    let v1 = plugin_wasm("testbed", None); // the default build is v1
+
     let v2 = plugin_wasm("testbed", Some("v2"));
     deploy_plugin(tmp.path(), &v1, "live.wasm");
     write_dispatchers(

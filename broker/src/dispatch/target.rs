@@ -74,6 +74,31 @@ pub trait Target: Send + Sync {
     fn deliver<'a>(&'a self, batch: &'a [Delivery]) -> BoxFuture<'a, Outcome>;
     /// For status.
     fn status(&self) -> TargetStatus;
+    /// How many consecutive messages the worker hands over at once, given the dispatcher's
+    /// `batchMaxMessages`. Targets that answer per message (plugins) take long runs, which
+    /// amortises the hop to a blocking thread.
+    fn run_len(&self, configured: usize) -> usize {
+        configured
+    }
+    /// Whether a NACK from [`Target::deliver_prefix`] is the answer of that one message (true), or
+    /// of the whole batch (false: the worker then delivers the batch one message at a time).
+    fn answers_per_message(&self) -> bool {
+        false
+    }
+    /// Delivers `batch` in order, stopping at the first message not acknowledged: how many were
+    /// ACKed, and the outcome of the next one if not all were. By default the batch is one request,
+    /// all or nothing.
+    fn deliver_prefix<'a>(
+        &'a self,
+        batch: &'a [Delivery],
+    ) -> BoxFuture<'a, (usize, Option<Outcome>)> {
+        Box::pin(async move {
+            match self.deliver(batch).await {
+                Outcome::Ack => (batch.len(), None),
+                other => (0, Some(other)),
+            }
+        })
+    }
     /// Re-reads what the target is made of (a plugin's file); `Ok(true)` when that changed it.
     fn reload(&self) -> BoxFuture<'_, Result<bool, String>> {
         Box::pin(async { Ok(false) })

@@ -93,6 +93,7 @@ impl Worker {
         self.stats.next_offset.store(next, Ordering::Relaxed);
         let saver = CheckpointSaver::spawn(self.topic.clone(), self.spec.clone(), next);
         let mut committed = self.topic.log.subscribe();
+        let run_len = self.target.run_len(self.spec.batch_max_messages).max(1);
         'outer: loop {
             tokio::select! {
                 biased;
@@ -121,7 +122,7 @@ impl Worker {
                 match self.to_delivery(entry) {
                     Ok((offset, d)) => {
                         run.push((offset, d));
-                        if run.len() < self.spec.batch_max_messages {
+                        if run.len() < run_len {
                             continue;
                         }
                     }
@@ -197,60 +198,111 @@ impl Worker {
         Err(offset)
     }
 
-    /// Delivers the gathered run (as one batch when the dispatcher batches) and advances.
+    /// Delivers the gathered run (as one batch when the target takes batches) and advances.
     async fn deliver_run(
         &self,
         run: &mut Vec<(u64, Delivery)>,
         saver: &CheckpointSaver,
         next: &mut u64,
     ) -> Result<(), Stopped> {
-        if run.is_empty() {
-            return Ok(());
-        }
-        let items: Vec<(u64, Delivery)> = std::mem::take(run);
-        if items.len() > 1 {
-            let batch: Vec<Delivery> = items.iter().map(|(_, d)| d.clone()).collect();
-            match self.deliver_with_backoff(&batch).await? {
-                Outcome::Ack => {
-                    for (offset, d) in &items {
-                        self.acked(d);
-                        *next = offset + 1;
-                    }
-                    saver.set(*next);
-                    self.stats.next_offset.store(*next, Ordering::Relaxed);
-                    return Ok(());
-                }
-                // A NACKed batch goes again one message at a time, so only the failing ones
-                // are retried and dead-lettered.
-                _ => self.nacked(),
-            }
-        }
-        for (offset, d) in items {
-            self.deliver_one(d).await?;
+        let mut items: std::collections::VecDeque<(u64, Delivery)> = std::mem::take(run).into();
+        let advance = |offset: u64, next: &mut u64| {
             *next = offset + 1;
             saver.set(*next);
             self.stats.next_offset.store(*next, Ordering::Relaxed);
+        };
+        while !items.is_empty() {
+            if items.len() == 1 {
+                let (offset, d) = items.pop_front().expect("one item");
+                self.deliver_one(d, 0, None).await?;
+                advance(offset, next);
+                continue;
+            }
+            let batch: Vec<Delivery> = items.iter().map(|(_, d)| d.clone()).collect();
+            let (acked, rest) = self.deliver_prefix_with_backoff(&batch).await?;
+            for _ in 0..acked {
+                let (offset, d) = items.pop_front().expect("acked items exist");
+                self.acked(&d);
+                advance(offset, next);
+            }
+            match rest {
+                None => {}
+                Some(Outcome::Nack(reason)) if self.target.answers_per_message() => {
+                    self.nacked();
+                    let (offset, d) = items.pop_front().expect("the NACKed item exists");
+                    self.deliver_one(d, 1, Some(reason)).await?;
+                    advance(offset, next);
+                }
+                // A NACKed batch goes again one message at a time, so only the failing ones
+                // are retried and dead-lettered.
+                Some(_) => {
+                    self.nacked();
+                    while let Some((offset, d)) = items.pop_front() {
+                        self.deliver_one(d, 0, None).await?;
+                        advance(offset, next);
+                    }
+                }
+            }
         }
         Ok(())
     }
 
-    /// One message: resend on NACK up to the limit, then dead-letter it.
-    async fn deliver_one(&self, d: Delivery) -> Result<(), Stopped> {
-        let batch = std::slice::from_ref(&d);
-        let mut attempts = 0u32;
+    /// Like [`Self::deliver_with_backoff`] for a run: retries while nothing of it got an answer.
+    async fn deliver_prefix_with_backoff(
+        &self,
+        batch: &[Delivery],
+    ) -> Result<(usize, Option<Outcome>), Stopped> {
+        let mut backoff = BACKOFF_START;
         loop {
-            attempts += 1;
+            match self.target.deliver_prefix(batch).await {
+                (0, Some(Outcome::Failed(why))) => {
+                    self.failed(&batch[0], why, backoff, backoff == BACKOFF_START);
+                    self.sleep(backoff).await?;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+                // Partial progress before a failure: the caller goes on with the rest.
+                (acked, Some(Outcome::Failed(_))) => return Ok((acked, None)),
+                answer => return Ok(answer),
+            }
+        }
+    }
+
+    /// Counts a communication failure; logs it on the first of a streak and at the longest
+    /// backoff, not on every retry.
+    fn failed(&self, d: &Delivery, why: String, backoff: Duration, first: bool) {
+        self.stats.retries.fetch_add(1, Ordering::Relaxed);
+        self.metrics.retries.get_or_create(&self.label()).inc();
+        if first || backoff == BACKOFF_MAX {
+            tracing::warn!(offset = d.envelope.offset, error = %why, retry_in_s = backoff.as_secs(), "delivery failed; retrying");
+        }
+        self.record_error(why);
+    }
+
+    /// One message: resend on NACK up to the limit, then dead-letter it. `nacks` and `reason`
+    /// carry a NACK it already got in a run.
+    async fn deliver_one(
+        &self,
+        d: Delivery,
+        mut nacks: u32,
+        mut reason: Option<String>,
+    ) -> Result<(), Stopped> {
+        let batch = std::slice::from_ref(&d);
+        loop {
+            if let Some(why) = &reason
+                && nacks > self.spec.max_nack_retries
+            {
+                return self.dead_letter(&d, why, nacks).await;
+            }
             match self.deliver_with_backoff(batch).await? {
                 Outcome::Ack => {
                     self.acked(&d);
                     return Ok(());
                 }
-                Outcome::Nack(reason) => {
+                Outcome::Nack(why) => {
                     self.nacked();
-                    if attempts > self.spec.max_nack_retries {
-                        return self.dead_letter(&d, &reason, attempts).await;
-                    }
-                    tracing::debug!(offset = d.envelope.offset, attempts, "NACK; resending");
+                    nacks += 1;
+                    reason = Some(why);
+                    tracing::debug!(offset = d.envelope.offset, nacks, "NACK");
                 }
                 Outcome::Failed(_) => unreachable!("deliver_with_backoff retries failures"),
             }
@@ -265,12 +317,7 @@ impl Worker {
             match self.target.deliver(batch).await {
                 Outcome::Failed(why) => {
                     failures += 1;
-                    self.stats.retries.fetch_add(1, Ordering::Relaxed);
-                    self.metrics.retries.get_or_create(&self.label()).inc();
-                    if failures == 1 || backoff == BACKOFF_MAX {
-                        tracing::warn!(offset = batch[0].envelope.offset, error = %why, retry_in_s = backoff.as_secs(), "delivery failed; retrying");
-                    }
-                    self.record_error(why);
+                    self.failed(&batch[0], why, backoff, failures == 1);
                     self.sleep(backoff).await?;
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
