@@ -4,12 +4,13 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use mmmq_core::{StoredMessage, Topic};
+use mmmq_core::{ConsumerId, StoredMessage, Topic, TopicPattern};
 use serde_json::value::RawValue;
 
-use crate::config::{self, ConfigError, ServeConfig};
+use crate::config::{self, ConfigError, DispatcherSpec, ServeConfig, TargetSpec};
 use crate::dispatch::{
-    Dispatch, DispatchError, DispatcherStatus, ReloadReport, TargetFactory, Targets,
+    Dispatch, DispatchError, DispatcherStatus, Handler, InProcessTarget, ReloadReport,
+    TargetFactory, Targets,
 };
 use crate::metrics::{Metrics, TopicLabel};
 use crate::storage::{OsFs, StorageError, Vfs};
@@ -27,6 +28,9 @@ pub enum BrokerError {
     /// The disk said no.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// A name that is not a valid topic, consumerId or pattern.
+    #[error("{0}")]
+    InvalidName(String),
     /// Producers may not write to `__` topics.
     #[error(
         "topic {0:?} is internal (names starting with \"__\" hold dead letters); producers cannot write to it"
@@ -200,6 +204,98 @@ impl Broker {
     /// Status of every dispatcher.
     pub async fn dispatchers(&self) -> Vec<DispatcherStatus> {
         self.dispatch.status().await
+    }
+
+    /// Produces `content` to `topic` from inside the application (the embedded use): validated,
+    /// durable when it returns.
+    pub async fn produce_json<T: serde::Serialize + ?Sized>(
+        &self,
+        topic: &str,
+        key: Option<&str>,
+        content: &T,
+    ) -> Result<u64, BrokerError> {
+        let topic = Topic::new(topic).map_err(|e| BrokerError::InvalidName(e.to_string()))?;
+        let json = serde_json::to_string(content)
+            .map_err(|e| BrokerError::InvalidName(format!("content: {e}")))?;
+        let content = RawValue::from_string(json).expect("serde_json output is JSON");
+        self.produce(ProduceItem {
+            topic,
+            key: key.map(str::to_owned),
+            content,
+        })
+        .await
+    }
+
+    /// Registers an in-process handler as a dispatcher: every topic matching `pattern`, from the
+    /// checkpoint of `consumer_id` (0 the first time), in order, with `maxNackRetries` of 3 and the
+    /// dead-letter topic `__dlq.<consumer_id>`, exactly as a remote consumer, without HTTP. `Ok`
+    /// is an ACK, `Err` a NACK, content that does not deserialize into `T` a NACK.
+    pub async fn handle<T, F, Fut, E>(
+        &self,
+        consumer_id: &str,
+        pattern: &str,
+        handler: F,
+    ) -> Result<(), BrokerError>
+    where
+        T: serde::de::DeserializeOwned + Send + 'static,
+        F: Fn(mmmq_client::Message<T>) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), E>> + Send + 'static,
+        E: std::fmt::Display + 'static,
+    {
+        self.handle_with_retries(
+            consumer_id,
+            pattern,
+            config::DEFAULT_MAX_NACK_RETRIES,
+            handler,
+        )
+        .await
+    }
+
+    /// As [`Broker::handle`], with a chosen number of NACK resends.
+    pub async fn handle_with_retries<T, F, Fut, E>(
+        &self,
+        consumer_id: &str,
+        pattern: &str,
+        max_nack_retries: u32,
+        handler: F,
+    ) -> Result<(), BrokerError>
+    where
+        T: serde::de::DeserializeOwned + Send + 'static,
+        F: Fn(mmmq_client::Message<T>) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), E>> + Send + 'static,
+        E: std::fmt::Display + 'static,
+    {
+        let consumer_id =
+            ConsumerId::new(consumer_id).map_err(|e| BrokerError::InvalidName(e.to_string()))?;
+        let pattern =
+            TopicPattern::new(pattern).map_err(|e| BrokerError::InvalidName(e.to_string()))?;
+        let handler = Arc::new(handler);
+        let erased: Handler = Arc::new(move |env: mmmq_core::Envelope| {
+            let handler = handler.clone();
+            Box::pin(async move {
+                let content: T = serde_json::from_str(env.content.get())
+                    .map_err(|e| format!("content does not fit the handler's type: {e}"))?;
+                let msg = mmmq_client::Message {
+                    topic: env.topic,
+                    offset: env.offset,
+                    timestamp: env.timestamp,
+                    key: env.key,
+                    content,
+                };
+                handler(msg).await.map_err(|e| e.to_string())
+            })
+        });
+        let spec = DispatcherSpec {
+            consumer_id,
+            pattern,
+            target: TargetSpec::InProcess,
+            max_nack_retries,
+            batch_max_messages: 1,
+        };
+        self.dispatch
+            .add_pinned(spec, Arc::new(InProcessTarget::new(erased)))
+            .await?;
+        Ok(())
     }
 
     /// Stops delivery cleanly: in-flight deliveries finish, checkpoints are written.

@@ -94,6 +94,9 @@ pub enum TargetSpec {
     Host(HostSpec),
     /// A local WebAssembly component (contract §5).
     Plugin(PluginSpec),
+    /// A Rust handler registered in-process by an application embedding the broker (never from
+    /// `dispatchers.json`).
+    InProcess,
 }
 
 /// A remote consumer's address.

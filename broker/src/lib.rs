@@ -10,12 +10,14 @@
 //! - [`http`]: the HTTP API on axum; [`server`]: `run(listener, config, shutdown)`.
 //! - [`plugin`]: WebAssembly handlers: the sandboxed runtime and the hot-reloading plugin target.
 //! - [`metrics`]: Prometheus metrics.
+//! - [`cli`]: the client commands `produce`, `tail`, `topics`, `dispatchers`.
 //! - [`inspect`]: `mmmq inspect`, an offline reader of a topic directory for when a disk misbehaves.
 //! - [`bench`]: `mmmq bench`, benchmarks that print JSON lines.
 #![deny(missing_docs)]
 
 pub mod bench;
 pub mod broker;
+pub mod cli;
 pub mod config;
 pub mod dispatch;
 pub mod http;

@@ -24,6 +24,49 @@ struct Cli {
 enum Command {
     /// Run the broker.
     Serve(ServeArgs),
+    /// Produce one message (JSON from the argument, or one per line of stdin); prints receipts.
+    Produce {
+        /// The topic.
+        #[arg(long)]
+        topic: String,
+        /// An optional key.
+        #[arg(long)]
+        key: Option<String>,
+        /// The content as JSON; without it, one message per line of stdin.
+        json: Option<String>,
+        #[command(flatten)]
+        broker: BrokerArg,
+    },
+    /// Print a topic's messages as JSON lines (pull API).
+    Tail {
+        /// The topic.
+        #[arg(long)]
+        topic: String,
+        /// First offset.
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        /// Keep waiting for new messages.
+        #[arg(long)]
+        follow: bool,
+        #[command(flatten)]
+        broker: BrokerArg,
+    },
+    /// The broker's topics as a table.
+    Topics {
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        broker: BrokerArg,
+    },
+    /// The broker's dispatchers and their status as a table.
+    Dispatchers {
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        broker: BrokerArg,
+    },
     /// Read a topic directory offline and print every entry and a summary; exits 1 on corruption.
     Inspect {
         /// A topic directory (`{root}/topics/{topic}`), a `topics/` directory or a root dir.
@@ -42,6 +85,13 @@ enum Command {
         #[command(subcommand)]
         what: BenchCommand,
     },
+}
+
+#[derive(clap::Args)]
+struct BrokerArg {
+    /// The broker's URL.
+    #[arg(long = "broker", env = "MMMQ_BROKER", default_value = mmmq_client::DEFAULT_BROKER)]
+    url: String,
 }
 
 #[derive(Subcommand)]
@@ -199,6 +249,51 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::from(1)
             })
+        }
+        Command::Produce {
+            topic,
+            key,
+            json,
+            broker,
+        } => {
+            let rt = tokio::runtime::Runtime::new()?;
+            let mut out = std::io::stdout();
+            rt.block_on(mmmq::cli::produce(
+                &broker.url,
+                &topic,
+                key.as_deref(),
+                json.as_deref(),
+                &mut out,
+            ))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Tail {
+            topic,
+            from,
+            follow,
+            broker,
+        } => {
+            let rt = tokio::runtime::Runtime::new()?;
+            let mut out = std::io::stdout();
+            match rt.block_on(mmmq::cli::tail(&broker.url, &topic, from, follow, &mut out)) {
+                Err(mmmq::cli::CliError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+                other => other?,
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Topics { json, broker } => {
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(mmmq::cli::topics(&broker.url, json, &mut std::io::stdout()))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Dispatchers { json, broker } => {
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(mmmq::cli::dispatchers(
+                &broker.url,
+                json,
+                &mut std::io::stdout(),
+            ))?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Plugin { what } => match what {
             PluginCommand::Check { file } => {

@@ -37,6 +37,21 @@ pub fn mmmq_bin() -> PathBuf {
     bin
 }
 
+/// An example binary of this build (`target/debug/examples/NAME`, built by `cargo test`).
+pub fn example_bin(name: &str) -> PathBuf {
+    let bin = mmmq_bin()
+        .parent()
+        .expect("target dir")
+        .join("examples")
+        .join(name);
+    assert!(
+        bin.exists(),
+        "{} is missing: cargo test builds examples",
+        bin.display()
+    );
+    bin
+}
+
 /// Waits until `f` returns `Some`, checking every 20 ms, or panics after `timeout` with `what`.
 pub async fn eventually<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;
@@ -186,12 +201,12 @@ impl Drop for Broker {
 /// Runs `mmmq serve` and returns the child, the address it listens on (None if it exited first)
 /// and its log.
 pub fn spawn_serve(root: &Path, args: &[&str]) -> (Child, Option<SocketAddr>, Arc<Mutex<String>>) {
-    let mut child = Command::new(mmmq_bin())
-        .arg("serve")
-        .arg("--root-dir")
-        .arg(root)
-        .arg("--listen")
-        .arg("127.0.0.1:0")
+    let mut cmd = Command::new(mmmq_bin());
+    cmd.arg("serve").arg("--root-dir").arg(root);
+    if !args.contains(&"--listen") {
+        cmd.args(["--listen", "127.0.0.1:0"]);
+    }
+    let mut child = cmd
         .args(args)
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())

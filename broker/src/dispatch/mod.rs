@@ -8,6 +8,7 @@
 //! - this module: [`Dispatch`], which starts and stops workers as dispatchers are configured and
 //!   topics appear, and reports their status.
 
+mod in_process;
 pub mod target;
 mod worker;
 
@@ -23,6 +24,7 @@ use crate::config::{DispatcherSpec, TargetSpec};
 use crate::metrics::{DispatchLabel, Metrics};
 use crate::plugin::{PluginEngine, PluginTarget};
 use crate::topics::{Registry, TopicLog};
+pub use in_process::{Handler, InProcessTarget};
 pub use target::{BoxFuture, Delivery, Outcome, Target, TargetStatus};
 pub use worker::WorkerStats;
 
@@ -80,6 +82,9 @@ impl TargetFactory for Targets {
                             .await;
                     Ok(Arc::new(target) as Arc<dyn Target>)
                 }
+                TargetSpec::InProcess => {
+                    Err("in-process handlers are registered by the embedding application".into())
+                }
             }
         })
     }
@@ -92,6 +97,8 @@ struct WorkerHandle {
 }
 
 struct Running {
+    /// Registered in-process by an embedding application: `dispatchers.json` does not own it.
+    pinned: bool,
     spec: Arc<DispatcherSpec>,
     target: Arc<dyn Target>,
     cancel: CancellationToken,
@@ -258,6 +265,12 @@ impl Dispatch {
         let mut report = ReloadReport::default();
         let mut to_start = Vec::new();
         for spec in specs {
+            if running.get(&spec.consumer_id).is_some_and(|r| r.pinned) {
+                return Err(DispatchError::Target {
+                    consumer_id: spec.consumer_id.to_string(),
+                    reason: "this consumerId belongs to an in-process handler".into(),
+                });
+            }
             match running.get(&spec.consumer_id) {
                 Some(r) if *r.spec == spec => {
                     let id = spec.consumer_id.to_string();
@@ -289,9 +302,9 @@ impl Dispatch {
             .cloned()
             .collect();
         let removed: Vec<ConsumerId> = running
-            .keys()
-            .filter(|id| !keep.contains(id.as_str()))
-            .cloned()
+            .iter()
+            .filter(|(id, r)| !r.pinned && !keep.contains(id.as_str()))
+            .map(|(id, _)| id.clone())
             .collect();
         for id in &removed {
             report.removed.push(id.to_string());
@@ -309,6 +322,7 @@ impl Dispatch {
         let topics = self.registry.all();
         for (spec, target) in to_start {
             let mut r = Running {
+                pinned: false,
                 spec: Arc::new(spec),
                 target,
                 cancel: self.shutdown.child_token(),
@@ -320,6 +334,34 @@ impl Dispatch {
             running.insert(r.spec.consumer_id.clone(), r);
         }
         Ok(report)
+    }
+
+    /// Starts a dispatcher whose target the caller built (an in-process handler). It is not
+    /// touched by reloads of `dispatchers.json`; its id must not be in use.
+    pub async fn add_pinned(
+        &self,
+        spec: DispatcherSpec,
+        target: Arc<dyn Target>,
+    ) -> Result<(), DispatchError> {
+        let mut running = self.running.lock().await;
+        if running.contains_key(&spec.consumer_id) {
+            return Err(DispatchError::Target {
+                consumer_id: spec.consumer_id.to_string(),
+                reason: "a dispatcher with this consumerId is already running".into(),
+            });
+        }
+        let mut r = Running {
+            pinned: true,
+            spec: Arc::new(spec),
+            target,
+            cancel: self.shutdown.child_token(),
+            workers: BTreeMap::new(),
+        };
+        for t in &self.registry.all() {
+            self.start_worker(&mut r, t);
+        }
+        running.insert(r.spec.consumer_id.clone(), r);
+        Ok(())
     }
 
     /// Status of every dispatcher; also refreshes the lag gauges.

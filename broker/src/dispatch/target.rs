@@ -49,13 +49,15 @@ pub enum Outcome {
 
 /// What `GET /mmmq/dispatchers` shows of a target.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-#[serde(tag = "type", rename_all = "lowercase")]
+#[serde(tag = "type", rename_all = "kebab-case")]
 pub enum TargetStatus {
     /// A remote consumer.
     Host {
         /// Where it POSTs.
         url: String,
     },
+    /// A Rust handler inside the embedding application.
+    InProcess,
     /// A WebAssembly component.
     Plugin {
         /// The component file.

@@ -1,0 +1,239 @@
+//! The client commands of the binary (contract §1): `produce`, `tail`, `topics`, `dispatchers`,
+//! built on the `mmmq-client` crate.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use mmmq_client::{Admin, ClientError, Producer, PullConsumer, Record};
+use serde_json::value::RawValue;
+
+/// Why a client command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The broker said no, or could not be reached.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// A line of input is not JSON.
+    #[error("line {line}: not JSON: {error}")]
+    BadLine {
+        /// 1-based line number.
+        line: usize,
+        /// The parser's words.
+        error: serde_json::Error,
+    },
+    /// Reading stdin or writing stdout failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Lines sent per batch request when producing from stdin.
+const STDIN_BATCH: usize = 100;
+
+/// `mmmq produce`: one message from `json`, or one per line of stdin. Prints one receipt per
+/// message as a JSON line.
+pub async fn produce(
+    broker: &str,
+    topic: &str,
+    key: Option<&str>,
+    json: Option<&str>,
+    out: &mut dyn Write,
+) -> Result<u64, CliError> {
+    let producer = Producer::new(broker)?;
+    if let Some(json) = json {
+        serde_json::from_str::<&RawValue>(json)
+            .map_err(|error| CliError::BadLine { line: 1, error })?;
+        let r = producer.send_raw(topic, key, json).await?;
+        writeln!(
+            out,
+            "{}",
+            serde_json::json!({"topic": r.topic, "offset": r.offset})
+        )?;
+        return Ok(1);
+    }
+    let stdin = std::io::stdin();
+    let progress = std::io::stderr().is_terminal();
+    let started = Instant::now();
+    let mut last_report = Instant::now();
+    let mut sent = 0u64;
+    let mut batch: Vec<Record<Box<RawValue>>> = Vec::with_capacity(STDIN_BATCH);
+    let mut lines = stdin.lock().lines().enumerate();
+    loop {
+        let next = lines.next();
+        if let Some((i, line)) = &next {
+            let line = line
+                .as_ref()
+                .map_err(|e| std::io::Error::new(e.kind(), e.to_string()))?;
+            if !line.trim().is_empty() {
+                let content = RawValue::from_string(line.trim().to_owned())
+                    .map_err(|error| CliError::BadLine { line: i + 1, error })?;
+                let mut record = Record::new(topic, content);
+                record.key = key.map(str::to_owned);
+                batch.push(record);
+            }
+        }
+        if batch.len() >= STDIN_BATCH || (next.is_none() && !batch.is_empty()) {
+            for r in producer.send_batch(&batch).await? {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::json!({"topic": r.topic, "offset": r.offset})
+                )?;
+            }
+            sent += batch.len() as u64;
+            batch.clear();
+            if last_report.elapsed() > Duration::from_secs(1) {
+                let rate = sent as f64 / started.elapsed().as_secs_f64();
+                if progress {
+                    eprint!("\rproduced {sent} messages ({rate:.0}/s)");
+                } else {
+                    eprintln!("produced {sent} messages ({rate:.0}/s)");
+                }
+                last_report = Instant::now();
+            }
+        }
+        if next.is_none() {
+            break;
+        }
+    }
+    if progress && started.elapsed() > Duration::from_secs(1) {
+        eprintln!(
+            "\rproduced {sent} messages in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(sent)
+}
+
+/// `mmmq tail`: prints the topic's messages from `from` as JSON lines; with `follow`, waits for
+/// more forever.
+pub async fn tail(
+    broker: &str,
+    topic: &str,
+    from: u64,
+    follow: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let wait = if follow {
+        Duration::from_secs(30)
+    } else {
+        Duration::ZERO
+    };
+    let mut pull = PullConsumer::new(broker, topic)?
+        .from_offset(from)
+        .max(1000)
+        .wait(wait);
+    loop {
+        let messages = pull.poll().await?;
+        if messages.is_empty() && !follow {
+            return Ok(());
+        }
+        for m in messages {
+            writeln!(
+                out,
+                "{}",
+                serde_json::to_string(&m).expect("an envelope encodes")
+            )?;
+        }
+        out.flush()?;
+    }
+}
+
+/// Prints rows as columns aligned under their headers.
+pub fn table(headers: &[&str], rows: &[Vec<String>], out: &mut dyn Write) -> std::io::Result<()> {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>, out: &mut dyn Write| {
+        let mut s = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(cell);
+            } else {
+                s.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        writeln!(out, "{}", s.trim_end())
+    };
+    line(headers.to_vec(), out)?;
+    for row in rows {
+        line(row.iter().map(String::as_str).collect(), out)?;
+    }
+    Ok(())
+}
+
+/// `mmmq topics`.
+pub async fn topics(broker: &str, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
+    let topics = Admin::new(broker)?.topics().await?;
+    if json {
+        writeln!(out, "{}", serde_json::to_string(&topics).expect("encodes"))?;
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = topics
+        .iter()
+        .map(|t| {
+            vec![
+                t.name.clone(),
+                t.next_offset.to_string(),
+                t.segments.to_string(),
+                t.bytes.to_string(),
+            ]
+        })
+        .collect();
+    table(&["TOPIC", "NEXT OFFSET", "SEGMENTS", "BYTES"], &rows, out)?;
+    Ok(())
+}
+
+/// `mmmq dispatchers`.
+pub async fn dispatchers(broker: &str, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
+    let all = Admin::new(broker)?.dispatchers().await?;
+    if json {
+        writeln!(out, "{}", serde_json::to_string(&all).expect("encodes"))?;
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = all
+        .iter()
+        .map(|d| {
+            let t = &d.target;
+            let target = match t["type"].as_str() {
+                Some("host") => t["url"].as_str().unwrap_or("?").to_owned(),
+                Some("plugin") => {
+                    let path = t["path"].as_str().unwrap_or("?");
+                    match (t["version"].as_str(), t["loadError"].as_str()) {
+                        (Some(v), None) => format!("{path} @{v}"),
+                        (Some(v), Some(_)) => format!("{path} @{v} (newer file failed)"),
+                        (None, _) => format!("{path} (not loaded)"),
+                    }
+                }
+                _ => t.to_string(),
+            };
+            vec![
+                d.consumer_id.clone(),
+                d.pattern.clone(),
+                target,
+                d.delivered.to_string(),
+                d.nacked.to_string(),
+                d.dead_lettered.to_string(),
+                d.lag.to_string(),
+                d.last_error.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "CONSUMER",
+            "PATTERN",
+            "TARGET",
+            "DELIVERED",
+            "NACKED",
+            "DEAD-LETTERED",
+            "LAG",
+            "LAST ERROR",
+        ],
+        &rows,
+        out,
+    )?;
+    Ok(())
+}

@@ -1,0 +1,82 @@
+//! In-process handlers: Rust closures registered by an application that embeds the broker
+//! (seed 001's in-app queue), delivered by the same drain workers as remote and plugin targets,
+//! with the same order, retries, dead letters and checkpoints, and no HTTP.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+use mmmq_core::Envelope;
+
+use super::target::{BoxFuture, Delivery, Outcome, Target, TargetStatus};
+
+/// A handler: `Ok` is an ACK, `Err(reason)` a NACK.
+pub type Handler = Arc<dyn Fn(Envelope) -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
+
+/// Messages handed over per call of the worker (they run one after another, in order).
+const RUN_LEN: usize = 64;
+
+/// The target of an in-process handler.
+pub struct InProcessTarget {
+    handler: Handler,
+}
+
+impl InProcessTarget {
+    /// Wraps a handler.
+    pub fn new(handler: Handler) -> Self {
+        Self { handler }
+    }
+
+    async fn call(&self, d: &Delivery) -> Outcome {
+        // A panicking handler is a NACK, not a dead drain worker.
+        match AssertUnwindSafe((self.handler)(d.envelope.clone()))
+            .catch_unwind()
+            .await
+        {
+            Ok(Ok(())) => Outcome::Ack,
+            Ok(Err(reason)) => Outcome::Nack(reason),
+            Err(_) => Outcome::Nack("handler panicked".into()),
+        }
+    }
+}
+
+impl Target for InProcessTarget {
+    fn deliver<'a>(&'a self, batch: &'a [Delivery]) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move {
+            for d in batch {
+                match self.call(d).await {
+                    Outcome::Ack => {}
+                    other => return other,
+                }
+            }
+            Outcome::Ack
+        })
+    }
+
+    fn status(&self) -> TargetStatus {
+        TargetStatus::InProcess
+    }
+
+    fn run_len(&self, configured: usize) -> usize {
+        configured.max(RUN_LEN)
+    }
+
+    fn answers_per_message(&self) -> bool {
+        true
+    }
+
+    fn deliver_prefix<'a>(
+        &'a self,
+        batch: &'a [Delivery],
+    ) -> BoxFuture<'a, (usize, Option<Outcome>)> {
+        Box::pin(async move {
+            for (i, d) in batch.iter().enumerate() {
+                match self.call(d).await {
+                    Outcome::Ack => {}
+                    other => return (i, Some(other)),
+                }
+            }
+            (batch.len(), None)
+        })
+    }
+}

@@ -1,0 +1,175 @@
+use std::fmt::Display;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::http::StatusCode;
+use mmmq_core::{Envelope, PatternError, Topic, TopicPattern};
+use serde::de::DeserializeOwned;
+
+/// A message as a handler gets it: the envelope with typed content.
+#[derive(Debug, Clone)]
+pub struct Message<T> {
+    /// The topic.
+    pub topic: Topic,
+    /// Its offset.
+    pub offset: u64,
+    /// Milliseconds since the Unix epoch, set by the broker at append.
+    pub timestamp: u64,
+    /// The producer's key.
+    pub key: Option<String>,
+    /// The content.
+    pub content: T,
+}
+
+type BoxFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+type HandlerFn = Arc<dyn Fn(Envelope) -> BoxFuture + Send + Sync>;
+
+/// The consumer side of contract §3: an HTTP server that the broker's dispatchers POST to.
+///
+/// Each handler is registered with a topic pattern and a content type. For every message, every
+/// handler whose pattern matches runs in registration order; the answer is ACK if all of them
+/// returned `Ok`, NACK otherwise (content that does not deserialize into the handler's type is a
+/// NACK with the reason logged). Messages of one topic arrive one request at a time from the
+/// broker, so they are handled in order; different topics are handled concurrently.
+///
+/// ```no_run
+/// # async fn demo() -> std::io::Result<()> {
+/// use mmmq_client::{Consumer, Message};
+///
+/// #[derive(serde::Deserialize)]
+/// struct Order { id: u64 }
+///
+/// let consumer = Consumer::new()
+///     .handle("order.*", |m: Message<Order>| async move {
+///         println!("order {} at {}", m.content.id, m.offset);
+///         Ok::<_, String>(())
+///     })
+///     .expect("a valid pattern");
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:9000").await?;
+/// consumer.serve(listener, async { let _ = tokio::signal::ctrl_c().await; }).await
+/// # }
+/// ```
+#[derive(Clone, Default)]
+pub struct Consumer {
+    routes: Vec<(TopicPattern, HandlerFn)>,
+}
+
+impl Consumer {
+    /// A consumer with no handlers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `handler` for topics matching `pattern`, with content of type `T`.
+    pub fn handle<T, F, Fut, E>(mut self, pattern: &str, handler: F) -> Result<Self, PatternError>
+    where
+        T: DeserializeOwned + Send + 'static,
+        F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Display + 'static,
+    {
+        let pattern = TopicPattern::new(pattern)?;
+        let handler = Arc::new(handler);
+        let f: HandlerFn = Arc::new(move |env: Envelope| {
+            let handler = handler.clone();
+            Box::pin(async move {
+                let content: T = serde_json::from_str(env.content.get()).map_err(|e| {
+                    format!(
+                        "offset {} of {}: content does not fit the handler's type: {e}",
+                        env.offset, env.topic
+                    )
+                })?;
+                let msg = Message {
+                    topic: env.topic,
+                    offset: env.offset,
+                    timestamp: env.timestamp,
+                    key: env.key,
+                    content,
+                };
+                handler(msg).await.map_err(|e| e.to_string())
+            })
+        });
+        self.routes.push((pattern, f));
+        Ok(self)
+    }
+
+    /// Handles one envelope: every matching handler in order.
+    async fn dispatch(&self, env: Envelope) -> bool {
+        let matching: Vec<&HandlerFn> = self
+            .routes
+            .iter()
+            .filter(|(p, _)| p.matches(&env.topic))
+            .map(|(_, h)| h)
+            .collect();
+        if matching.is_empty() {
+            tracing::warn!(topic = %env.topic, offset = env.offset, "no handler for this topic; acknowledging");
+            return true;
+        }
+        for h in matching {
+            if let Err(reason) = h(env.clone()).await {
+                tracing::warn!(topic = %env.topic, offset = env.offset, reason, "handler failed; answering NACK");
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The HTTP routes, to mount in an existing axum application.
+    pub fn router(self) -> axum::Router {
+        let this = Arc::new(self);
+        axum::Router::new().route(
+            "/mmmq/messages",
+            axum::routing::post(move |body: Bytes| {
+                let this = this.clone();
+                async move {
+                    // One envelope, or an array of consecutive envelopes of one topic.
+                    let envelopes: Vec<Envelope> =
+                        match serde_json::from_slice::<serde_json::Value>(&body) {
+                            Ok(serde_json::Value::Array(_)) => {
+                                match serde_json::from_slice(&body) {
+                                    Ok(v) => v,
+                                    Err(e) => {
+                                        return (
+                                            StatusCode::BAD_REQUEST,
+                                            format!(r#"{{"error":"{e}"}}"#),
+                                        );
+                                    }
+                                }
+                            }
+                            Ok(_) => match serde_json::from_slice(&body) {
+                                Ok(e) => vec![e],
+                                Err(e) => {
+                                    return (
+                                        StatusCode::BAD_REQUEST,
+                                        format!(r#"{{"error":"{e}"}}"#),
+                                    );
+                                }
+                            },
+                            Err(e) => {
+                                return (StatusCode::BAD_REQUEST, format!(r#"{{"error":"{e}"}}"#));
+                            }
+                        };
+                    for env in envelopes {
+                        if !this.dispatch(env).await {
+                            return (StatusCode::OK, r#"{"ack":"NACK"}"#.to_owned());
+                        }
+                    }
+                    (StatusCode::OK, r#"{"ack":"ACK"}"#.to_owned())
+                }
+            }),
+        )
+    }
+
+    /// Serves on `listener` until `shutdown` resolves, then finishes the requests in progress.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        axum::serve(listener, self.router())
+            .with_graceful_shutdown(shutdown)
+            .await
+    }
+}

@@ -1,0 +1,39 @@
+//! Rust clients for an mmmq broker, over its HTTP API (contract §2–§3).
+//!
+//! - [`Producer`]: produce one message or a batch with typed content; retries on NACK (503) and on
+//!   connection failures with backoff; keep-alive connection pool; errors you can match on.
+//! - [`Consumer`]: an HTTP server speaking the consumer side of the protocol; handlers registered
+//!   by topic pattern with typed content; `Ok` is an ACK, `Err` a NACK.
+//! - [`PullConsumer`]: read a topic from an offset with long polling, as a [`futures_util::Stream`].
+//! - [`Admin`]: the topic list and dispatcher status.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), mmmq_client::ClientError> {
+//! use mmmq_client::Producer;
+//! use serde::Serialize;
+//!
+//! #[derive(Serialize)]
+//! struct Order { id: u64 }
+//!
+//! let producer = Producer::new("http://127.0.0.1:8080")?;
+//! let receipt = producer.send("order.created", &Order { id: 1 }).await?;
+//! println!("stored at offset {}", receipt.offset);
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+mod admin;
+mod consumer;
+mod error;
+mod producer;
+mod pull;
+
+pub use admin::{Admin, DispatcherInfo, TopicInfo};
+pub use consumer::{Consumer, Message};
+pub use error::ClientError;
+pub use mmmq_core::{Ack, Envelope};
+pub use producer::{Producer, Receipt, Record};
+pub use pull::PullConsumer;
+
+/// Where a broker is when nothing says otherwise (contract §1).
+pub const DEFAULT_BROKER: &str = "http://127.0.0.1:8080";

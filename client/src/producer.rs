@@ -1,0 +1,203 @@
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ClientError, backoff};
+
+/// Where a message was stored.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Receipt {
+    /// The topic.
+    pub topic: String,
+    /// Its offset in the topic.
+    pub offset: u64,
+}
+
+/// One message of a batch.
+#[derive(Debug, Clone, Serialize)]
+pub struct Record<T> {
+    /// The topic.
+    pub topic: String,
+    /// The content.
+    pub content: T,
+    /// An optional key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+impl<T> Record<T> {
+    /// A record without a key.
+    pub fn new(topic: impl Into<String>, content: T) -> Self {
+        Self {
+            topic: topic.into(),
+            content,
+            key: None,
+        }
+    }
+
+    /// The same record with a key.
+    pub fn with_key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: String,
+}
+
+#[derive(Deserialize)]
+struct BatchAck {
+    results: Vec<Receipt>,
+}
+
+/// Produces messages to a broker. Cheap to clone (clones share the connection pool).
+///
+/// A produce that is NACKed (the broker could not make it durable) or that cannot reach the broker
+/// is retried up to [`Producer::retries`] more times with backoff (100 ms doubling). Note that a
+/// retry after a timeout can store a message twice: the first attempt may have succeeded.
+#[derive(Debug, Clone)]
+pub struct Producer {
+    http: reqwest::Client,
+    base: String,
+    retries: u32,
+}
+
+impl Producer {
+    /// A producer for the broker at `broker` (e.g. `http://127.0.0.1:8080`), with 3 retries and a
+    /// 30 s request timeout.
+    pub fn new(broker: &str) -> Result<Self, ClientError> {
+        Self::with_timeout(broker, Duration::from_secs(30))
+    }
+
+    /// As [`Producer::new`] with a request timeout.
+    pub fn with_timeout(broker: &str, timeout: Duration) -> Result<Self, ClientError> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(5)))
+            .build()
+            .map_err(|e| ClientError::Setup(e.to_string()))?;
+        Ok(Self {
+            http,
+            base: broker.trim_end_matches('/').to_owned(),
+            retries: 3,
+        })
+    }
+
+    /// Sets how many times a NACKed or unreachable produce is retried (default 3).
+    pub fn retries(mut self, retries: u32) -> Self {
+        self.retries = retries;
+        self
+    }
+
+    /// Produces `content` to `topic`; resolves once it is durable.
+    pub async fn send<T: Serialize + ?Sized>(
+        &self,
+        topic: &str,
+        content: &T,
+    ) -> Result<Receipt, ClientError> {
+        self.send_keyed(topic, None, content).await
+    }
+
+    /// Produces `content` to `topic` with an optional key.
+    pub async fn send_keyed<T: Serialize + ?Sized>(
+        &self,
+        topic: &str,
+        key: Option<&str>,
+        content: &T,
+    ) -> Result<Receipt, ClientError> {
+        let body = serde_json::to_vec(
+            &serde_json::json!({"topic": topic, "key": key, "content": content}),
+        )?;
+        self.post("/mmmq/messages", body).await
+    }
+
+    /// Produces content that is already JSON text, byte for byte (what `mmmq produce` sends).
+    pub async fn send_raw(
+        &self,
+        topic: &str,
+        key: Option<&str>,
+        json: &str,
+    ) -> Result<Receipt, ClientError> {
+        let content: &serde_json::value::RawValue = serde_json::from_str(json)?;
+        let body = serde_json::to_vec(
+            &serde_json::json!({"topic": topic, "key": key, "content": content}),
+        )?;
+        self.post("/mmmq/messages", body).await
+    }
+
+    /// Produces a batch: validated all or nothing, each topic's share stored at consecutive
+    /// offsets; receipts come back in request order.
+    pub async fn send_batch<T: Serialize>(
+        &self,
+        records: &[Record<T>],
+    ) -> Result<Vec<Receipt>, ClientError> {
+        let body = serde_json::to_vec(records)?;
+        let ack: BatchAck = self.post("/mmmq/messages/batch", body).await?;
+        Ok(ack.results)
+    }
+
+    async fn post<R: for<'de> Deserialize<'de>>(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<R, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let result = self
+                .http
+                .post(&url)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body.clone())
+                .send()
+                .await;
+            let retry = match result {
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    let bytes = r
+                        .bytes()
+                        .await
+                        .map_err(|e| ClientError::Protocol(e.to_string()))?;
+                    if status == 200 {
+                        return serde_json::from_slice(&bytes)
+                            .map_err(|e| ClientError::Protocol(e.to_string()));
+                    }
+                    let message = serde_json::from_slice::<ErrorBody>(&bytes)
+                        .map(|b| b.error)
+                        .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+                    if status == 503 {
+                        ClientError::Nacked {
+                            attempts: attempt,
+                            message,
+                        }
+                    } else {
+                        return Err(ClientError::Rejected { status, message });
+                    }
+                }
+                Err(e) => ClientError::Unavailable {
+                    attempts: attempt,
+                    message: describe(&e),
+                },
+            };
+            if attempt > self.retries {
+                return Err(retry);
+            }
+            tracing::debug!(attempt, error = %retry, "produce failed; retrying");
+            tokio::time::sleep(backoff(attempt)).await;
+        }
+    }
+}
+
+pub(crate) fn describe(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cause = c.source();
+    }
+    s
+}
