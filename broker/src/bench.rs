@@ -645,3 +645,187 @@ pub async fn plugin(cfg: PluginBench, out: &mut (dyn Write + Send)) -> anyhow::R
     let _ = server.await;
     Ok(())
 }
+
+/// Parameters of `mmmq bench embedded`.
+#[derive(Debug, Clone)]
+pub struct EmbeddedBench {
+    /// Where the broker's temporary root dir goes.
+    pub dir: PathBuf,
+    /// How long each produce run lasts.
+    pub duration: Duration,
+    /// Content size in bytes.
+    pub message_bytes: usize,
+    /// Producer counts.
+    pub producers: Vec<usize>,
+    /// Messages in the backlog the no-op handler drains.
+    pub backlog: usize,
+}
+
+/// The broker inside the application: produce with no HTTP, a stored backlog drained by a no-op
+/// in-process handler, and produce-to-handler latency.
+pub async fn embedded(cfg: EmbeddedBench, out: &mut (dyn Write + Send)) -> anyhow::Result<()> {
+    use crate::broker::{Broker, ProduceItem};
+    use mmmq_core::Topic;
+    std::fs::create_dir_all(&cfg.dir)?;
+    let scratch = tempfile::Builder::new()
+        .prefix("mmmq-bench-")
+        .tempdir_in(&cfg.dir)?;
+    let broker = Arc::new(Broker::open(crate::config::ServeConfig::new(scratch.path())).await?);
+    let pad = "x".repeat(cfg.message_bytes);
+    let clock = Instant::now();
+    let item = |topic: &Topic| ProduceItem {
+        topic: topic.clone(),
+        key: None,
+        content: serde_json::value::RawValue::from_string(format!(
+            r#"{{"t":{},"pad":"{pad}"}}"#,
+            clock.elapsed().as_secs_f64()
+        ))
+        .expect("valid JSON"),
+    };
+    for &p in &cfg.producers {
+        let topic = Topic::new(format!("produce.p{p}"))?;
+        let deadline = Instant::now() + cfg.duration;
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..p {
+            let broker = broker.clone();
+            let topic = topic.clone();
+            let pad = pad.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut lat = Vec::new();
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    let content =
+                        serde_json::value::RawValue::from_string(format!(r#"{{"pad":"{pad}"}}"#))
+                            .expect("JSON");
+                    broker
+                        .produce(ProduceItem {
+                            topic: topic.clone(),
+                            key: None,
+                            content,
+                        })
+                        .await?;
+                    lat.push(t.elapsed());
+                }
+                Ok::<_, crate::broker::BrokerError>(lat)
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await??);
+        }
+        let rate = all.len() as f64 / start.elapsed().as_secs_f64();
+        all.sort_unstable();
+        writeln!(
+            out,
+            "{}",
+            json!({
+                "bench": "embedded", "what": "produce", "producers": p, "message_bytes": cfg.message_bytes,
+                "msgs_per_s": rate.round(), "p50_us": percentile(&all, 0.5), "p99_us": percentile(&all, 0.99),
+            })
+        )?;
+    }
+
+    // A stored backlog, then a no-op handler registered to drain it.
+    let backlog = Topic::new("backlog.t")?;
+    let mut left = cfg.backlog;
+    while left > 0 {
+        let n = left.min(1000);
+        broker
+            .produce_batch((0..n).map(|_| item(&backlog)).collect())
+            .await?;
+        left -= n;
+    }
+    let handled = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let latencies: Arc<parking_lot::Mutex<Vec<f64>>> = Arc::default();
+    let start = Instant::now();
+    {
+        let handled = handled.clone();
+        let latencies = latencies.clone();
+        broker
+            .handle(
+                "bench",
+                "*.t",
+                move |m: mmmq_client::Message<serde_json::Value>| {
+                    let handled = handled.clone();
+                    let latencies = latencies.clone();
+                    async move {
+                        if m.topic.as_str() == "live.t"
+                            && let Some(t) = m.content["t"].as_f64()
+                        {
+                            latencies.lock().push(clock.elapsed().as_secs_f64() - t);
+                        }
+                        handled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        Ok::<_, String>(())
+                    }
+                },
+            )
+            .await?;
+    }
+    while handled.load(std::sync::atomic::Ordering::Relaxed) < cfg.backlog as u64 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let drain = cfg.backlog as f64 / start.elapsed().as_secs_f64();
+    writeln!(
+        out,
+        "{}",
+        json!({
+            "bench": "embedded", "what": "drain_backlog", "messages": cfg.backlog,
+            "message_bytes": cfg.message_bytes, "delivered_msgs_per_s": drain.round(),
+        })
+    )?;
+
+    // Live: 16 producers, the handler measuring produce-to-handler latency.
+    let live = Topic::new("live.t")?;
+    let deadline = Instant::now() + cfg.duration;
+    let mut tasks = Vec::new();
+    let produced = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    for _ in 0..16 {
+        let broker = broker.clone();
+        let live = live.clone();
+        let produced = produced.clone();
+        let pad = pad.clone();
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                let content = serde_json::value::RawValue::from_string(format!(
+                    r#"{{"t":{},"pad":"{pad}"}}"#,
+                    clock.elapsed().as_secs_f64()
+                ))
+                .expect("JSON");
+                broker
+                    .produce(ProduceItem {
+                        topic: live.clone(),
+                        key: None,
+                        content,
+                    })
+                    .await?;
+                produced.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok::<_, crate::broker::BrokerError>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let total = produced.load(std::sync::atomic::Ordering::Relaxed);
+    while (latencies.lock().len() as u64) < total {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let mut lat: Vec<Duration> = latencies
+        .lock()
+        .iter()
+        .map(|s| Duration::from_secs_f64(s.max(0.0)))
+        .collect();
+    lat.sort_unstable();
+    writeln!(
+        out,
+        "{}",
+        json!({
+            "bench": "embedded", "what": "end_to_end", "producers": 16, "message_bytes": cfg.message_bytes,
+            "msgs_per_s": (total as f64 / cfg.duration.as_secs_f64()).round(),
+            "p50_us_produce_to_handler": percentile(&lat, 0.5), "p99_us_produce_to_handler": percentile(&lat, 0.99),
+        })
+    )?;
+    broker.shutdown().await;
+    Ok(())
+}

@@ -136,6 +136,25 @@ struct ServeArgs {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// The broker embedded in-process: produce without HTTP, a backlog drained by a no-op Rust
+    /// handler, and produce-to-handler latency.
+    Embedded {
+        /// Directory for the scratch root (on the disk to measure).
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Seconds per produce run.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        /// Content size in bytes.
+        #[arg(long, default_value_t = 1024)]
+        message_bytes: usize,
+        /// Producer counts, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,64")]
+        producers: Vec<usize>,
+        /// Messages in the drained backlog.
+        #[arg(long, default_value_t = 100_000)]
+        backlog: usize,
+    },
     /// WebAssembly handlers: the cost of one call (reused instance and instance per message) and
     /// end to end through a no-op plugin next to a no-op HTTP consumer.
     Plugin {
@@ -322,6 +341,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             raise_fd_limit();
             let rt = tokio::runtime::Runtime::new()?;
             match what {
+                BenchCommand::Embedded {
+                    dir,
+                    seconds,
+                    message_bytes,
+                    producers,
+                    backlog,
+                } => rt.block_on(mmmq::bench::embedded(
+                    mmmq::bench::EmbeddedBench {
+                        dir,
+                        duration: Duration::from_secs_f64(seconds),
+                        message_bytes,
+                        producers,
+                        backlog,
+                    },
+                    &mut std::io::stdout(),
+                ))?,
                 BenchCommand::Plugin {
                     wasm,
                     dir,

@@ -1,0 +1,199 @@
+//! The broker embedded in an application: no HTTP, in-process Rust handlers with the same
+//! durability, order, retries and dead letters as remote consumers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mmmq::broker::Broker;
+use mmmq::config::ServeConfig;
+use mmmq_client::Message;
+use mmmq_core::{StoredMessage, Topic};
+use mmmq_tests::eventually;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Job {
+    n: u64,
+}
+
+type Seen = Arc<Mutex<Vec<(String, u64, u64)>>>;
+
+async fn register(broker: &Broker, seen: &Seen, fail_on: Option<u64>) {
+    let seen = seen.clone();
+    broker
+        .handle("app", "jobs.*", move |m: Message<Job>| {
+            let seen = seen.clone();
+            async move {
+                seen.lock()
+                    .push((m.topic.to_string(), m.offset, m.content.n));
+                if Some(m.content.n) == fail_on {
+                    return Err(format!("job {} failed", m.content.n));
+                }
+                Ok(())
+            }
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn handlers_receive_in_order_and_resume_from_their_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::open(ServeConfig::new(tmp.path())).await.unwrap();
+    let seen: Seen = Arc::default();
+    register(&broker, &seen, None).await;
+    for n in 0..100 {
+        let topic = if n % 2 == 0 { "jobs.even" } else { "jobs.odd" };
+        broker.produce_json(topic, None, &Job { n }).await.unwrap();
+    }
+    eventually(WAIT, "100 handled", || {
+        (seen.lock().len() == 100).then_some(())
+    })
+    .await;
+    for topic in ["jobs.even", "jobs.odd"] {
+        let offsets: Vec<u64> = seen
+            .lock()
+            .iter()
+            .filter(|s| s.0 == topic)
+            .map(|s| s.1)
+            .collect();
+        assert_eq!(offsets, (0..50).collect::<Vec<_>>(), "{topic} in order");
+    }
+    // A reload of dispatchers.json does not touch in-process handlers.
+    broker.reload().await.unwrap();
+    broker
+        .produce_json("jobs.even", None, &Job { n: 100 })
+        .await
+        .unwrap();
+    eventually(WAIT, "101 handled", || {
+        (seen.lock().len() == 101).then_some(())
+    })
+    .await;
+    broker.shutdown().await;
+    drop(broker);
+
+    // A restart: the handler, registered again, resumes from its checkpoint.
+    let broker = Broker::open(ServeConfig::new(tmp.path())).await.unwrap();
+    let again: Seen = Arc::default();
+    register(&broker, &again, None).await;
+    broker
+        .produce_json("jobs.odd", None, &Job { n: 101 })
+        .await
+        .unwrap();
+    eventually(WAIT, "the new job", || {
+        (!again.lock().is_empty()).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        *again.lock(),
+        vec![("jobs.odd".to_owned(), 50, 101)],
+        "nothing handled twice"
+    );
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_err_is_retried_then_dead_lettered_and_the_next_job_flows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::open(ServeConfig::new(tmp.path())).await.unwrap();
+    let seen: Seen = Arc::default();
+    register(&broker, &seen, Some(1)).await;
+    for n in 0..3 {
+        broker
+            .produce_json("jobs.x", Some("key-1"), &Job { n })
+            .await
+            .unwrap();
+    }
+    eventually(WAIT, "all attempts", || {
+        (seen.lock().len() == 6).then_some(())
+    })
+    .await;
+    let ns: Vec<u64> = seen.lock().iter().map(|s| s.2).collect();
+    assert_eq!(ns, vec![0, 1, 1, 1, 1, 2], "1 + 3 attempts, then the next");
+    let dlq = eventually(WAIT, "the dead letter", || {
+        broker.registry().get(&Topic::new("__dlq.app").unwrap())
+    })
+    .await;
+    let entry = eventually(WAIT, "a dead letter entry", || {
+        dlq.log.read(0).ok().flatten()
+    })
+    .await;
+    let letter = StoredMessage::from_payload(&entry).unwrap();
+    let content: serde_json::Value = serde_json::from_str(letter.content.get()).unwrap();
+    assert_eq!(content["attempts"], 4);
+    assert_eq!(content["reason"], "job 1 failed");
+    assert_eq!(content["envelope"]["content"], serde_json::json!({"n": 1}));
+    assert_eq!(letter.key.as_deref(), Some("key-1"));
+    let status = broker.dispatchers().await;
+    assert_eq!(status[0].dead_lettered, 1);
+    assert_eq!(
+        serde_json::to_value(&status[0].target).unwrap()["type"],
+        "in-process"
+    );
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn content_that_does_not_fit_is_a_nack_and_names_are_checked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::open(ServeConfig::new(tmp.path())).await.unwrap();
+    let seen: Seen = Arc::default();
+    broker
+        .handle_with_retries("strict", "jobs.*", 0, {
+            let seen = seen.clone();
+            move |m: Message<Job>| {
+                let seen = seen.clone();
+                async move {
+                    seen.lock()
+                        .push((m.topic.to_string(), m.offset, m.content.n));
+                    Ok::<_, String>(())
+                }
+            }
+        })
+        .await
+        .unwrap();
+    broker
+        .produce_json("jobs.y", None, &"not a job")
+        .await
+        .unwrap();
+    broker
+        .produce_json("jobs.y", None, &Job { n: 9 })
+        .await
+        .unwrap();
+    eventually(WAIT, "the good job", || {
+        (seen.lock().len() == 1).then_some(())
+    })
+    .await;
+    let dlq = eventually(WAIT, "the dead letter", || {
+        broker.registry().get(&Topic::new("__dlq.strict").unwrap())
+    })
+    .await;
+    eventually(WAIT, "a dead letter entry", || {
+        dlq.log.read(0).ok().flatten()
+    })
+    .await;
+    assert!(broker.produce_json("../x", None, &1).await.is_err());
+    assert!(broker.produce_json("__dlq.strict", None, &1).await.is_err());
+    assert!(
+        broker
+            .handle("bad id!", "x", |_: Message<Job>| async {
+                Ok::<_, String>(())
+            })
+            .await
+            .is_err()
+    );
+    assert!(
+        broker
+            .handle("strict", "x", |_: Message<Job>| async {
+                Ok::<_, String>(())
+            })
+            .await
+            .is_err(),
+        "ids are unique"
+    );
+    broker.shutdown().await;
+}
