@@ -13,6 +13,28 @@
 //! - [`cli`]: the client commands `produce`, `tail`, `topics`, `dispatchers`.
 //! - [`inspect`]: `mmmq inspect`, an offline reader of a topic directory for when a disk misbehaves.
 //! - [`bench`]: `mmmq bench`, benchmarks that print JSON lines.
+//!
+//! # Embedding
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use mmmq::broker::Broker;
+//! use mmmq::config::ServeConfig;
+//! use mmmq_client::Message;
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct Notice { to: String }
+//!
+//! let broker = Broker::open(ServeConfig::new("./data")).await?;
+//! broker
+//!     .handle("mailer", "notify.*", |m: Message<Notice>| async move {
+//!         println!("mail {} (offset {})", m.content.to, m.offset);
+//!         Ok::<_, String>(())
+//!     })
+//!     .await?;
+//! broker.produce_json("notify.weather", None, &Notice { to: "a@b.c".into() }).await?;
+//! broker.shutdown().await;
+//! # Ok(()) }
+//! ```
 #![deny(missing_docs)]
 
 pub mod bench;
