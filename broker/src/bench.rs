@@ -263,7 +263,6 @@ pub struct HttpBench {
 /// Durable produce over HTTP (1 and 64 keep-alive clients), batch produce, and end to end through
 /// a no-op HTTP consumer, each next to the storage engine alone in the same run.
 pub async fn http(cfg: HttpBench, out: &mut (dyn Write + Send)) -> anyhow::Result<()> {
-    use crate::config::ServeConfig;
     std::fs::create_dir_all(&cfg.dir)?;
     let scratch = tempfile::Builder::new()
         .prefix("mmmq-bench-")
@@ -302,24 +301,7 @@ pub async fn http(cfg: HttpBench, out: &mut (dyn Write + Send)) -> anyhow::Resul
                 "host": {"protocol": "HTTP", "address": "127.0.0.1", "port": consumer_port}}])
         .to_string(),
     )?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    let stop = tokio_util::sync::CancellationToken::new();
-    let server = tokio::spawn(crate::server::run(
-        listener,
-        ServeConfig::new(&root),
-        stop.clone().cancelled_owned(),
-    ));
-    let health = reqwest::Client::new();
-    while health
-        .get(format!("{base}/healthz"))
-        .send()
-        .await
-        .map(|r| r.status() != 200)
-        .unwrap_or(true)
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let (base, stop, server) = start_broker(&root).await?;
 
     let pad = "x".repeat(cfg.message_bytes);
     for &p in &cfg.producers {
@@ -550,24 +532,8 @@ pub async fn plugin(cfg: PluginBench, out: &mut (dyn Write + Send)) -> anyhow::R
         axum::routing::post(|| async { r#"{"ack":"ACK"}"# }),
     );
     tokio::spawn(async move { axum::serve(consumer, app).await });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    let stop = tokio_util::sync::CancellationToken::new();
-    let server = tokio::spawn(crate::server::run(
-        listener,
-        crate::config::ServeConfig::new(&root),
-        stop.clone().cancelled_owned(),
-    ));
+    let (base, stop, server) = start_broker(&root).await?;
     let client = reqwest::Client::new();
-    while client
-        .get(format!("{base}/healthz"))
-        .send()
-        .await
-        .map(|r| r.status() != 200)
-        .unwrap_or(true)
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     let pad = "x".repeat(cfg.message_bytes);
     let one = format!(r#"{{"topic":"backlog","content":{{"pad":"{pad}"}}}}"#);
     let batch = format!("[{}]", vec![one; 100].join(","));
@@ -828,4 +794,34 @@ pub async fn embedded(cfg: EmbeddedBench, out: &mut (dyn Write + Send)) -> anyho
     )?;
     broker.shutdown().await;
     Ok(())
+}
+
+/// A broker on a free loopback port with `root`, answering `/healthz`: its URL, the token that
+/// stops it and its task.
+async fn start_broker(
+    root: &Path,
+) -> anyhow::Result<(
+    String,
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<Result<(), crate::server::ServeError>>,
+)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(crate::server::run(
+        listener,
+        crate::config::ServeConfig::new(root),
+        stop.clone().cancelled_owned(),
+    ));
+    let health = reqwest::Client::new();
+    while health
+        .get(format!("{base}/healthz"))
+        .send()
+        .await
+        .map(|r| r.status() != 200)
+        .unwrap_or(true)
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok((base, stop, server))
 }

@@ -269,22 +269,7 @@ impl Broker {
             ConsumerId::new(consumer_id).map_err(|e| BrokerError::InvalidName(e.to_string()))?;
         let pattern =
             TopicPattern::new(pattern).map_err(|e| BrokerError::InvalidName(e.to_string()))?;
-        let handler = Arc::new(handler);
-        let erased: Handler = Arc::new(move |env: mmmq_core::Envelope| {
-            let handler = handler.clone();
-            Box::pin(async move {
-                let content: T = serde_json::from_str(env.content.get())
-                    .map_err(|e| format!("content does not fit the handler's type: {e}"))?;
-                let msg = mmmq_client::Message {
-                    topic: env.topic,
-                    offset: env.offset,
-                    timestamp: env.timestamp,
-                    key: env.key,
-                    content,
-                };
-                handler(msg).await.map_err(|e| e.to_string())
-            })
-        });
+        let erased: Handler = mmmq_client::erase(handler);
         let spec = DispatcherSpec {
             consumer_id,
             pattern,

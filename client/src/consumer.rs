@@ -24,7 +24,42 @@ pub struct Message<T> {
 }
 
 type BoxFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
-type HandlerFn = Arc<dyn Fn(Envelope) -> BoxFuture + Send + Sync>;
+type HandlerFn = ErasedHandler;
+
+/// A handler with its content type erased: it takes an envelope and answers `Ok` (ACK) or
+/// `Err(reason)` (NACK). What [`Consumer`] keeps, and what the embedded broker registers.
+pub type ErasedHandler = Arc<dyn Fn(Envelope) -> BoxFuture + Send + Sync>;
+
+/// Wraps a typed handler: the content is deserialized into `T` (a failure is an `Err` naming the
+/// offset and topic), and the handler's error becomes the reason.
+pub fn erase<T, F, Fut, E>(handler: F) -> ErasedHandler
+where
+    T: DeserializeOwned + Send + 'static,
+    F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    E: Display + 'static,
+{
+    let handler = Arc::new(handler);
+    Arc::new(move |env: Envelope| {
+        let handler = handler.clone();
+        Box::pin(async move {
+            let content: T = serde_json::from_str(env.content.get()).map_err(|e| {
+                format!(
+                    "offset {} of {}: content does not fit the handler's type: {e}",
+                    env.offset, env.topic
+                )
+            })?;
+            let msg = Message {
+                topic: env.topic,
+                offset: env.offset,
+                timestamp: env.timestamp,
+                key: env.key,
+                content,
+            };
+            handler(msg).await.map_err(|e| e.to_string())
+        })
+    })
+}
 
 /// The consumer side of contract §3: an HTTP server that the broker's dispatchers POST to.
 ///
@@ -71,26 +106,7 @@ impl Consumer {
         E: Display + 'static,
     {
         let pattern = TopicPattern::new(pattern)?;
-        let handler = Arc::new(handler);
-        let f: HandlerFn = Arc::new(move |env: Envelope| {
-            let handler = handler.clone();
-            Box::pin(async move {
-                let content: T = serde_json::from_str(env.content.get()).map_err(|e| {
-                    format!(
-                        "offset {} of {}: content does not fit the handler's type: {e}",
-                        env.offset, env.topic
-                    )
-                })?;
-                let msg = Message {
-                    topic: env.topic,
-                    offset: env.offset,
-                    timestamp: env.timestamp,
-                    key: env.key,
-                    content,
-                };
-                handler(msg).await.map_err(|e| e.to_string())
-            })
-        });
+        let f = erase(handler);
         self.routes.push((pattern, f));
         Ok(self)
     }

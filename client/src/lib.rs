@@ -29,8 +29,8 @@ mod producer;
 mod pull;
 
 pub use admin::{Admin, DispatcherInfo, TopicInfo};
-pub use consumer::{Consumer, Message};
-pub use error::ClientError;
+pub use consumer::{Consumer, ErasedHandler, Message, erase};
+pub use error::{ClientError, error_chain};
 pub use mmmq_core::{Ack, Envelope};
 pub use producer::{Producer, Receipt, Record};
 pub use pull::PullConsumer;

@@ -192,12 +192,5 @@ impl Producer {
 }
 
 pub(crate) fn describe(e: &reqwest::Error) -> String {
-    let mut s = e.to_string();
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cause = c.source();
-    }
-    s
+    crate::error::error_chain(e)
 }

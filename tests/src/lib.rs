@@ -170,6 +170,23 @@ impl Broker {
         }
     }
 
+    /// Waits (up to 60 s) until `topic` holds at least `n` messages, and returns them.
+    pub async fn pull_until(&self, topic: &str, n: usize) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (status, body) = self
+                .get(&format!(
+                    "/mmmq/topics/{topic}/messages?waitMs=500&max=1000"
+                ))
+                .await;
+            if status == 200 && body["messages"].as_array().unwrap().len() >= n {
+                return body["messages"].as_array().unwrap().clone();
+            }
+            assert!(Instant::now() < deadline, "{topic} never got {n} messages");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// SIGTERM, then waits for the exit.
     pub fn terminate(mut self) -> ExitStatus {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };

@@ -207,7 +207,7 @@ async fn overlapping_patterns_each_get_every_match_and_dead_letters_reach_no_wil
     broker.produce("payment.kakao.success", json!(3)).await;
     orders.wait_for(2, WAIT).await;
     everything.wait_for(3, WAIT).await;
-    let dlq = eventually_pull(&broker, "__dlq.refuser", 1).await;
+    let dlq = broker.pull_until("__dlq.refuser", 1).await;
     assert_eq!(dlq[0]["content"]["envelope"]["topic"], "order.new");
     // Time for a wrongly subscribed `**` dispatcher to have picked the dead letter up.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -226,20 +226,6 @@ async fn overlapping_patterns_each_get_every_match_and_dead_letters_reach_no_wil
         .map(|e| e["topic"].clone())
         .collect();
     assert_eq!(topics, vec![json!("order.new"), json!("order.cancel")]);
-}
-
-async fn eventually_pull(broker: &Broker, topic: &str, n: usize) -> Vec<Value> {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let (status, body) = broker
-            .get(&format!("/mmmq/topics/{topic}/messages?waitMs=1000"))
-            .await;
-        if status == 200 && body["messages"].as_array().unwrap().len() >= n {
-            return body["messages"].as_array().unwrap().clone();
-        }
-        assert!(Instant::now() < deadline, "{topic} never got {n} messages");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -274,7 +260,7 @@ async fn a_nacked_message_is_resent_three_times_then_dead_lettered_and_the_next_
         vec![json!(1), json!(1), json!(1), json!(1), json!(2)],
         "1 + 3 attempts, then the next"
     );
-    let dlq = eventually_pull(&broker, "__dlq.billing", 1).await;
+    let dlq = broker.pull_until("__dlq.billing", 1).await;
     let letter = &dlq[0]["content"];
     assert_eq!(letter["attempts"], 4);
     assert_eq!(letter["consumerId"], "billing");
@@ -357,7 +343,7 @@ async fn batched_delivery_sends_arrays_and_a_nack_falls_back_to_one_at_a_time() 
         let r = broker
             .post("/mmmq/messages/batch", &Value::Array(items))
             .await;
-        eventually_pull(&broker, "__dlq.b", 1).await;
+        broker.pull_until("__dlq.b", 1).await;
         eventually(WAIT, "delivery done", || {
             consumer
                 .envelopes()

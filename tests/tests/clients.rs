@@ -192,7 +192,7 @@ async fn typed_consumer_handlers_by_pattern_with_nack_on_err() {
         vec![0, 1, 2, 3, 5, 6, 7, 8, 9],
         "in order; the NACKed one skipped"
     );
-    let dlq = eventually_pull(&broker, "__dlq.svc", 2).await;
+    let dlq = broker.pull_until("__dlq.svc", 2).await;
     assert_eq!(dlq[0]["content"]["envelope"]["content"]["id"], 4);
     assert_eq!(
         dlq[1]["content"]["envelope"]["offset"], 10,
@@ -210,23 +210,6 @@ fn stop_signal() -> (
     (tx, async move {
         let _ = rx.await;
     })
-}
-
-async fn eventually_pull(broker: &Broker, topic: &str, n: usize) -> Vec<Value> {
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let (status, body) = broker
-            .get(&format!("/mmmq/topics/{topic}/messages?waitMs=500"))
-            .await;
-        if status == 200 && body["messages"].as_array().unwrap().len() >= n {
-            return body["messages"].as_array().unwrap().clone();
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{topic} never got {n} messages"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The example consumer runs as its own process; it is killed mid-stream and started again, and

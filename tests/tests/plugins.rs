@@ -37,20 +37,6 @@ async fn dispatcher_status(broker: &Broker, id: &str) -> Value {
         .unwrap_or_else(|| panic!("no dispatcher {id}: {all}"))
 }
 
-async fn pull_until(broker: &Broker, topic: &str, n: usize) -> Vec<Value> {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let (status, body) = broker
-            .get(&format!("/mmmq/topics/{topic}/messages?waitMs=500"))
-            .await;
-        if status == 200 && body["messages"].as_array().unwrap().len() >= n {
-            return body["messages"].as_array().unwrap().clone();
-        }
-        assert!(Instant::now() < deadline, "{topic} never got {n} messages");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_plugin_receives_every_message_in_order_with_content_and_key() {
     let tmp = tempfile::tempdir().unwrap();
@@ -114,7 +100,7 @@ async fn a_plugin_nack_is_retried_then_dead_lettered_and_the_next_flows() {
     let broker = Broker::start(tmp.path()).await;
     broker.produce("n", json!({"do": "nack"})).await;
     broker.produce("n", json!({"ok": 1})).await;
-    let dlq = pull_until(&broker, "__dlq.tb", 1).await;
+    let dlq = broker.pull_until("__dlq.tb", 1).await;
     assert_eq!(dlq[0]["content"]["attempts"], 4);
     assert!(
         dlq[0]["content"]["reason"]
@@ -157,7 +143,7 @@ async fn misbehaving_guest(action: &str, want_reason: &str) {
     let broker = Broker::start(tmp.path()).await;
     broker.produce("bad", json!({"do": action})).await;
     broker.produce("bad", json!({"after": true})).await;
-    let dlq = pull_until(&broker, "__dlq.tb", 1).await;
+    let dlq = broker.pull_until("__dlq.tb", 1).await;
     let reason = dlq[0]["content"]["reason"].as_str().unwrap().to_owned();
     assert!(reason.contains(want_reason), "{action}: reason {reason:?}");
     http.wait_for(2, WAIT).await;

@@ -143,7 +143,7 @@ impl HttpTarget {
             .await
         {
             Ok(r) => r,
-            Err(e) => return Outcome::Failed(describe(&e)),
+            Err(e) => return Outcome::Failed(mmmq_client::error_chain(&e)),
         };
         let status = response.status();
         if status != reqwest::StatusCode::OK {
@@ -161,21 +161,9 @@ impl HttpTarget {
                     String::from_utf8_lossy(&body[..body.len().min(200)])
                 )),
             },
-            Err(e) => Outcome::Failed(describe(&e)),
+            Err(e) => Outcome::Failed(mmmq_client::error_chain(&e)),
         }
     }
-}
-
-/// reqwest's Display hides the cause ("error sending request"); the chain says what happened.
-fn describe(e: &reqwest::Error) -> String {
-    let mut s = e.to_string();
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cause = c.source();
-    }
-    s
 }
 
 impl Target for HttpTarget {
