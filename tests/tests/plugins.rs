@@ -426,3 +426,35 @@ async fn plugin_new_scaffolds_a_crate_that_builds_and_checks() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_log_flood_is_rate_limited_and_the_message_still_handled() {
+    let tmp = tempfile::tempdir().unwrap();
+    deploy_plugin(tmp.path(), &plugin_wasm("testbed", None), "testbed.wasm");
+    write_dispatchers(
+        tmp.path(),
+        &json!([plugin_dispatcher("tb", "f", "testbed.wasm", json!({}))]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    broker.produce("f", json!({"do": "flood"})).await;
+    broker.produce("f", json!({"after": 1})).await;
+    // The next message's own log line may itself be dropped: the budget is spent. Status tells.
+    let deadline = Instant::now() + WAIT;
+    while dispatcher_status(&broker, "tb").await["delivered"] != 2 {
+        assert!(Instant::now() < deadline, "both messages handled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = broker.log.lock().clone();
+    let kept = log
+        .lines()
+        .filter(|l| l.contains("flood line") && l.contains("consumer_id=\"tb\""))
+        .count();
+    assert!(
+        kept > 100 && kept < 10_000,
+        "{kept} of 10,000 flood lines reached the log"
+    );
+    assert!(
+        log.contains("plugin logged too fast; lines were dropped"),
+        "the drop is reported"
+    );
+}
