@@ -26,19 +26,28 @@ pub enum CliError {
     Io(#[from] std::io::Error),
 }
 
+/// Where the broker is and how to prove who we are.
+#[derive(Debug, Clone)]
+pub struct Conn {
+    /// The broker's URL.
+    pub url: String,
+    /// Bearer token, if the broker wants one.
+    pub token: Option<String>,
+}
+
 /// Lines sent per batch request when producing from stdin.
 const STDIN_BATCH: usize = 100;
 
 /// `mmmq produce`: one message from `json`, or one per line of stdin. Prints one receipt per
 /// message as a JSON line.
 pub async fn produce(
-    broker: &str,
+    broker: &Conn,
     topic: &str,
     key: Option<&str>,
     json: Option<&str>,
     out: &mut dyn Write,
 ) -> Result<u64, CliError> {
-    let producer = Producer::new(broker)?;
+    let producer = Producer::new(&broker.url)?.auth_token(broker.token.clone());
     if let Some(json) = json {
         serde_json::from_str::<&RawValue>(json)
             .map_err(|error| CliError::BadLine { line: 1, error })?;
@@ -107,7 +116,7 @@ pub async fn produce(
 /// `mmmq tail`: prints the topic's messages from `from` as JSON lines; with `follow`, waits for
 /// more forever.
 pub async fn tail(
-    broker: &str,
+    broker: &Conn,
     topic: &str,
     from: u64,
     follow: bool,
@@ -118,7 +127,8 @@ pub async fn tail(
     } else {
         Duration::ZERO
     };
-    let mut pull = PullConsumer::new(broker, topic)?
+    let mut pull = PullConsumer::new(&broker.url, topic)?
+        .auth_token(broker.token.clone())
         .from_offset(from)
         .max(1000)
         .wait(wait);
@@ -165,8 +175,11 @@ pub fn table(headers: &[&str], rows: &[Vec<String>], out: &mut dyn Write) -> std
 }
 
 /// `mmmq topics`.
-pub async fn topics(broker: &str, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
-    let topics = Admin::new(broker)?.topics().await?;
+pub async fn topics(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
+    let topics = Admin::new(&broker.url)?
+        .auth_token(broker.token.clone())
+        .topics()
+        .await?;
     if json {
         writeln!(out, "{}", serde_json::to_string(&topics).expect("encodes"))?;
         return Ok(());
@@ -187,8 +200,11 @@ pub async fn topics(broker: &str, json: bool, out: &mut dyn Write) -> Result<(),
 }
 
 /// `mmmq dispatchers`.
-pub async fn dispatchers(broker: &str, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
-    let all = Admin::new(broker)?.dispatchers().await?;
+pub async fn dispatchers(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
+    let all = Admin::new(&broker.url)?
+        .auth_token(broker.token.clone())
+        .dispatchers()
+        .await?;
     if json {
         writeln!(out, "{}", serde_json::to_string(&all).expect("encodes"))?;
         return Ok(());

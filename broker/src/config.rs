@@ -22,6 +22,8 @@ pub struct ServeConfig {
     pub log: LogConfig,
     /// Largest accepted message body (a batch may carry up to [`BATCH_BODY_FACTOR`] of them).
     pub max_body_bytes: usize,
+    /// When set, every endpoint but `/healthz` needs `Authorization: Bearer <token>`.
+    pub auth_token: Option<String>,
 }
 
 /// A batch request may be this many times the single-message body limit.
@@ -34,6 +36,7 @@ impl ServeConfig {
             root_dir: root_dir.into(),
             log: LogConfig::default(),
             max_body_bytes: 1024 * 1024,
+            auth_token: None,
         }
     }
 
@@ -110,6 +113,8 @@ pub struct HostSpec {
     pub port: u16,
     /// Per-request timeout.
     pub timeout: Duration,
+    /// Sent as `Authorization: Bearer <token>` to the consumer, when set.
+    pub auth_token: Option<String>,
 }
 
 impl HostSpec {
@@ -169,6 +174,7 @@ struct RawHost {
     address: String,
     port: u16,
     timeout_ms: Option<u64>,
+    auth_token: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -286,6 +292,7 @@ fn parse_entry(value: serde_json::Value, root_dir: &Path) -> Result<DispatcherSp
                 address: h.address,
                 port: h.port,
                 timeout: positive_ms(h.timeout_ms, DEFAULT_HOST_TIMEOUT_MS, "host.timeoutMs")?,
+                auth_token: h.auth_token,
             })
         }
         (None, Some(p)) => {

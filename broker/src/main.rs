@@ -92,6 +92,18 @@ struct BrokerArg {
     /// The broker's URL.
     #[arg(long = "broker", env = "MMMQ_BROKER", default_value = mmmq_client::DEFAULT_BROKER)]
     url: String,
+    /// Bearer token, when the broker requires one.
+    #[arg(long, env = "MMMQ_AUTH_TOKEN", hide_env_values = true)]
+    auth_token: Option<String>,
+}
+
+impl BrokerArg {
+    fn conn(&self) -> mmmq::cli::Conn {
+        mmmq::cli::Conn {
+            url: self.url.clone(),
+            token: self.auth_token.clone(),
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -132,6 +144,9 @@ struct ServeArgs {
     /// none (no fsync: survives a crash of mmmq, not of the machine).
     #[arg(long, env = "MMMQ_FLUSH", default_value = "group")]
     flush: FlushMode,
+    /// Require `Authorization: Bearer <token>` on every endpoint but /healthz.
+    #[arg(long, env = "MMMQ_AUTH_TOKEN", hide_env_values = true)]
+    auth_token: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -278,7 +293,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let rt = tokio::runtime::Runtime::new()?;
             let mut out = std::io::stdout();
             rt.block_on(mmmq::cli::produce(
-                &broker.url,
+                &broker.conn(),
                 &topic,
                 key.as_deref(),
                 json.as_deref(),
@@ -294,7 +309,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => {
             let rt = tokio::runtime::Runtime::new()?;
             let mut out = std::io::stdout();
-            match rt.block_on(mmmq::cli::tail(&broker.url, &topic, from, follow, &mut out)) {
+            match rt.block_on(mmmq::cli::tail(
+                &broker.conn(),
+                &topic,
+                from,
+                follow,
+                &mut out,
+            )) {
                 Err(mmmq::cli::CliError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
                 other => other?,
             }
@@ -302,13 +323,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Topics { json, broker } => {
             let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(mmmq::cli::topics(&broker.url, json, &mut std::io::stdout()))?;
+            rt.block_on(mmmq::cli::topics(
+                &broker.conn(),
+                json,
+                &mut std::io::stdout(),
+            ))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Dispatchers { json, broker } => {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(mmmq::cli::dispatchers(
-                &broker.url,
+                &broker.conn(),
                 json,
                 &mut std::io::stdout(),
             ))?;
@@ -415,6 +440,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut config = mmmq::config::ServeConfig::new(&args.root_dir).with_flush(args.flush);
     config.log.segment_max_bytes = args.segment_max_bytes;
     config.max_body_bytes = args.max_body_bytes;
+    config.auth_token = args.auth_token.filter(|t| !t.is_empty());
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

@@ -31,7 +31,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let stopping = CancellationToken::new();
-    let state = AppState::new(config.max_body_bytes, stopping.clone());
+    let state = AppState::new(config.max_body_bytes, stopping.clone())
+        .with_auth_token(config.auth_token.clone());
     let app = router(state.clone());
     let server = tokio::spawn({
         let stop = stopping.clone();

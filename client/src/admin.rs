@@ -46,9 +46,16 @@ pub struct DispatcherInfo {
 pub struct Admin {
     http: reqwest::Client,
     base: String,
+    token: Option<String>,
 }
 
 impl Admin {
+    /// Sends `Authorization: Bearer <token>` (for a broker started with `--auth-token`).
+    pub fn auth_token(mut self, token: Option<String>) -> Self {
+        self.token = token.filter(|t| !t.is_empty());
+        self
+    }
+
     /// For the broker at `broker`.
     pub fn new(broker: &str) -> Result<Self, ClientError> {
         let http = reqwest::Client::builder()
@@ -58,24 +65,29 @@ impl Admin {
         Ok(Self {
             http,
             base: broker.trim_end_matches('/').to_owned(),
+            token: None,
         })
     }
 
     async fn get<T: for<'de> Deserialize<'de>>(&self, path: &str) -> Result<T, ClientError> {
-        let r = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await
-            .map_err(|e| ClientError::Unavailable {
-                attempts: 1,
-                message: describe(&e),
-            })?;
+        let mut request = self.http.get(format!("{}{path}", self.base));
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let r = request.send().await.map_err(|e| ClientError::Unavailable {
+            attempts: 1,
+            message: describe(&e),
+        })?;
         let status = r.status().as_u16();
         let bytes = r
             .bytes()
             .await
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        if status == 401 {
+            return Err(ClientError::Unauthorized(
+                String::from_utf8_lossy(&bytes).into_owned(),
+            ));
+        }
         if status != 200 {
             return Err(ClientError::Rejected {
                 status,

@@ -28,6 +28,9 @@ pub enum ClientError {
         /// The last connection error.
         message: String,
     },
+    /// The broker requires a bearer token and this one is missing or wrong.
+    #[error("broker refused the token (401): {0}")]
+    Unauthorized(String),
     /// The topic does not exist (pull).
     #[error("no topic {0:?}")]
     NoSuchTopic(String),

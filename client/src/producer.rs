@@ -61,10 +61,17 @@ struct BatchAck {
 pub struct Producer {
     http: reqwest::Client,
     base: String,
+    token: Option<String>,
     retries: u32,
 }
 
 impl Producer {
+    /// Sends `Authorization: Bearer <token>` (for a broker started with `--auth-token`).
+    pub fn auth_token(mut self, token: Option<String>) -> Self {
+        self.token = token.filter(|t| !t.is_empty());
+        self
+    }
+
     /// A producer for the broker at `broker` (e.g. `http://127.0.0.1:8080`), with 3 retries and a
     /// 30 s request timeout.
     pub fn new(broker: &str) -> Result<Self, ClientError> {
@@ -81,6 +88,7 @@ impl Producer {
         Ok(Self {
             http,
             base: broker.trim_end_matches('/').to_owned(),
+            token: None,
             retries: 3,
         })
     }
@@ -147,13 +155,15 @@ impl Producer {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let result = self
+            let mut request = self
                 .http
                 .post(&url)
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body.clone())
-                .send()
-                .await;
+                .body(body.clone());
+            if let Some(token) = &self.token {
+                request = request.bearer_auth(token);
+            }
+            let result = request.send().await;
             let retry = match result {
                 Ok(r) => {
                     let status = r.status().as_u16();
@@ -168,6 +178,9 @@ impl Producer {
                     let message = serde_json::from_slice::<ErrorBody>(&bytes)
                         .map(|b| b.error)
                         .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+                    if status == 401 {
+                        return Err(ClientError::Unauthorized(message));
+                    }
                     if status == 503 {
                         ClientError::Nacked {
                             attempts: attempt,

@@ -21,6 +21,7 @@ struct PullAnswer {
 pub struct PullConsumer {
     http: reqwest::Client,
     base: String,
+    token: Option<String>,
     topic: String,
     next: u64,
     max: usize,
@@ -28,6 +29,12 @@ pub struct PullConsumer {
 }
 
 impl PullConsumer {
+    /// Sends `Authorization: Bearer <token>` (for a broker started with `--auth-token`).
+    pub fn auth_token(mut self, token: Option<String>) -> Self {
+        self.token = token.filter(|t| !t.is_empty());
+        self
+    }
+
     /// Reads `topic` from offset 0, 100 messages per request, waiting up to 30 s for new ones.
     pub fn new(broker: &str, topic: &str) -> Result<Self, ClientError> {
         let http = reqwest::Client::builder()
@@ -37,6 +44,7 @@ impl PullConsumer {
         Ok(Self {
             http,
             base: broker.trim_end_matches('/').to_owned(),
+            token: None,
             topic: topic.to_owned(),
             next: 0,
             max: 100,
@@ -101,6 +109,9 @@ impl PullConsumer {
                 Ok(answer.messages)
             }
             404 => Err(ClientError::NoSuchTopic(self.topic.clone())),
+            401 => Err(ClientError::Unauthorized(
+                String::from_utf8_lossy(&bytes).into_owned(),
+            )),
             503 => Err(ClientError::Unavailable {
                 attempts: 1,
                 message: String::from_utf8_lossy(&bytes).into_owned(),

@@ -291,6 +291,8 @@ pub struct Consumer {
     /// Its port.
     pub port: u16,
     received: Arc<Mutex<Vec<Value>>>,
+    /// The `Authorization` header of every request, in order.
+    pub authorization: Arc<Mutex<Vec<Option<String>>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -307,33 +309,44 @@ impl Consumer {
             .unwrap();
         let port = listener.local_addr().unwrap().port();
         let received = Arc::new(Mutex::new(Vec::new()));
+        let authorization: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
         let rec = received.clone();
+        let auth = authorization.clone();
         let app = axum::Router::new().route(
             "/mmmq/messages",
-            axum::routing::post(move |body: axum::body::Bytes| {
-                let rec = rec.clone();
-                let policy = policy.clone();
-                async move {
-                    let v: Value = serde_json::from_slice(&body).expect("broker sent JSON");
-                    let items = match &v {
-                        Value::Array(a) => a.clone(),
-                        one => vec![one.clone()],
-                    };
-                    let mut answer = Answer::Ack;
-                    for item in &items {
-                        let a = policy(item);
-                        if a != Answer::Ack {
-                            answer = a;
+            axum::routing::post(
+                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                    let rec = rec.clone();
+                    let auth = auth.clone();
+                    let policy = policy.clone();
+                    async move {
+                        auth.lock().push(
+                            headers
+                                .get("authorization")
+                                .and_then(|v| v.to_str().ok())
+                                .map(str::to_owned),
+                        );
+                        let v: Value = serde_json::from_slice(&body).expect("broker sent JSON");
+                        let items = match &v {
+                            Value::Array(a) => a.clone(),
+                            one => vec![one.clone()],
+                        };
+                        let mut answer = Answer::Ack;
+                        for item in &items {
+                            let a = policy(item);
+                            if a != Answer::Ack {
+                                answer = a;
+                            }
+                        }
+                        rec.lock().push(v);
+                        match answer {
+                            Answer::Ack => (axum::http::StatusCode::OK, r#"{"ack":"ACK"}"#),
+                            Answer::Nack => (axum::http::StatusCode::OK, r#"{"ack":"NACK"}"#),
+                            Answer::Error => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "{}"),
                         }
                     }
-                    rec.lock().push(v);
-                    match answer {
-                        Answer::Ack => (axum::http::StatusCode::OK, r#"{"ack":"ACK"}"#),
-                        Answer::Nack => (axum::http::StatusCode::OK, r#"{"ack":"NACK"}"#),
-                        Answer::Error => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "{}"),
-                    }
-                }
-            }),
+                },
+            ),
         );
         let task = tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();
@@ -341,6 +354,7 @@ impl Consumer {
         Self {
             port,
             received,
+            authorization,
             task,
         }
     }

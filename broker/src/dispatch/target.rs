@@ -112,6 +112,7 @@ pub trait Target: Send + Sync {
 pub struct HttpTarget {
     client: reqwest::Client,
     url: String,
+    auth_token: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -130,18 +131,20 @@ impl HttpTarget {
         Ok(Self {
             client,
             url: spec.url(),
+            auth_token: spec.auth_token.clone(),
         })
     }
 
     async fn post(&self, body: Bytes) -> Outcome {
-        let response = match self
+        let mut request = self
             .client
             .post(&self.url)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body)
-            .send()
-            .await
-        {
+            .body(body);
+        if let Some(token) = &self.auth_token {
+            request = request.bearer_auth(token);
+        }
+        let response = match request.send().await {
             Ok(r) => r,
             Err(e) => return Outcome::Failed(mmmq_client::error_chain(&e)),
         };

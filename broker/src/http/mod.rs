@@ -34,6 +34,7 @@ pub struct AppState {
     max_body_bytes: usize,
     /// Cancelled at shutdown, so long polls answer at once instead of holding the exit.
     stopping: CancellationToken,
+    auth_token: Option<Arc<str>>,
 }
 
 impl AppState {
@@ -43,7 +44,14 @@ impl AppState {
             broker: Arc::new(OnceCell::new()),
             max_body_bytes,
             stopping,
+            auth_token: None,
         }
+    }
+
+    /// Requires `Authorization: Bearer <token>` on every endpoint but `/healthz`.
+    pub fn with_auth_token(mut self, token: Option<String>) -> Self {
+        self.auth_token = token.map(Into::into);
+        self
     }
 
     /// Boot recovery is done: start answering.
@@ -58,18 +66,45 @@ impl AppState {
 
 /// Every route of contract §2.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let api = Router::new()
         .route("/mmmq/messages", post(produce::produce))
         .route("/mmmq/messages/batch", post(produce::produce_batch))
         .route("/mmmq/topics", get(consume::topics))
         .route("/mmmq/topics/{topic}/messages", get(consume::pull))
         .route("/mmmq/dispatchers", get(admin::dispatchers))
         .route("/mmmq/admin/reload", post(admin::reload))
-        .route("/healthz", get(admin::healthz))
         .route("/metrics", get(admin::metrics))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_token,
+        ));
+    Router::new()
+        .merge(api)
+        .route("/healthz", get(admin::healthz))
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state)
+}
+
+/// Checks the bearer token when one is configured, in constant time.
+async fn require_token(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(token) = &state.auth_token {
+        use subtle::ConstantTimeEq;
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
+            return ApiError::Unauthorized.into_response();
+        }
+    }
+    next.run(request).await
 }
 
 /// An error answer.
@@ -87,6 +122,9 @@ pub enum ApiError {
     /// No such thing.
     #[error("{0}")]
     NotFound(String),
+    /// A token is required and was missing or wrong.
+    #[error("missing or wrong bearer token (Authorization: Bearer <token>)")]
+    Unauthorized,
     /// Wrong method on a known path.
     #[error("method not allowed on this path")]
     MethodNotAllowed,
@@ -119,6 +157,7 @@ impl IntoResponse for ApiError {
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Starting | Self::NotDurable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -131,7 +170,14 @@ impl IntoResponse for ApiError {
         if status.is_server_error() && !matches!(self, Self::Starting) {
             tracing::warn!(%status, error = %self, "request failed");
         }
-        (status, axum::Json(body)).into_response()
+        let mut response = (status, axum::Json(body)).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
     }
 }
 
