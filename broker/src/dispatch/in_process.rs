@@ -13,9 +13,6 @@ use super::target::{BoxFuture, Delivery, Outcome, Target, TargetStatus};
 /// A handler: `Ok` is an ACK, `Err(reason)` a NACK.
 pub type Handler = Arc<dyn Fn(Envelope) -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
 
-/// Messages handed over per call of the worker (they run one after another, in order).
-const RUN_LEN: usize = 64;
-
 /// The target of an in-process handler.
 pub struct InProcessTarget {
     handler: Handler,
@@ -41,24 +38,8 @@ impl InProcessTarget {
 }
 
 impl Target for InProcessTarget {
-    fn deliver<'a>(&'a self, batch: &'a [Delivery]) -> BoxFuture<'a, Outcome> {
-        Box::pin(async move {
-            for d in batch {
-                match self.call(d).await {
-                    Outcome::Ack => {}
-                    other => return other,
-                }
-            }
-            Outcome::Ack
-        })
-    }
-
     fn status(&self) -> TargetStatus {
         TargetStatus::InProcess
-    }
-
-    fn run_len(&self, configured: usize) -> usize {
-        configured.max(RUN_LEN)
     }
 
     fn answers_per_message(&self) -> bool {

@@ -15,23 +15,18 @@ use crate::config::HostSpec;
 /// A boxed future, so that targets can be trait objects.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// One message on its way out: the envelope, and its JSON encoded once.
+/// One message on its way out. Targets encode it as they need (only the HTTP target needs JSON,
+/// so plugins and in-process handlers never pay for an encoding).
 #[derive(Debug, Clone)]
 pub struct Delivery {
     /// The message.
     pub envelope: Envelope,
-    /// `serde_json::to_vec(&envelope)`.
-    pub json: Bytes,
 }
 
 impl Delivery {
     /// Wraps an envelope.
     pub fn new(envelope: Envelope) -> Self {
-        let json = serde_json::to_vec(&envelope).expect("an envelope always encodes");
-        Self {
-            envelope,
-            json: json.into(),
-        }
+        Self { envelope }
     }
 }
 
@@ -72,32 +67,27 @@ pub enum TargetStatus {
 
 /// A way to deliver.
 pub trait Target: Send + Sync {
-    /// Delivers `batch` (one message unless the dispatcher batches) and reports the answer.
-    fn deliver<'a>(&'a self, batch: &'a [Delivery]) -> BoxFuture<'a, Outcome>;
-    /// For status.
-    fn status(&self) -> TargetStatus;
-    /// How many consecutive messages the worker hands over at once, given the dispatcher's
-    /// `batchMaxMessages`. Targets that answer per message (plugins) take long runs, which
-    /// amortises the hop to a blocking thread.
-    fn run_len(&self, configured: usize) -> usize {
-        configured
-    }
-    /// Whether a NACK from [`Target::deliver_prefix`] is the answer of that one message (true), or
-    /// of the whole batch (false: the worker then delivers the batch one message at a time).
-    fn answers_per_message(&self) -> bool {
-        false
-    }
-    /// Delivers `batch` in order, stopping at the first message not acknowledged: how many were
-    /// ACKed, and the outcome of the next one if not all were. By default the batch is one request,
-    /// all or nothing.
+    /// Delivers `batch` in order and reports how many messages were ACKed and, if not all were,
+    /// the outcome of the next one. A target that takes the batch as one request (HTTP) answers all
+    /// or nothing; one that answers per message stops at the first message not ACKed.
     fn deliver_prefix<'a>(
         &'a self,
         batch: &'a [Delivery],
-    ) -> BoxFuture<'a, (usize, Option<Outcome>)> {
+    ) -> BoxFuture<'a, (usize, Option<Outcome>)>;
+    /// For status.
+    fn status(&self) -> TargetStatus;
+    /// Whether a NACK from [`Target::deliver_prefix`] is the answer of that one message (true), or
+    /// of the whole batch (false: the worker then delivers the batch one message at a time).
+    /// Targets that answer per message also get long runs, whatever `batchMaxMessages` says.
+    fn answers_per_message(&self) -> bool {
+        false
+    }
+    /// Delivers `batch` and reports the first answer that is not an ACK (or ACK).
+    fn deliver<'a>(&'a self, batch: &'a [Delivery]) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
-            match self.deliver(batch).await {
-                Outcome::Ack => (batch.len(), None),
-                other => (0, Some(other)),
+            match self.deliver_prefix(batch).await {
+                (_, Some(outcome)) => outcome,
+                (_, None) => Outcome::Ack,
             }
         })
     }
@@ -170,24 +160,21 @@ impl HttpTarget {
 }
 
 impl Target for HttpTarget {
-    fn deliver<'a>(&'a self, batch: &'a [Delivery]) -> BoxFuture<'a, Outcome> {
+    fn deliver_prefix<'a>(
+        &'a self,
+        batch: &'a [Delivery],
+    ) -> BoxFuture<'a, (usize, Option<Outcome>)> {
         let body = match batch {
-            [one] => one.json.clone(),
-            many => {
-                let mut b =
-                    Vec::with_capacity(many.iter().map(|d| d.json.len() + 1).sum::<usize>() + 1);
-                b.push(b'[');
-                for (i, d) in many.iter().enumerate() {
-                    if i > 0 {
-                        b.push(b',');
-                    }
-                    b.extend_from_slice(&d.json);
-                }
-                b.push(b']');
-                Bytes::from(b)
+            [one] => serde_json::to_vec(&one.envelope),
+            many => serde_json::to_vec(&many.iter().map(|d| &d.envelope).collect::<Vec<_>>()),
+        }
+        .expect("envelopes always encode");
+        Box::pin(async move {
+            match self.post(Bytes::from(body)).await {
+                Outcome::Ack => (batch.len(), None),
+                other => (0, Some(other)),
             }
-        };
-        Box::pin(self.post(body))
+        })
     }
 
     fn status(&self) -> TargetStatus {

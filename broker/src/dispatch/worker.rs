@@ -29,6 +29,10 @@ use crate::storage::Entry;
 use crate::topics::{Registry, TopicLog};
 
 const READ_BATCH: usize = 256;
+/// Messages handed at once to a target that answers per message (plugins, in-process handlers):
+/// for a plugin this amortises the hop to a blocking thread (two wake-ups, tens of microseconds)
+/// over sub-microsecond calls, while a reload still takes effect at the next run.
+const PER_MESSAGE_RUN: usize = 64;
 const READ_BYTES: usize = 4 << 20;
 const BACKOFF_START: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
@@ -93,7 +97,11 @@ impl Worker {
         self.stats.next_offset.store(next, Ordering::Relaxed);
         let saver = CheckpointSaver::spawn(self.topic.clone(), self.spec.clone(), next);
         let mut committed = self.topic.log.subscribe();
-        let run_len = self.target.run_len(self.spec.batch_max_messages).max(1);
+        let run_len = if self.target.answers_per_message() {
+            self.spec.batch_max_messages.max(PER_MESSAGE_RUN)
+        } else {
+            self.spec.batch_max_messages.max(1)
+        };
         'outer: loop {
             tokio::select! {
                 biased;

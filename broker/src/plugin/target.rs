@@ -23,10 +23,6 @@ use super::runtime::{
 use crate::config::PluginSpec;
 use crate::dispatch::{BoxFuture, Delivery, Outcome, Target, TargetStatus};
 
-/// Messages handed to one blocking call: amortises the hop off the async executor (a few
-/// microseconds) over many sub-microsecond calls, while a reload still takes effect within a run.
-const RUN_LEN: usize = 64;
-
 /// How long a file must be quiet before it is reloaded (editors write in several steps).
 const DEBOUNCE: Duration = Duration::from_millis(150);
 
@@ -237,19 +233,6 @@ impl Shared {
 }
 
 impl Target for PluginTarget {
-    fn deliver<'a>(&'a self, batch: &'a [Delivery]) -> BoxFuture<'a, Outcome> {
-        Box::pin(async move {
-            match self.shared.call_run(batch).await {
-                (_, Some(outcome)) => outcome,
-                (_, None) => Outcome::Ack,
-            }
-        })
-    }
-
-    fn run_len(&self, configured: usize) -> usize {
-        configured.max(RUN_LEN)
-    }
-
     fn answers_per_message(&self) -> bool {
         true
     }
