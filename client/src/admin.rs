@@ -2,8 +2,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::conn::{Conn, decode, status_error};
 use crate::error::ClientError;
-use crate::producer::describe;
 
 /// A topic as `GET /mmmq/topics` lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,57 +44,28 @@ pub struct DispatcherInfo {
 /// Read-only views of a broker.
 #[derive(Debug, Clone)]
 pub struct Admin {
-    http: reqwest::Client,
-    base: String,
-    token: Option<String>,
+    conn: Conn,
 }
 
 impl Admin {
     /// Sends `Authorization: Bearer <token>` (for a broker started with `--auth-token`).
     pub fn auth_token(mut self, token: Option<String>) -> Self {
-        self.token = token.filter(|t| !t.is_empty());
+        self.conn.set_token(token);
         self
     }
 
     /// For the broker at `broker`.
     pub fn new(broker: &str) -> Result<Self, ClientError> {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()
-            .map_err(|e| ClientError::Setup(e.to_string()))?;
         Ok(Self {
-            http,
-            base: broker.trim_end_matches('/').to_owned(),
-            token: None,
+            conn: Conn::new(broker, Duration::from_secs(30))?,
         })
     }
 
     async fn get<T: for<'de> Deserialize<'de>>(&self, path: &str) -> Result<T, ClientError> {
-        let mut request = self.http.get(format!("{}{path}", self.base));
-        if let Some(token) = &self.token {
-            request = request.bearer_auth(token);
+        match self.conn.send(reqwest::Method::GET, path, None).await? {
+            (200, bytes) => decode(&bytes),
+            (status, bytes) => Err(status_error(status, &bytes)),
         }
-        let r = request.send().await.map_err(|e| ClientError::Unavailable {
-            attempts: 1,
-            message: describe(&e),
-        })?;
-        let status = r.status().as_u16();
-        let bytes = r
-            .bytes()
-            .await
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        if status == 401 {
-            return Err(ClientError::Unauthorized(
-                String::from_utf8_lossy(&bytes).into_owned(),
-            ));
-        }
-        if status != 200 {
-            return Err(ClientError::Rejected {
-                status,
-                message: String::from_utf8_lossy(&bytes).into_owned(),
-            });
-        }
-        serde_json::from_slice(&bytes).map_err(|e| ClientError::Protocol(e.to_string()))
     }
 
     /// Every topic.

@@ -23,6 +23,7 @@
 #![deny(missing_docs)]
 
 mod admin;
+mod conn;
 mod consumer;
 mod error;
 mod producer;

@@ -2,6 +2,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::conn::{Conn, decode, error_text, status_error};
 use crate::error::{ClientError, backoff};
 
 /// Where a message was stored.
@@ -43,11 +44,6 @@ impl<T> Record<T> {
 }
 
 #[derive(Deserialize)]
-struct ErrorBody {
-    error: String,
-}
-
-#[derive(Deserialize)]
 struct BatchAck {
     results: Vec<Receipt>,
 }
@@ -59,16 +55,14 @@ struct BatchAck {
 /// retry after a timeout can store a message twice: the first attempt may have succeeded.
 #[derive(Debug, Clone)]
 pub struct Producer {
-    http: reqwest::Client,
-    base: String,
-    token: Option<String>,
+    conn: Conn,
     retries: u32,
 }
 
 impl Producer {
     /// Sends `Authorization: Bearer <token>` (for a broker started with `--auth-token`).
     pub fn auth_token(mut self, token: Option<String>) -> Self {
-        self.token = token.filter(|t| !t.is_empty());
+        self.conn.set_token(token);
         self
     }
 
@@ -80,15 +74,8 @@ impl Producer {
 
     /// As [`Producer::new`] with a request timeout.
     pub fn with_timeout(broker: &str, timeout: Duration) -> Result<Self, ClientError> {
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(5)))
-            .build()
-            .map_err(|e| ClientError::Setup(e.to_string()))?;
         Ok(Self {
-            http,
-            base: broker.trim_end_matches('/').to_owned(),
-            token: None,
+            conn: Conn::new(broker, timeout)?,
             retries: 3,
         })
     }
@@ -151,49 +138,25 @@ impl Producer {
         path: &str,
         body: Vec<u8>,
     ) -> Result<R, ClientError> {
-        let url = format!("{}{path}", self.base);
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let mut request = self
-                .http
-                .post(&url)
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body.clone());
-            if let Some(token) = &self.token {
-                request = request.bearer_auth(token);
-            }
-            let result = request.send().await;
-            let retry = match result {
-                Ok(r) => {
-                    let status = r.status().as_u16();
-                    let bytes = r
-                        .bytes()
-                        .await
-                        .map_err(|e| ClientError::Protocol(e.to_string()))?;
-                    if status == 200 {
-                        return serde_json::from_slice(&bytes)
-                            .map_err(|e| ClientError::Protocol(e.to_string()));
-                    }
-                    let message = serde_json::from_slice::<ErrorBody>(&bytes)
-                        .map(|b| b.error)
-                        .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-                    if status == 401 {
-                        return Err(ClientError::Unauthorized(message));
-                    }
-                    if status == 503 {
-                        ClientError::Nacked {
-                            attempts: attempt,
-                            message,
-                        }
-                    } else {
-                        return Err(ClientError::Rejected { status, message });
-                    }
-                }
-                Err(e) => ClientError::Unavailable {
+            let retry = match self
+                .conn
+                .send(reqwest::Method::POST, path, Some(body.clone()))
+                .await
+            {
+                Ok((200, bytes)) => return decode(&bytes),
+                Ok((503, bytes)) => ClientError::Nacked {
                     attempts: attempt,
-                    message: describe(&e),
+                    message: error_text(&bytes),
                 },
+                Ok((status, bytes)) => return Err(status_error(status, &bytes)),
+                Err(ClientError::Unavailable { message, .. }) => ClientError::Unavailable {
+                    attempts: attempt,
+                    message,
+                },
+                Err(other) => return Err(other),
             };
             if attempt > self.retries {
                 return Err(retry);
@@ -202,8 +165,4 @@ impl Producer {
             tokio::time::sleep(backoff(attempt)).await;
         }
     }
-}
-
-pub(crate) fn describe(e: &reqwest::Error) -> String {
-    crate::error::error_chain(e)
 }

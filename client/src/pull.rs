@@ -4,8 +4,8 @@ use futures_util::Stream;
 use mmmq_core::Envelope;
 use serde::Deserialize;
 
+use crate::conn::{Conn, decode, error_text, status_error};
 use crate::error::{ClientError, backoff};
-use crate::producer::describe;
 
 #[derive(Deserialize)]
 struct PullAnswer {
@@ -19,9 +19,7 @@ struct PullAnswer {
 /// out by the broker, so offsets may skip.
 #[derive(Debug, Clone)]
 pub struct PullConsumer {
-    http: reqwest::Client,
-    base: String,
-    token: Option<String>,
+    conn: Conn,
     topic: String,
     next: u64,
     max: usize,
@@ -31,20 +29,15 @@ pub struct PullConsumer {
 impl PullConsumer {
     /// Sends `Authorization: Bearer <token>` (for a broker started with `--auth-token`).
     pub fn auth_token(mut self, token: Option<String>) -> Self {
-        self.token = token.filter(|t| !t.is_empty());
+        self.conn.set_token(token);
         self
     }
 
     /// Reads `topic` from offset 0, 100 messages per request, waiting up to 30 s for new ones.
     pub fn new(broker: &str, topic: &str) -> Result<Self, ClientError> {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .map_err(|e| ClientError::Setup(e.to_string()))?;
         Ok(Self {
-            http,
-            base: broker.trim_end_matches('/').to_owned(),
-            token: None,
+            // Longer than the longest long poll.
+            conn: Conn::new(broker, Duration::from_secs(60))?,
             topic: topic.to_owned(),
             next: 0,
             max: 100,
@@ -79,47 +72,25 @@ impl PullConsumer {
     /// One request: the messages from the current position (empty when the wait ran out), and the
     /// position moves past them.
     pub async fn poll(&mut self) -> Result<Vec<Envelope>, ClientError> {
-        let url = format!(
-            "{}/mmmq/topics/{}/messages?from={}&max={}&waitMs={}",
-            self.base,
+        let path = format!(
+            "/mmmq/topics/{}/messages?from={}&max={}&waitMs={}",
             self.topic,
             self.next,
             self.max,
             self.wait.as_millis()
         );
-        let r = self
-            .http
-            .get(&url)
-            .send()
-            .await
-            .map_err(|e| ClientError::Unavailable {
-                attempts: 1,
-                message: describe(&e),
-            })?;
-        let status = r.status().as_u16();
-        let bytes = r
-            .bytes()
-            .await
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        match status {
-            200 => {
-                let answer: PullAnswer = serde_json::from_slice(&bytes)
-                    .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        match self.conn.send(reqwest::Method::GET, &path, None).await? {
+            (200, bytes) => {
+                let answer: PullAnswer = decode(&bytes)?;
                 self.next = answer.next;
                 Ok(answer.messages)
             }
-            404 => Err(ClientError::NoSuchTopic(self.topic.clone())),
-            401 => Err(ClientError::Unauthorized(
-                String::from_utf8_lossy(&bytes).into_owned(),
-            )),
-            503 => Err(ClientError::Unavailable {
+            (404, _) => Err(ClientError::NoSuchTopic(self.topic.clone())),
+            (503, bytes) => Err(ClientError::Unavailable {
                 attempts: 1,
-                message: String::from_utf8_lossy(&bytes).into_owned(),
+                message: error_text(&bytes),
             }),
-            _ => Err(ClientError::Rejected {
-                status,
-                message: String::from_utf8_lossy(&bytes).into_owned(),
-            }),
+            (status, bytes) => Err(status_error(status, &bytes)),
         }
     }
 
