@@ -103,6 +103,42 @@ async fn eight_producers_four_topics_each_message_once_in_order() {
     assert_eq!(status[0]["delivered"], 8 * PER_CLIENT as u64);
     assert_eq!(status[0]["lag"], 0);
     assert_eq!(status[0]["target"]["type"], "host");
+    // Metrics say the same, in Prometheus text.
+    let r = broker
+        .http
+        .get(format!("{}/metrics", broker.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    let metrics = r.text().await.unwrap();
+    for line in [
+        "mmmq_messages_in_total{topic=\"orders.a\"} 120".to_owned(),
+        format!(
+            "mmmq_messages_delivered_total{{consumer=\"all\",topic=\"orders.a\"}} {}",
+            2 * PER_CLIENT
+        ),
+        "mmmq_dispatcher_lag{consumer=\"all\",topic=\"orders.a\"} 0".to_owned(),
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "missing {line:?} in\n{metrics}"
+        );
+    }
+    for name in [
+        "mmmq_fsync_batches_total",
+        "mmmq_fsync_batch_size_bucket",
+        "mmmq_bytes_in_total",
+        "mmmq_delivery_latency_seconds_bucket",
+    ] {
+        assert!(metrics.contains(name), "missing {name}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

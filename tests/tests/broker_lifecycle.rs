@@ -485,3 +485,94 @@ async fn a_thousand_topics_open_restore_and_deliver() {
         1000
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_takes_its_settings_from_the_environment_and_pull_clamps_its_limits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = mmmq_tests::free_port();
+    let mut child = Command::new(mmmq_bin())
+        .arg("serve")
+        .env("MMMQ_ROOT_DIR", tmp.path())
+        .env("MMMQ_LISTEN", format!("127.0.0.1:{port}"))
+        .env("MMMQ_SEGMENT_MAX_BYTES", "300")
+        .env("MMMQ_MAX_BODY_BYTES", "2000")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + WAIT;
+    while !http
+        .get(format!("{url}/healthz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status() == 200)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no broker on the port from MMMQ_LISTEN"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for i in 0..1100 {
+        let r = http
+            .post(format!("{url}/mmmq/messages"))
+            .json(&json!({"topic": "env", "content": {"i": i, "pad": "p".repeat(100)}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let big = http
+        .post(format!("{url}/mmmq/messages"))
+        .json(&json!({"topic": "env", "content": "x".repeat(3000)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(big.status(), 413, "MMMQ_MAX_BODY_BYTES applies");
+    // The files are under MMMQ_ROOT_DIR, rolled at MMMQ_SEGMENT_MAX_BYTES.
+    let segments = std::fs::read_dir(tmp.path().join("topics/env"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".mmm")
+        })
+        .count();
+    assert!(segments > 100, "{segments} segments");
+    // max is at most 1000 and at least 1; waitMs at most 30 s (an absurd value is not an error).
+    let page: Value = http
+        .get(format!("{url}/mmmq/topics/env/messages?max=5000"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(page["messages"].as_array().unwrap().len(), 1000);
+    assert_eq!(page["next"], 1000);
+    let page: Value = http
+        .get(format!("{url}/mmmq/topics/env/messages?max=0"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(page["messages"].as_array().unwrap().len(), 1);
+    let page: Value = http
+        .get(format!(
+            "{url}/mmmq/topics/env/messages?from=1099&waitMs=99999999"
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(page["next"], 1100);
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    assert!(child.wait().unwrap().success(), "SIGINT exits 0 too");
+}
