@@ -14,18 +14,31 @@ use serde_json::json;
 use crate::storage::{FlushMode, Log, LogConfig, OsFs, StorageError};
 
 /// Parameters of `mmmq bench storage`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct StorageBench {
     /// Where the temporary logs go (must be on the disk being measured, not tmpfs).
+    #[arg(long, default_value = ".")]
     pub dir: PathBuf,
     /// How long each configuration runs.
+    #[arg(long = "seconds", value_parser = parse_seconds, default_value = "3")]
     pub duration: Duration,
     /// Payload size in bytes.
+    #[arg(long, default_value_t = 1024)]
     pub message_bytes: usize,
     /// Concurrent appender counts to try.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
     pub appenders: Vec<usize>,
     /// Flush modes to try.
+    #[arg(long, value_delimiter = ',', default_value = "group,per-append,none")]
     pub modes: Vec<FlushMode>,
+}
+
+/// Seconds (fractions allowed) as a duration, for `--seconds`.
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number of seconds: {e}"))?;
+    Duration::try_from_secs_f64(secs).map_err(|e| e.to_string())
 }
 
 fn mode_name(mode: FlushMode) -> &'static str {
@@ -246,17 +259,22 @@ fn sequential_read(dir: &Path) -> Result<(u64, f64), StorageError> {
 }
 
 /// Parameters of `mmmq bench http`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct HttpBench {
     /// Where the broker's temporary root dir goes.
+    #[arg(long, default_value = ".")]
     pub dir: PathBuf,
     /// How long each configuration runs.
+    #[arg(long = "seconds", value_parser = parse_seconds, default_value = "3")]
     pub duration: Duration,
     /// Content size in bytes (the JSON string's length).
+    #[arg(long, default_value_t = 1024)]
     pub message_bytes: usize,
     /// Producer counts for single-message produce.
+    #[arg(long, value_delimiter = ',', default_value = "1,64")]
     pub producers: Vec<usize>,
     /// Producers of the end-to-end run.
+    #[arg(long, default_value_t = 16)]
     pub e2e_producers: usize,
 }
 
@@ -452,17 +470,22 @@ async fn http_load(
 }
 
 /// Parameters of `mmmq bench plugin`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct PluginBench {
     /// A component that ACKs everything (`tests/plugins/noop`).
+    #[arg(long, default_value = "target/wasm32-wasip2/plugin/noop.wasm")]
     pub wasm: PathBuf,
     /// Where the broker's temporary root dir goes.
+    #[arg(long, default_value = ".")]
     pub dir: PathBuf,
     /// Calls per call-cost measurement.
+    #[arg(long, default_value_t = 100_000)]
     pub calls: usize,
     /// Messages in the backlog each target drains.
+    #[arg(long, default_value_t = 50_000)]
     pub backlog: usize,
     /// Content size in bytes.
+    #[arg(long, default_value_t = 1024)]
     pub message_bytes: usize,
 }
 
@@ -613,17 +636,22 @@ pub async fn plugin(cfg: PluginBench, out: &mut (dyn Write + Send)) -> anyhow::R
 }
 
 /// Parameters of `mmmq bench embedded`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct EmbeddedBench {
     /// Where the broker's temporary root dir goes.
+    #[arg(long, default_value = ".")]
     pub dir: PathBuf,
     /// How long each produce run lasts.
+    #[arg(long = "seconds", value_parser = parse_seconds, default_value = "3")]
     pub duration: Duration,
     /// Content size in bytes.
+    #[arg(long, default_value_t = 1024)]
     pub message_bytes: usize,
     /// Producer counts.
+    #[arg(long, value_delimiter = ',', default_value = "1,64")]
     pub producers: Vec<usize>,
     /// Messages in the backlog the no-op handler drains.
+    #[arg(long, default_value_t = 100_000)]
     pub backlog: usize,
 }
 

@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -153,81 +152,17 @@ struct ServeArgs {
 enum BenchCommand {
     /// The broker embedded in-process: produce without HTTP, a backlog drained by a no-op Rust
     /// handler, and produce-to-handler latency.
-    Embedded {
-        /// Directory for the scratch root (on the disk to measure).
-        #[arg(long, default_value = ".")]
-        dir: PathBuf,
-        /// Seconds per produce run.
-        #[arg(long, default_value_t = 3.0)]
-        seconds: f64,
-        /// Content size in bytes.
-        #[arg(long, default_value_t = 1024)]
-        message_bytes: usize,
-        /// Producer counts, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "1,64")]
-        producers: Vec<usize>,
-        /// Messages in the drained backlog.
-        #[arg(long, default_value_t = 100_000)]
-        backlog: usize,
-    },
-    /// WebAssembly handlers: the cost of one call (reused instance and instance per message) and
-    /// end to end through a no-op plugin next to a no-op HTTP consumer.
-    Plugin {
-        /// A component that ACKs everything, e.g. the `noop` test plugin:
-        /// cargo build --profile plugin --target wasm32-wasip2 -p noop
-        #[arg(long, default_value = "target/wasm32-wasip2/plugin/noop.wasm")]
-        wasm: PathBuf,
-        /// Directory for the broker's scratch root (on the disk to measure).
-        #[arg(long, default_value = ".")]
-        dir: PathBuf,
-        /// Calls per call-cost measurement.
-        #[arg(long, default_value_t = 100_000)]
-        calls: usize,
-        /// Messages in the backlog each target drains.
-        #[arg(long, default_value_t = 50_000)]
-        backlog: usize,
-        /// Content size in bytes.
-        #[arg(long, default_value_t = 1024)]
-        message_bytes: usize,
-    },
-    /// The broker over HTTP: durable produce with 1 and 64 clients, batch produce, and end to
-    /// end through a no-op HTTP consumer, next to the storage engine alone.
-    Http {
-        /// Directory for the broker's scratch root (on the disk to measure).
-        #[arg(long, default_value = ".")]
-        dir: PathBuf,
-        /// Seconds per configuration.
-        #[arg(long, default_value_t = 3.0)]
-        seconds: f64,
-        /// Content size in bytes.
-        #[arg(long, default_value_t = 1024)]
-        message_bytes: usize,
-        /// Producer counts, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "1,64")]
-        producers: Vec<usize>,
-        /// Producers of the end-to-end run.
-        #[arg(long, default_value_t = 16)]
-        e2e_producers: usize,
-    },
+    Embedded(mmmq::bench::EmbeddedBench),
+    /// WebAssembly handlers: the cost of one call (reused instance and instance per message) and a
+    /// backlog drained through a no-op plugin next to a no-op HTTP consumer. Build the plugin
+    /// first: cargo build --profile plugin --target wasm32-wasip2 -p noop
+    Plugin(mmmq::bench::PluginBench),
+    /// The broker over HTTP: durable produce, batch produce, and end to end through a no-op HTTP
+    /// consumer, next to the storage engine alone.
+    Http(mmmq::bench::HttpBench),
     /// The segment store alone: appends/s under each flush mode and appender count, with the raw
     /// disk measured in the same run.
-    Storage {
-        /// Directory for the scratch logs (on the disk to measure).
-        #[arg(long, default_value = ".")]
-        dir: PathBuf,
-        /// Seconds per configuration.
-        #[arg(long, default_value_t = 3.0)]
-        seconds: f64,
-        /// Message size in bytes.
-        #[arg(long, default_value_t = 1024)]
-        message_bytes: usize,
-        /// Concurrent appenders, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
-        appenders: Vec<usize>,
-        /// Flush modes, comma-separated: group, per-append, none.
-        #[arg(long, value_delimiter = ',', default_value = "group,per-append,none")]
-        modes: Vec<FlushMode>,
-    },
+    Storage(mmmq::bench::StorageBench),
 }
 
 fn init_tracing() {
@@ -365,72 +300,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench { what } => {
             raise_fd_limit();
             let rt = tokio::runtime::Runtime::new()?;
-            match what {
-                BenchCommand::Embedded {
-                    dir,
-                    seconds,
-                    message_bytes,
-                    producers,
-                    backlog,
-                } => rt.block_on(mmmq::bench::embedded(
-                    mmmq::bench::EmbeddedBench {
-                        dir,
-                        duration: Duration::from_secs_f64(seconds),
-                        message_bytes,
-                        producers,
-                        backlog,
-                    },
-                    &mut std::io::stdout(),
-                ))?,
-                BenchCommand::Plugin {
-                    wasm,
-                    dir,
-                    calls,
-                    backlog,
-                    message_bytes,
-                } => rt.block_on(mmmq::bench::plugin(
-                    mmmq::bench::PluginBench {
-                        wasm,
-                        dir,
-                        calls,
-                        backlog,
-                        message_bytes,
-                    },
-                    &mut std::io::stdout(),
-                ))?,
-                BenchCommand::Http {
-                    dir,
-                    seconds,
-                    message_bytes,
-                    producers,
-                    e2e_producers,
-                } => rt.block_on(mmmq::bench::http(
-                    mmmq::bench::HttpBench {
-                        dir,
-                        duration: Duration::from_secs_f64(seconds),
-                        message_bytes,
-                        producers,
-                        e2e_producers,
-                    },
-                    &mut std::io::stdout(),
-                ))?,
-                BenchCommand::Storage {
-                    dir,
-                    seconds,
-                    message_bytes,
-                    appenders,
-                    modes,
-                } => rt.block_on(mmmq::bench::storage(
-                    mmmq::bench::StorageBench {
-                        dir,
-                        duration: Duration::from_secs_f64(seconds),
-                        message_bytes,
-                        appenders,
-                        modes,
-                    },
-                    &mut std::io::stdout(),
-                ))?,
-            }
+            let out = &mut std::io::stdout();
+            rt.block_on(async {
+                match what {
+                    BenchCommand::Embedded(cfg) => mmmq::bench::embedded(cfg, out).await,
+                    BenchCommand::Plugin(cfg) => mmmq::bench::plugin(cfg, out).await,
+                    BenchCommand::Http(cfg) => mmmq::bench::http(cfg, out).await,
+                    BenchCommand::Storage(cfg) => mmmq::bench::storage(cfg, out).await,
+                }
+            })?;
             Ok(ExitCode::SUCCESS)
         }
     }
