@@ -156,12 +156,10 @@ fn inspect_topic(
     if listing.segments.is_empty() {
         writeln!(out, "  (no segments)")?;
     }
-    let mut scans = Vec::new();
-    for files in &listing.segments {
-        let scan = scan::scan_segment(&**vfs, files)?;
+    let scans = scan::scan_log(&**vfs, &listing)?;
+    for scan in &scans {
         summary.segments += 1;
-        inspect_segment(&**vfs, &scan, options, out, summary)?;
-        scans.push(scan);
+        inspect_segment(&**vfs, scan, options, out, summary)?;
     }
     match scan::check_chain(&scans) {
         None => {}
@@ -223,7 +221,7 @@ fn inspect_segment(
     if scan.torn_index_bytes() > 0 {
         writeln!(
             out,
-            "  note: {} trailing index byte(s) are a torn entry (recovery cuts them)",
+            "  note: {} trailing index byte(s) are a torn, never-synced write (recovery cuts them)",
             scan.torn_index_bytes()
         )?;
     }

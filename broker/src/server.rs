@@ -9,7 +9,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Broker, BrokerError};
 use crate::config::ServeConfig;
+use crate::dispatch::Targets;
 use crate::http::{AppState, router};
+use crate::storage::{OsFs, Vfs};
 
 /// Why the broker stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +32,17 @@ pub async fn run(
     config: ServeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    run_on(listener, config, Arc::new(OsFs), shutdown).await
+}
+
+/// As [`run`], with the storage on `vfs` (tests serve real HTTP over a file system that fails on
+/// demand).
+pub async fn run_on(
+    listener: TcpListener,
+    config: ServeConfig,
+    vfs: Arc<dyn Vfs>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     let stopping = CancellationToken::new();
     let state = AppState::new(config.max_body_bytes, stopping.clone())
         .with_auth_token(config.auth_token.clone());
@@ -43,7 +56,7 @@ pub async fn run(
         }
     });
     // Health answers 503 until this is done.
-    let broker = match Broker::open(config).await {
+    let broker = match Broker::open_with(config, vfs, Arc::new(Targets::default())).await {
         Ok(b) => Arc::new(b),
         Err(e) => {
             stopping.cancel();

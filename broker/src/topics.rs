@@ -139,6 +139,10 @@ fn restore_all(
     if !vfs.is_dir(dir) {
         vfs.create_dir_all(dir)
             .map_err(|e| StorageError::io(dir, e))?;
+        if let Some(parent) = dir.parent() {
+            vfs.sync_dir(parent)
+                .map_err(|e| StorageError::io(parent, e))?;
+        }
         return Ok(out);
     }
     let mut names = vfs.read_dir(dir).map_err(|e| StorageError::io(dir, e))?;

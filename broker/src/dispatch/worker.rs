@@ -413,6 +413,9 @@ impl Worker {
     }
 }
 
+/// How long a failed checkpoint write waits before it is retried when no newer position comes.
+const CHECKPOINT_RETRY: Duration = Duration::from_secs(1);
+
 /// Persists the newest ACKed position in the background, one write at a time.
 struct CheckpointSaver {
     tx: watch::Sender<u64>,
@@ -425,18 +428,33 @@ impl CheckpointSaver {
         let task = tokio::spawn(
             async move {
                 let mut written = None;
+                let mut failed = false;
                 loop {
-                    let closed = rx.changed().await.is_err();
+                    // After a failure the write is retried on its own, so that a consumer that
+                    // has gone quiet still gets its position persisted once the disk recovers.
+                    let closed = if failed {
+                        tokio::select! {
+                            r = rx.changed() => r.is_err(),
+                            _ = tokio::time::sleep(CHECKPOINT_RETRY) => false,
+                        }
+                    } else {
+                        rx.changed().await.is_err()
+                    };
                     let value = *rx.borrow_and_update();
                     if written != Some(value) {
                         let topic = topic.clone();
                         let id = spec.consumer_id.clone();
-                        let r = tokio::task::spawn_blocking(move || topic.checkpoints.write(&id, value))
-                            .await
-                            .expect("checkpoint write panicked");
+                        let r = tokio::task::spawn_blocking(move || {
+                            topic.checkpoints.write(&id, value)
+                        })
+                        .await
+                        .expect("checkpoint write panicked");
+                        failed = r.is_err();
                         match r {
                             Ok(()) => written = Some(value),
-                            Err(e) => tracing::error!(error = %e, "checkpoint write failed; will retry with the next position"),
+                            Err(e) => {
+                                tracing::error!(error = %e, "checkpoint write failed; retrying")
+                            }
                         }
                     }
                     if closed {

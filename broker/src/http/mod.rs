@@ -171,6 +171,13 @@ impl IntoResponse for ApiError {
             tracing::warn!(%status, error = %self, "request failed");
         }
         let mut response = (status, axum::Json(body)).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            // A failed disk is retried by the log after about a second; recovery takes as long.
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
         if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,

@@ -14,14 +14,18 @@
 //! # Failure
 //! An error from a write or an fsync means the state of the file is unknown (after a failed fsync
 //! Linux may already have dropped the dirty pages). The batch's appends fail, every queued append
-//! fails, and the log is *poisoned*: it refuses appends until it is reopened, when recovery reads
-//! the truth back from the index. Reads of what was committed go on working.
+//! fails, and the log is *poisoned*: it refuses appends for [`LogConfig::retry_after`]. The next
+//! append after that first recovers in place, as a reopen would: segments created for batches that
+//! never committed are removed, the tail's data and index are cut back to the commit point and
+//! synced. If that works the log takes appends again; if the disk still fails, it stays poisoned
+//! for another `retry_after`. Reads of what was committed go on working throughout.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 use tokio::sync::{oneshot, watch};
 
 use super::error::{IoContext, StorageError};
@@ -74,6 +78,9 @@ pub struct LogConfig {
     pub max_batch_bytes: usize,
     /// Told about every commit.
     pub on_commit: Option<CommitObserver>,
+    /// After a failed write, how long appends are refused before the log tries to recover in
+    /// place (so that a failing disk is not hammered by every client's retry).
+    pub retry_after: Duration,
 }
 
 impl std::fmt::Debug for LogConfig {
@@ -82,6 +89,7 @@ impl std::fmt::Debug for LogConfig {
             .field("segment_max_bytes", &self.segment_max_bytes)
             .field("flush", &self.flush)
             .field("max_batch_bytes", &self.max_batch_bytes)
+            .field("retry_after", &self.retry_after)
             .finish_non_exhaustive()
     }
 }
@@ -93,6 +101,7 @@ impl Default for LogConfig {
             flush: FlushMode::GroupCommit,
             max_batch_bytes: 8 * 1024 * 1024,
             on_commit: None,
+            retry_after: Duration::from_secs(1),
         }
     }
 }
@@ -138,7 +147,13 @@ struct Writer {
     data_running: bool,
     indexing: VecDeque<Staged>,
     index_running: bool,
-    poisoned: Option<String>,
+    poisoned: Option<Poison>,
+}
+
+/// Why a log refuses appends, and from when it will try to recover.
+struct Poison {
+    cause: String,
+    retry_at: Instant,
 }
 
 /// Where the next entry goes. Only the data stage touches it.
@@ -157,6 +172,8 @@ struct Inner {
     /// The next offset past the last committed entry; readers and subscribers watch it.
     committed: watch::Sender<u64>,
     writer: Mutex<Writer>,
+    /// Signalled when the index stage finishes (recovery in place waits for it).
+    index_idle: Condvar,
     tail: Mutex<Tail>,
 }
 
@@ -194,16 +211,12 @@ impl Log {
         for stray in &listing.strays {
             tracing::warn!(dir = %dir.display(), file = %stray, "ignoring a file that is not named like a segment");
         }
-        let mut scans = Vec::with_capacity(listing.segments.len());
-        for files in &listing.segments {
-            let scan = scan::scan_segment(&*vfs, files)?;
-            if let Some(reason) = &scan.inconsistency {
-                return Err(StorageError::Inconsistent {
-                    path: files.index.clone(),
-                    reason: reason.clone(),
-                });
-            }
-            scans.push(scan);
+        let mut scans = scan::scan_log(&*vfs, &listing)?;
+        if let Some(bad) = scans.iter().find(|s| s.inconsistency.is_some()) {
+            return Err(StorageError::Inconsistent {
+                path: bad.files.index.clone(),
+                reason: bad.inconsistency.clone().unwrap_or_default(),
+            });
         }
         match scan::check_chain(&scans) {
             None => {}
@@ -249,6 +262,7 @@ impl Log {
                 segments: RwLock::new(segments),
                 committed: watch::Sender::new(next_offset),
                 writer: Mutex::new(Writer::default()),
+                index_idle: Condvar::new(),
                 tail: Mutex::new(tail),
             }),
         })
@@ -317,7 +331,12 @@ impl Log {
 
     /// Whether an earlier failure stopped this log taking appends.
     pub fn poisoned(&self) -> Option<String> {
-        self.inner.writer.lock().poisoned.clone()
+        self.inner
+            .writer
+            .lock()
+            .poisoned
+            .as_ref()
+            .map(|p| p.cause.clone())
     }
 
     /// Reads the committed entry at `offset`: `Ok(None)` if it is not committed yet, a
@@ -381,8 +400,10 @@ impl Log {
 impl Inner {
     fn submit(self: &Arc<Self>, pending: Pending) -> Result<(), StorageError> {
         let mut w = self.writer.lock();
-        if let Some(cause) = &w.poisoned {
-            return Err(self.poisoned_error(cause));
+        if let Some(p) = &w.poisoned
+            && Instant::now() < p.retry_at
+        {
+            return Err(self.poisoned_error(&p.cause));
         }
         w.pending.push_back(pending);
         if !w.data_running {
@@ -428,14 +449,30 @@ impl Inner {
 
     fn data_stage(self: Arc<Self>) {
         loop {
-            let batch = {
+            let (batch, heal) = {
                 let mut w = self.writer.lock();
-                if w.poisoned.is_some() || w.pending.is_empty() {
+                if w.pending.is_empty() {
                     w.data_running = false;
                     return;
                 }
-                self.take_batch(&mut w)
+                let heal = w.poisoned.is_some();
+                if heal {
+                    // The index stage may still be finishing batches of before the failure (no new
+                    // ones reach it while the log is poisoned); recovery in place needs it idle.
+                    while w.index_running {
+                        self.index_idle.wait(&mut w);
+                    }
+                }
+                (self.take_batch(&mut w), heal)
             };
+            if heal {
+                if let Err(e) = self.heal() {
+                    self.poison(&e, batch.into_iter().map(|p| p.reply));
+                    continue;
+                }
+                let cause = self.writer.lock().poisoned.take().map(|p| p.cause);
+                tracing::info!(dir = %self.dir.display(), cause = ?cause, "log recovered in place after a write failure; taking appends again");
+            }
             let staged = match self.write_data(&batch) {
                 Ok((pieces, firsts, next_offset)) => Staged {
                     pieces,
@@ -449,7 +486,7 @@ impl Inner {
             };
             if self.config.flush == FlushMode::GroupCommit {
                 let mut w = self.writer.lock();
-                if let Some(cause) = w.poisoned.clone() {
+                if let Some(cause) = w.poisoned.as_ref().map(|p| p.cause.clone()) {
                     drop(w);
                     self.fail(&cause, staged.replies.into_iter().map(|r| r.0));
                     continue;
@@ -462,7 +499,7 @@ impl Inner {
                 }
             } else {
                 // Per-append and no-sync gain nothing from a second thread.
-                self.commit_and_reply(vec![staged]);
+                self.commit_and_reply(vec![staged], false);
             }
         }
     }
@@ -473,15 +510,21 @@ impl Inner {
                 let mut w = self.writer.lock();
                 if w.indexing.is_empty() {
                     w.index_running = false;
+                    self.index_idle.notify_all();
                     return;
                 }
                 w.indexing.drain(..).collect()
             };
-            self.commit_and_reply(staged);
+            if !self.commit_and_reply(staged, true) {
+                return;
+            }
         }
     }
 
-    fn commit_and_reply(&self, staged: Vec<Staged>) {
+    /// Commits and answers the staged batches; on failure poisons the log (and, when called by
+    /// the index stage, marks that stage finished in the same critical section, so that the first
+    /// append after the failure already finds it idle). Returns whether the commit succeeded.
+    fn commit_and_reply(&self, staged: Vec<Staged>, index_stage: bool) -> bool {
         match self.commit(&staged) {
             Ok(()) => {
                 for s in staged {
@@ -489,8 +532,18 @@ impl Inner {
                         let _ = reply.send(Ok(first));
                     }
                 }
+                true
             }
-            Err(e) => self.poison(&e, staged.into_iter().flat_map(|s| s.replies).map(|r| r.0)),
+            Err(e) => {
+                let replies = staged.into_iter().flat_map(|s| s.replies).map(|r| r.0);
+                self.poison_and(&e, replies, |w| {
+                    if index_stage {
+                        w.index_running = false;
+                        self.index_idle.notify_all();
+                    }
+                });
+                false
+            }
         }
     }
 
@@ -556,17 +609,20 @@ impl Inner {
 
     /// Appends the index entries of durable batches, fsyncs the index (the commit point) and makes
     /// the entries visible.
+    ///
+    /// When the batches span segments, each segment's index entries are written only after the
+    /// previous segment's are synced: the indexes of two files are not synced atomically, and a
+    /// power cut must never keep a later segment's entries without an earlier one's (the log would
+    /// have a gap, and refuse to open).
     fn commit(&self, staged: &[Staged]) -> Result<(), StorageError> {
-        let mut touched: Vec<&Arc<Segment>> = Vec::new();
-        for piece in staged.iter().flat_map(|s| &s.pieces) {
+        let mut pieces = staged.iter().flat_map(|s| &s.pieces).peekable();
+        while let Some(piece) = pieces.next() {
             piece.segment.write_index(&piece.positions)?;
-            if !touched.iter().any(|t| Arc::ptr_eq(t, &piece.segment)) {
-                touched.push(&piece.segment);
-            }
-        }
-        if self.config.flush != FlushMode::NoSync {
-            for segment in touched {
-                segment.sync_index()?;
+            let segment_done = pieces
+                .peek()
+                .is_none_or(|next| !Arc::ptr_eq(&next.segment, &piece.segment));
+            if segment_done && self.config.flush != FlushMode::NoSync {
+                piece.segment.sync_index()?;
             }
         }
         for piece in staged.iter().flat_map(|s| &s.pieces) {
@@ -581,14 +637,79 @@ impl Inner {
         Ok(())
     }
 
+    /// Cuts everything after the commit point, as recovery at open would, so that appends can
+    /// resume without a restart. Runs on the data stage with the index stage idle.
+    fn heal(&self) -> Result<(), StorageError> {
+        let mut tail = self.tail.lock();
+        let committed = *self.committed.borrow();
+        let mut removed = Vec::new();
+        {
+            let mut segments = self.segments.write();
+            while segments.len() > 1 && segments.last().is_some_and(|s| s.committed_count() == 0) {
+                removed.push(segments.pop().expect("checked"));
+            }
+        }
+        let last = self.segments.read().last().expect("never empty").clone();
+        // Files of every segment after the tail: the ones just dropped, and any half-created by a
+        // rotation that failed between its two files.
+        let mut stale = false;
+        for files in scan::list_segments(&*self.vfs, &self.dir)?.segments {
+            if files.start <= last.start() {
+                continue;
+            }
+            for path in [&files.data, &files.index] {
+                if self.vfs.exists(path) {
+                    self.vfs.remove_file(path).at(path)?;
+                    stale = true;
+                }
+            }
+        }
+        if stale {
+            self.vfs.sync_dir(&self.dir).at(&self.dir)?;
+        }
+        drop(removed);
+        last.cut_uncommitted()?;
+        *tail = Tail {
+            write_pos: last.committed_bytes(),
+            segment: last,
+            next_offset: committed,
+        };
+        Ok(())
+    }
+
     /// Stops the log taking appends after `error`, failing `replies` and everything queued.
     fn poison(&self, error: &StorageError, replies: impl IntoIterator<Item = Reply>) {
-        tracing::error!(dir = %self.dir.display(), %error, "log write failed; refusing appends until reopened");
+        self.poison_and(error, replies, |_| {});
+    }
+
+    /// [`Inner::poison`], also changing the writer state under the same lock.
+    fn poison_and(
+        &self,
+        error: &StorageError,
+        replies: impl IntoIterator<Item = Reply>,
+        also: impl FnOnce(&mut Writer),
+    ) {
+        tracing::error!(dir = %self.dir.display(), %error, retry_after_ms = self.config.retry_after.as_millis() as u64, "log write failed; refusing appends, then recovering in place");
         let (cause, queued) = {
             let mut w = self.writer.lock();
-            let cause = w.poisoned.get_or_insert_with(|| error.to_string()).clone();
+            let retry_at = Instant::now() + self.config.retry_after;
+            let cause = match &mut w.poisoned {
+                Some(p) => {
+                    p.retry_at = retry_at;
+                    p.cause.clone()
+                }
+                None => {
+                    let cause = error.to_string();
+                    w.poisoned = Some(Poison {
+                        cause: cause.clone(),
+                        retry_at,
+                    });
+                    cause
+                }
+            };
             let mut queued: Vec<Reply> = w.pending.drain(..).map(|p| p.reply).collect();
             queued.extend(w.indexing.drain(..).flat_map(|s| s.replies).map(|r| r.0));
+            also(&mut w);
             (cause, queued)
         };
         self.fail(&cause, replies.into_iter().chain(queued));

@@ -31,4 +31,6 @@ pub use segment::Entry;
 pub use vfs::{OsFs, Vfs};
 
 #[cfg(test)]
+mod power_tests;
+#[cfg(test)]
 mod tests;

@@ -99,6 +99,9 @@ pub struct SegmentScan {
     pub committed_end: u64,
     /// Why the files cannot be trusted, if they cannot. Recovery refuses to open such a log.
     pub inconsistency: Option<String>,
+    /// Whether the inconsistency is an index entry that does not follow the one before it: in the
+    /// last segment with entries that is a torn, never-synced index write (see [`scan_log`]).
+    pub chain_break: bool,
 }
 
 impl SegmentScan {
@@ -112,9 +115,13 @@ impl SegmentScan {
         self.files.start + self.count()
     }
 
-    /// Bytes of a torn index write (an index length that is not a multiple of 8).
+    /// Index bytes after the last entry recovery keeps: a torn entry (an index length that is not
+    /// a multiple of 8), and in the tail, entries after a torn hole.
     pub fn torn_index_bytes(&self) -> u64 {
-        self.index_len % INDEX_ENTRY_LEN
+        if self.inconsistency.is_some() {
+            return self.index_len % INDEX_ENTRY_LEN;
+        }
+        self.index_len - self.count() * INDEX_ENTRY_LEN
     }
 
     /// Data bytes after the last committed entry (an append that never reached its commit point).
@@ -123,9 +130,36 @@ impl SegmentScan {
     }
 }
 
+/// Scans every segment of a log as recovery reads it.
+///
+/// The index of the last segment with entries may end in a write that was never synced, and a disk
+/// that reorders sectors can keep a later part of it and lose an earlier one, leaving zeros
+/// between entries. Nothing in that region was acknowledged (an append is acknowledged after its
+/// index fsync, and a later segment's index is written only after the earlier one's is synced),
+/// so there the index is cut at the first entry that does not follow the one before it, where
+/// anywhere else that is an inconsistency that stops recovery.
+pub fn scan_log(vfs: &dyn Vfs, listing: &Listing) -> Result<Vec<SegmentScan>, StorageError> {
+    let mut scans = listing
+        .segments
+        .iter()
+        .map(|files| scan_segment(vfs, files, false))
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(last) = scans.iter_mut().rev().find(|s| !s.positions.is_empty())
+        && last.chain_break
+    {
+        *last = scan_segment(vfs, &last.files.clone(), true)?;
+    }
+    Ok(scans)
+}
+
 /// Reads one segment's index and checks it against its data file, trusting the index (contract §6):
-/// only the last entry's header is read from the data.
-pub fn scan_segment(vfs: &dyn Vfs, files: &SegmentFiles) -> Result<SegmentScan, StorageError> {
+/// only the last entry's header is read from the data. `tail` cuts the index at the first entry
+/// that does not follow the one before it (see [`scan_log`]) instead of reporting it.
+pub fn scan_segment(
+    vfs: &dyn Vfs,
+    files: &SegmentFiles,
+    tail: bool,
+) -> Result<SegmentScan, StorageError> {
     let data_exists = vfs.exists(&files.data);
     let index_exists = vfs.exists(&files.index);
     let data = if data_exists {
@@ -161,20 +195,33 @@ pub fn scan_segment(vfs: &dyn Vfs, files: &SegmentFiles) -> Result<SegmentScan, 
         index_len,
         committed_end: 0,
         inconsistency: None,
+        chain_break: false,
     };
-    scan.inconsistency = check(&mut scan, data.as_deref());
+    scan.inconsistency = check(&mut scan, data.as_deref(), tail);
     Ok(scan)
 }
 
-fn check(scan: &mut SegmentScan, data: Option<&dyn super::vfs::VfsFile>) -> Option<String> {
+fn check(
+    scan: &mut SegmentScan,
+    data: Option<&dyn super::vfs::VfsFile>,
+    tail: bool,
+) -> Option<String> {
     if !scan.index_exists && scan.data_len > 0 {
         return Some(format!(
             "index file is missing but the data file holds {} bytes",
             scan.data_len
         ));
     }
-    for (i, pair) in scan.positions.windows(2).enumerate() {
-        if pair[1] < pair[0] + HEADER_LEN as u64 {
+    let unfollowed = scan
+        .positions
+        .windows(2)
+        .position(|pair| pair[1] < pair[0] + HEADER_LEN as u64);
+    if let Some(i) = unfollowed {
+        if tail {
+            scan.positions.truncate(i + 1);
+        } else {
+            scan.chain_break = true;
+            let pair = &scan.positions[i..i + 2];
             return Some(format!(
                 "index entry {} (position {}) does not follow entry {} (position {})",
                 i + 1,

@@ -86,7 +86,7 @@ impl Segment {
             vfs.sync_dir(dir).at(dir)?;
         }
         if scan.torn_index_bytes() > 0 {
-            tracing::warn!(file = %files.index.display(), bytes = scan.torn_index_bytes(), "cutting a torn index entry");
+            tracing::warn!(file = %files.index.display(), bytes = scan.torn_index_bytes(), "cutting a torn, never-synced index tail");
             index
                 .set_len(scan.index_len - scan.torn_index_bytes())
                 .at(&files.index)?;
@@ -155,6 +155,24 @@ impl Segment {
             Some(index) => index.sync_data().at(&self.files.index),
             None => Ok(()),
         }
+    }
+
+    /// Cuts data and index entries written after the last commit (a batch that failed), and
+    /// makes the cut durable.
+    pub fn cut_uncommitted(&self) -> Result<(), StorageError> {
+        let count = self.committed_count();
+        self.data
+            .set_len(self.committed_bytes())
+            .at(&self.files.data)?;
+        self.data.sync_data().at(&self.files.data)?;
+        if let Some(index) = &self.index {
+            index
+                .set_len(count * INDEX_ENTRY_LEN)
+                .at(&self.files.index)?;
+            index.sync_data().at(&self.files.index)?;
+        }
+        self.indexed.store(count, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Makes entries visible to readers, after their index fsync.

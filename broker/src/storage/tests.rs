@@ -468,35 +468,72 @@ async fn waiting_for_an_offset_wakes_on_commit() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn an_fsync_error_fails_the_append_and_stops_the_log() {
-    for (op, file) in [(Op::Sync, ".mmm"), (Op::Sync, ".idx"), (Op::Write, ".mmm")] {
-        let tmp = tempfile::tempdir().unwrap();
-        let fs = FaultyFs::new();
-        let vfs: Arc<dyn Vfs> = Arc::new(fs.clone());
-        let log = Log::open(tmp.path(), vfs.clone(), LogConfig::default()).unwrap();
-        fill(&log, 3).await;
-        fs.fail(op, file, libc::EIO);
-        let err = log.append(b"lost").await.unwrap_err();
-        assert!(matches!(err, StorageError::Poisoned { .. }), "{err}");
-        assert!(err.to_string().contains("Input/output error"), "{err}");
-        fs.clear();
-        // Poisoned until reopened, even though the disk is fine again.
-        assert!(log.append(b"later").await.is_err());
-        assert!(log.poisoned().is_some());
-        // What was committed still reads.
-        assert_eq!(read_all(&log), (0..3).map(payload).collect::<Vec<_>>());
-        assert_eq!(log.read(3).unwrap(), None);
-        drop(log);
-        let log = Log::open(tmp.path(), vfs, LogConfig::default()).unwrap();
-        let next = log.next_offset();
-        // The failed append was never acknowledged; whether its bytes survived is up to the disk,
-        // but nothing acknowledged is missing and appends resume.
-        assert!(
-            next == 3 || (next == 4 && op == Op::Sync && file == ".idx"),
-            "{next}"
-        );
-        assert_eq!(log.append(b"resumed").await.unwrap(), next);
+async fn a_write_error_fails_the_append_and_the_log_recovers_in_place_once_the_disk_does() {
+    for (op, file) in [
+        (Op::Sync, ".mmm"),
+        (Op::Sync, ".idx"),
+        (Op::Write, ".mmm"),
+        (Op::Write, ".idx"),
+    ] {
+        for errno in [libc::EIO, libc::ENOSPC] {
+            let tmp = tempfile::tempdir().unwrap();
+            let fs = FaultyFs::new();
+            let vfs: Arc<dyn Vfs> = Arc::new(fs.clone());
+            let config = LogConfig {
+                segment_max_bytes: 200,
+                retry_after: std::time::Duration::ZERO,
+                ..LogConfig::default()
+            };
+            let log = Log::open(tmp.path(), vfs.clone(), config.clone()).unwrap();
+            fill(&log, 3).await;
+            fs.fail(op, file, errno);
+            let err = log.append(b"lost").await.unwrap_err();
+            assert!(matches!(err, StorageError::Poisoned { .. }), "{err}");
+            let os = std::io::Error::from_raw_os_error(errno).to_string();
+            assert!(err.to_string().contains(&os), "{err}");
+            // Still failing: the attempt to recover in place fails too, and nothing changes.
+            assert!(log.append(b"lost too").await.is_err());
+            assert!(log.poisoned().is_some());
+            assert_eq!(read_all(&log), (0..3).map(payload).collect::<Vec<_>>());
+            assert_eq!(
+                log.read(3).unwrap(),
+                None,
+                "nothing half-written is visible"
+            );
+            fs.clear();
+            // The disk is healthy again: appends resume, without a reopen, at the commit point.
+            for i in 3..20 {
+                assert_eq!(
+                    log.append(&payload(i)).await.unwrap(),
+                    i,
+                    "{op:?} {file} {errno}"
+                );
+            }
+            assert_eq!(log.poisoned(), None);
+            assert_eq!(read_all(&log), (0..20).map(payload).collect::<Vec<_>>());
+            drop(log);
+            let log = Log::open(tmp.path(), vfs, config).unwrap();
+            assert_eq!(read_all(&log), (0..20).map(payload).collect::<Vec<_>>());
+        }
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_log_refuses_appends_until_its_retry_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = FaultyFs::new();
+    let config = LogConfig {
+        retry_after: std::time::Duration::from_secs(3600),
+        ..LogConfig::default()
+    };
+    let log = Log::open(tmp.path(), Arc::new(fs.clone()), config).unwrap();
+    fill(&log, 2).await;
+    fs.fail(Op::Sync, ".idx", libc::EIO);
+    assert!(log.append(b"lost").await.is_err());
+    fs.clear();
+    let err = log.append(b"refused").await.unwrap_err();
+    assert!(matches!(err, StorageError::Poisoned { .. }), "{err}");
+    assert_eq!(read_all(&log).len(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread")]

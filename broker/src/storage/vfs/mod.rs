@@ -2,7 +2,8 @@
 //!
 //! Segments, indexes and checkpoints never touch `std::fs` directly: they hold a [`Vfs`]. The real
 //! implementation is [`OsFs`]; tests put a wrapper under the storage layer that fails a write or an
-//! fsync on demand ([`fault::FaultyFs`]), and later a simulated disk that forgets unsynced bytes.
+//! fsync on demand ([`fault::FaultyFs`]), or a simulated disk that forgets unsynced bytes at a
+//! power cut ([`sim::SimFs`]).
 //! All methods block: callers run them on blocking threads, never on the async executor.
 
 use std::fmt;
@@ -131,123 +132,8 @@ impl VfsFile for OsFile {
 /// A file system that fails chosen operations, for tests of what the storage does when the disk
 /// says no.
 #[cfg(any(test, feature = "test-support"))]
-pub mod fault {
-    use super::*;
-    use parking_lot::Mutex;
-    use std::path::PathBuf;
+pub mod fault;
 
-    /// The operations a fault can hit.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub enum Op {
-        /// `write_all_at`.
-        Write,
-        /// `sync_data` and `sync_dir`.
-        Sync,
-    }
-
-    #[derive(Debug)]
-    struct Fault {
-        op: Op,
-        path_contains: String,
-        errno: i32,
-    }
-
-    /// Wraps [`OsFs`]; every armed fault fails the matching operations until [`FaultyFs::clear`].
-    #[derive(Debug, Clone, Default)]
-    pub struct FaultyFs {
-        faults: Arc<Mutex<Vec<Fault>>>,
-    }
-
-    impl FaultyFs {
-        /// A file system with no faults armed.
-        pub fn new() -> Self {
-            Self::default()
-        }
-
-        /// Fails `op` on every path containing `path_contains` with the OS error `errno`
-        /// (`libc::EIO`, `libc::ENOSPC`, …).
-        pub fn fail(&self, op: Op, path_contains: &str, errno: i32) {
-            self.faults.lock().push(Fault {
-                op,
-                path_contains: path_contains.to_owned(),
-                errno,
-            });
-        }
-
-        /// Disarms every fault: the disk is healthy again.
-        pub fn clear(&self) {
-            self.faults.lock().clear();
-        }
-
-        fn check(&self, op: Op, path: &Path) -> io::Result<()> {
-            let faults = self.faults.lock();
-            let hit = faults
-                .iter()
-                .find(|f| f.op == op && path.to_string_lossy().contains(&f.path_contains));
-            match hit {
-                Some(f) => Err(io::Error::from_raw_os_error(f.errno)),
-                None => Ok(()),
-            }
-        }
-    }
-
-    #[derive(Debug)]
-    struct FaultyFile {
-        fs: FaultyFs,
-        path: PathBuf,
-        inner: Arc<dyn VfsFile>,
-    }
-
-    impl Vfs for FaultyFs {
-        fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn VfsFile>> {
-            Ok(Arc::new(FaultyFile {
-                fs: self.clone(),
-                path: path.to_owned(),
-                inner: OsFs.open(path, mode)?,
-            }))
-        }
-        fn read_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
-            OsFs.read_dir(dir)
-        }
-        fn is_dir(&self, path: &Path) -> bool {
-            OsFs.is_dir(path)
-        }
-        fn exists(&self, path: &Path) -> bool {
-            OsFs.exists(path)
-        }
-        fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-            OsFs.create_dir_all(dir)
-        }
-        fn remove_file(&self, path: &Path) -> io::Result<()> {
-            OsFs.remove_file(path)
-        }
-        fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-            self.check(Op::Write, to)?;
-            OsFs.rename(from, to)
-        }
-        fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-            self.check(Op::Sync, dir)?;
-            OsFs.sync_dir(dir)
-        }
-    }
-
-    impl VfsFile for FaultyFile {
-        fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()> {
-            self.inner.read_exact_at(buf, pos)
-        }
-        fn write_all_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
-            self.fs.check(Op::Write, &self.path)?;
-            self.inner.write_all_at(buf, pos)
-        }
-        fn sync_data(&self) -> io::Result<()> {
-            self.fs.check(Op::Sync, &self.path)?;
-            self.inner.sync_data()
-        }
-        fn len(&self) -> io::Result<u64> {
-            self.inner.len()
-        }
-        fn set_len(&self, len: u64) -> io::Result<()> {
-            self.inner.set_len(len)
-        }
-    }
-}
+/// A simulated disk that forgets what was never synced, for power-loss tests.
+#[cfg(any(test, feature = "test-support"))]
+pub mod sim;

@@ -1,0 +1,235 @@
+//! Disk faults through the whole broker: real HTTP, real files, a real HTTP consumer, with the
+//! storage layer's file wrapper failing writes or fsyncs on demand (ENOSPC, EIO).
+//!
+//! What must hold while the disk fails: produces are NACKed with 503 (and `Retry-After`), nothing
+//! half-written becomes visible, other topics, reads and delivery keep working; when the fault
+//! clears, appends resume without a restart, at the next offset, and everything acknowledged is
+//! there after a restart.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mmmq::config::ServeConfig;
+use mmmq::storage::vfs::fault::{FaultyFs, Op};
+use mmmq::storage::{OsFs, Vfs};
+use mmmq_tests::{Consumer, eventually, host_dispatcher, write_dispatchers};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+struct InProcess {
+    url: String,
+    http: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl InProcess {
+    async fn start(root: &Path, vfs: Arc<dyn Vfs>) -> Self {
+        let mut config = ServeConfig::new(root);
+        config.log.retry_after = Duration::from_millis(200);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            mmmq::server::run_on(listener, config, vfs, async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("serve");
+        });
+        let http = reqwest::Client::new();
+        let health = format!("{url}/healthz");
+        for _ in 0..500 {
+            if let Ok(r) = http.get(&health).send().await
+                && r.status() == 200
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Self {
+            url,
+            http,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    async fn produce(&self, topic: &str, n: u64) -> (u16, Value, Option<String>) {
+        let r = self
+            .http
+            .post(format!("{}/mmmq/messages", self.url))
+            .json(&json!({"topic": topic, "content": {"n": n}}))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let retry = r
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_owned());
+        (status, r.json().await.unwrap(), retry)
+    }
+
+    async fn pull(&self, topic: &str) -> Vec<u64> {
+        let r: Value = self
+            .http
+            .get(format!(
+                "{}/mmmq/topics/{topic}/messages?from=0&max=1000",
+                self.url
+            ))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        r["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["content"]["n"].as_u64().unwrap())
+            .collect()
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.await.unwrap();
+    }
+}
+
+fn delivered(consumer: &Consumer) -> Vec<u64> {
+    consumer
+        .of_topic("orders")
+        .iter()
+        .map(|e| e["content"]["n"].as_u64().unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_disk_nacks_produces_keeps_reads_and_delivery_going_and_appends_resume_when_it_clears()
+ {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let consumer = Consumer::start().await;
+    write_dispatchers(
+        root,
+        &json!([host_dispatcher("audit", "orders", consumer.port)]),
+    );
+    let fs = FaultyFs::new();
+    let broker = InProcess::start(root, Arc::new(fs.clone())).await;
+    let mut acked = Vec::new();
+    let mut n = 0;
+    for _ in 0..5 {
+        let (status, body, _) = broker.produce("orders", n).await;
+        assert_eq!(status, 200, "{body}");
+        acked.push(n);
+        n += 1;
+    }
+    for (op, errno, what) in [
+        (Op::Write, libc::ENOSPC, "No space left on device"),
+        (Op::Sync, libc::EIO, "Input/output error"),
+    ] {
+        // Only the segments of `orders` fail: its checkpoints and every other topic are fine.
+        fs.fail(op, "orders/000", errno);
+        for _ in 0..3 {
+            let (status, body, retry) = broker.produce("orders", n).await;
+            n += 1;
+            assert_eq!(status, 503, "{body}");
+            assert_eq!(body["ack"], "NACK", "{body}");
+            assert!(body["error"].as_str().unwrap().contains(what), "{body}");
+            assert_eq!(retry.as_deref(), Some("1"));
+        }
+        let (status, body, _) = broker.produce("elsewhere", 0).await;
+        assert_eq!(status, 200, "another topic is unaffected: {body}");
+        // Nothing NACKed is visible, everything ACKed still reads and is still delivered.
+        assert_eq!(broker.pull("orders").await, acked);
+        let want = acked.len();
+        eventually(Duration::from_secs(10), "delivery during the fault", || {
+            (delivered(&consumer).len() >= want).then_some(())
+        })
+        .await;
+        assert_eq!(delivered(&consumer), acked);
+
+        fs.clear();
+        // Appends resume without a restart once the log retries (200 ms here).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let (status, body, _) = broker.produce("orders", n).await;
+            if status == 200 {
+                assert_eq!(body["offset"], acked.len() as u64, "{body}");
+                acked.push(n);
+                n += 1;
+                break;
+            }
+            assert_eq!(status, 503, "{body}");
+            n += 1;
+            assert!(
+                std::time::Instant::now() < deadline,
+                "appends never resumed"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for _ in 0..3 {
+            let (status, body, _) = broker.produce("orders", n).await;
+            assert_eq!(status, 200, "{body}");
+            acked.push(n);
+            n += 1;
+        }
+        assert_eq!(broker.pull("orders").await, acked);
+    }
+    let want = acked.len();
+    eventually(Duration::from_secs(10), "delivery of everything", || {
+        (delivered(&consumer).len() >= want).then_some(())
+    })
+    .await;
+    assert_eq!(delivered(&consumer), acked, "in order, once");
+    broker.stop().await;
+
+    // After a restart on the real file system: exactly the acknowledged messages, nothing
+    // redelivered.
+    let broker = InProcess::start(root, Arc::new(OsFs)).await;
+    assert_eq!(broker.pull("orders").await, acked);
+    let (status, body, _) = broker.produce("orders", n).await;
+    assert_eq!(status, 200, "{body}");
+    acked.push(n);
+    eventually(Duration::from_secs(10), "delivery after restart", || {
+        (delivered(&consumer).len() >= acked.len()).then_some(())
+    })
+    .await;
+    assert_eq!(delivered(&consumer), acked);
+    broker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_checkpoint_write_is_retried_and_delivery_goes_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let consumer = Consumer::start().await;
+    write_dispatchers(
+        root,
+        &json!([host_dispatcher("audit", "orders", consumer.port)]),
+    );
+    let fs = FaultyFs::new();
+    let broker = InProcess::start(root, Arc::new(fs.clone())).await;
+    fs.fail(Op::Sync, "checkpoints", libc::EIO);
+    for n in 0..5 {
+        assert_eq!(broker.produce("orders", n).await.0, 200);
+    }
+    eventually(Duration::from_secs(10), "delivery", || {
+        (delivered(&consumer).len() >= 5).then_some(())
+    })
+    .await;
+    let checkpoint = root.join("topics/orders/checkpoints/audit.checkpoint");
+    assert!(!checkpoint.exists(), "the fault is on");
+    fs.clear();
+    // No new message arrives: the saver retries on its own.
+    let value = eventually(Duration::from_secs(10), "the checkpoint", || {
+        std::fs::read(&checkpoint).ok().filter(|v| v.len() == 8)
+    })
+    .await;
+    assert_eq!(value, 5u64.to_be_bytes());
+    broker.stop().await;
+    assert_eq!(delivered(&consumer), (0..5).collect::<Vec<_>>());
+}
