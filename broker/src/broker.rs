@@ -82,8 +82,11 @@ impl Broker {
         let metrics = Arc::new(Metrics::new());
         let m = metrics.clone();
         config.log.on_commit = Some(Arc::new(move |n| m.observe_commit(n)));
-        let registry =
-            Arc::new(Registry::restore(config.topics_dir(), vfs, config.log.clone()).await?);
+        let registry = Arc::new(
+            Registry::restore(config.topics_dir(), vfs, config.log.clone())
+                .await?
+                .with_max_topics(config.max_topics),
+        );
         let dispatch = Dispatch::start(registry.clone(), metrics.clone(), factory);
         let report = dispatch.apply(specs).await?;
         tracing::info!(
@@ -138,9 +141,14 @@ impl Broker {
                 None => by_topic.push((item.topic.clone(), vec![i])),
             }
         }
+        // Every topic exists (or the batch is refused, e.g. past the topic cap) before anything
+        // is appended.
+        let mut logs = Vec::with_capacity(by_topic.len());
+        for (topic, _) in &by_topic {
+            logs.push(self.registry.get_or_create(topic).await?.log.clone());
+        }
         let mut set = tokio::task::JoinSet::new();
-        for (topic, indexes) in by_topic {
-            let log = self.registry.get_or_create(&topic).await?.log.clone();
+        for ((topic, indexes), log) in by_topic.into_iter().zip(logs) {
             let payloads: Vec<Vec<u8>> =
                 indexes.iter().map(|&i| stored_payload(&items[i])).collect();
             set.spawn(async move {

@@ -11,6 +11,7 @@ use std::time::Duration;
 use mmmq_core::{ConsumerId, TopicPattern};
 use serde::Deserialize;
 
+use crate::http::serve::HttpLimits;
 use crate::storage::{FlushMode, LogConfig};
 
 /// The settings of `mmmq serve`.
@@ -24,6 +25,10 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// When set, every endpoint but `/healthz` needs `Authorization: Bearer <token>`.
     pub auth_token: Option<String>,
+    /// Cap on the topics producers can create.
+    pub max_topics: usize,
+    /// Connection and request limits of the HTTP server.
+    pub http: HttpLimits,
 }
 
 /// A batch request may be this many times the single-message body limit.
@@ -37,6 +42,8 @@ impl ServeConfig {
             log: LogConfig::default(),
             max_body_bytes: 1024 * 1024,
             auth_token: None,
+            max_topics: 100_000,
+            http: HttpLimits::default(),
         }
     }
 

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -146,6 +147,19 @@ struct ServeArgs {
     /// Require `Authorization: Bearer <token>` on every endpoint but /healthz.
     #[arg(long, env = "MMMQ_AUTH_TOKEN", hide_env_values = true)]
     auth_token: Option<String>,
+    /// Most topics producers may create; producing to a new topic past it is refused with 403.
+    #[arg(long, env = "MMMQ_MAX_TOPICS", default_value_t = 100_000)]
+    max_topics: usize,
+    /// Most concurrent client connections; more wait to be accepted.
+    #[arg(long, env = "MMMQ_MAX_CONNECTIONS", default_value_t = 4096)]
+    max_connections: usize,
+    /// Time a client has to send a request's headers, and to start its next request on a
+    /// kept-alive connection (slow or idle connections are closed).
+    #[arg(long, env = "MMMQ_HEADER_TIMEOUT_MS", default_value_t = 10_000)]
+    header_timeout_ms: u64,
+    /// Time a request has to send its body and be answered (408 past it).
+    #[arg(long, env = "MMMQ_REQUEST_TIMEOUT_MS", default_value_t = 60_000)]
+    request_timeout_ms: u64,
 }
 
 #[derive(Subcommand)]
@@ -319,6 +333,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.log.segment_max_bytes = args.segment_max_bytes;
     config.max_body_bytes = args.max_body_bytes;
     config.auth_token = args.auth_token.filter(|t| !t.is_empty());
+    config.max_topics = args.max_topics;
+    config.http.max_connections = args.max_connections.max(1);
+    config.http.header_read_timeout = Duration::from_millis(args.header_timeout_ms.max(1));
+    config.http.request_timeout = Duration::from_millis(args.request_timeout_ms.max(1));
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::{Broker, BrokerError};
 use crate::config::ServeConfig;
 use crate::dispatch::Targets;
+use crate::http::serve::serve;
 use crate::http::{AppState, router};
 use crate::storage::{OsFs, Vfs};
 
@@ -47,13 +48,10 @@ pub async fn run_on(
     let state = AppState::new(config.max_body_bytes, stopping.clone())
         .with_auth_token(config.auth_token.clone());
     let app = router(state.clone());
+    let limits = config.http.clone();
     let server = tokio::spawn({
         let stop = stopping.clone();
-        async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await
-        }
+        async move { serve(listener, app, limits, stop).await }
     });
     // Health answers 503 until this is done.
     let broker = match Broker::open_with(config, vfs, Arc::new(Targets::default())).await {

@@ -35,6 +35,8 @@ pub struct Registry {
     /// Serialises creation, so two first produces to one topic open one log. Creation is rare.
     create: tokio::sync::Mutex<()>,
     created: broadcast::Sender<Arc<TopicLog>>,
+    /// Cap on topics producers can create (dead-letter topics are not counted).
+    max_topics: usize,
 }
 
 impl Registry {
@@ -53,6 +55,7 @@ impl Registry {
             topics: RwLock::new(BTreeMap::new()),
             create: tokio::sync::Mutex::new(()),
             created,
+            max_topics: usize::MAX,
         };
         let dir = registry.dir.clone();
         let vfs = registry.vfs.clone();
@@ -80,6 +83,20 @@ impl Registry {
         self.topics.read().len()
     }
 
+    /// Caps the topics producers can create; topics restored from disk are kept even past it.
+    pub fn with_max_topics(mut self, max: usize) -> Self {
+        self.max_topics = max;
+        self
+    }
+
+    fn user_topics(&self) -> usize {
+        self.topics
+            .read()
+            .keys()
+            .filter(|t| !t.is_internal())
+            .count()
+    }
+
     /// Whether there are no topics.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -93,6 +110,14 @@ impl Registry {
         let _guard = self.create.lock().await;
         if let Some(t) = self.get(topic) {
             return Ok(t);
+        }
+        // Dead-letter topics are exempt: there is at most one per dispatcher, and refusing one
+        // would stall a dispatcher instead of refusing a producer.
+        if !topic.is_internal() && self.user_topics() >= self.max_topics {
+            return Err(StorageError::TopicLimit {
+                topic: topic.to_string(),
+                max: self.max_topics,
+            });
         }
         let dir = self.dir.join(topic.as_str());
         let vfs = self.vfs.clone();

@@ -458,3 +458,126 @@ async fn a_log_flood_is_rate_limited_and_the_message_still_handled() {
         "the drop is reported"
     );
 }
+
+/// The misbehaving-guest table under load: producers keep writing while one plugin's messages
+/// loop, exhaust memory, overflow the stack, panic, flood the log and pass an 8 MiB string to a
+/// host call. That plugin NACKs exactly its traps (and dead-letters them with the right reason);
+/// an HTTP consumer and a well-behaved plugin on the same topic get every message in order; the
+/// broker stays healthy.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_misbehaving_guest_table_under_load_affects_only_that_plugin() {
+    let tmp = tempfile::tempdir().unwrap();
+    deploy_plugin(tmp.path(), &plugin_wasm("testbed", None), "testbed.wasm");
+    deploy_plugin(tmp.path(), &plugin_wasm("noop", None), "noop.wasm");
+    let http = Consumer::start().await;
+    write_dispatchers(
+        tmp.path(),
+        &json!([
+            plugin_dispatcher(
+                "bad",
+                "load.*",
+                "testbed.wasm",
+                json!({"maxNackRetries": 0, "plugin": {"timeoutMs": 300, "maxMemoryBytes": 33554432}})
+            ),
+            plugin_dispatcher("good", "load.*", "noop.wasm", json!({})),
+            host_dispatcher("http", "load.*", http.port),
+        ]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    let table = [
+        ("loop", Some("timed out after 300 ms")),
+        ("alloc", Some("memory limit of 33554432 bytes exceeded")),
+        ("stack", Some("trapped")),
+        ("panic", Some("trapped")),
+        ("flood", None),
+        ("biglog", None),
+    ];
+    // Four producers, 60 messages each over two topics; every tenth message misbehaves.
+    let mut producers = Vec::new();
+    for p in 0..4u64 {
+        let url = broker.url.clone();
+        producers.push(tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut sent = Vec::new();
+            for i in 0..60u64 {
+                let topic = if i % 2 == 0 { "load.a" } else { "load.b" };
+                let content = if i % 10 == 9 {
+                    json!({"do": table[((p * 6 + i / 10) % 6) as usize].0, "p": p, "i": i})
+                } else {
+                    json!({"p": p, "i": i})
+                };
+                let r = http
+                    .post(format!("{url}/mmmq/messages"))
+                    .json(&json!({"topic": topic, "content": content}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200);
+                sent.push(content);
+            }
+            sent
+        }));
+    }
+    let mut sent = Vec::new();
+    for p in producers {
+        sent.extend(p.await.unwrap());
+    }
+    let traps: Vec<&Value> = sent
+        .iter()
+        .filter(|c| {
+            c["do"]
+                .as_str()
+                .is_some_and(|d| table.iter().any(|(a, r)| *a == d && r.is_some()))
+        })
+        .collect();
+    // The HTTP consumer: everything, in order per topic.
+    http.wait_for(240, WAIT).await;
+    for topic in ["load.a", "load.b"] {
+        let offsets: Vec<u64> = http
+            .of_topic(topic)
+            .iter()
+            .map(|e| e["offset"].as_u64().unwrap())
+            .collect();
+        assert_eq!(offsets, (0..120).collect::<Vec<_>>(), "{topic}");
+    }
+    // The misbehaving plugin dead-letters exactly its traps, each with its reason.
+    let dlq = broker.pull_until("__dlq.bad", traps.len()).await;
+    assert_eq!(dlq.len(), traps.len());
+    for d in &dlq {
+        let content = &d["content"]["envelope"]["content"];
+        let action = content["do"].as_str().unwrap();
+        let want = table.iter().find(|(a, _)| *a == action).unwrap().1;
+        let reason = d["content"]["reason"].as_str().unwrap();
+        assert!(
+            want.is_some_and(|w| reason.to_lowercase().contains(w)),
+            "{action}: {reason}"
+        );
+    }
+    // Both plugins get to the end of both topics.
+    for id in ["bad", "good"] {
+        eventually(WAIT, "both plugins at the end", || {
+            ["load.a", "load.b"]
+                .iter()
+                .all(|t| {
+                    std::fs::read(
+                        tmp.path()
+                            .join(format!("topics/{t}/checkpoints/{id}.checkpoint")),
+                    )
+                    .is_ok_and(|raw| raw == 120u64.to_be_bytes())
+                })
+                .then_some(())
+        })
+        .await;
+    }
+    let good = dispatcher_status(&broker, "good").await;
+    assert_eq!(good["delivered"], json!(240), "{good}");
+    assert_eq!(good["deadLettered"], json!(0), "{good}");
+    let bad = dispatcher_status(&broker, "bad").await;
+    assert_eq!(bad["deadLettered"], json!(traps.len()), "{bad}");
+    assert_eq!(broker.get("/healthz").await.0, 200);
+    // The 8 MiB log line was cut, not printed.
+    assert!(
+        broker.log.lock().lines().all(|l| l.len() < 64 * 1024),
+        "a huge guest log line reached the broker's log"
+    );
+}

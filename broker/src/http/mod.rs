@@ -13,6 +13,7 @@
 mod admin;
 mod consume;
 mod produce;
+pub mod serve;
 
 use std::sync::Arc;
 
@@ -128,6 +129,12 @@ pub enum ApiError {
     /// Wrong method on a known path.
     #[error("method not allowed on this path")]
     MethodNotAllowed,
+    /// The request took longer than the per-request deadline (a body that trickles in).
+    #[error("request not completed within {} s", .0.as_secs())]
+    Timeout(std::time::Duration),
+    /// Creating the topic would pass the broker's topic cap.
+    #[error("{0}")]
+    TopicLimit(String),
     /// Still recovering at boot.
     #[error("starting: recovering topics")]
     Starting,
@@ -144,6 +151,9 @@ impl From<BrokerError> for ApiError {
         match e {
             BrokerError::InternalTopic(_) => Self::BadRequest(e.to_string()),
             BrokerError::Storage(StorageError::PayloadTooLarge { max, .. }) => Self::TooLarge(max),
+            BrokerError::Storage(e @ StorageError::TopicLimit { .. }) => {
+                Self::TopicLimit(e.to_string())
+            }
             BrokerError::Storage(s) => Self::NotDurable(s.to_string()),
             other => Self::Internal(other.to_string()),
         }
@@ -158,6 +168,8 @@ impl IntoResponse for ApiError {
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::TopicLimit(_) => StatusCode::FORBIDDEN,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Starting | Self::NotDurable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,

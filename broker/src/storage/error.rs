@@ -63,6 +63,16 @@ pub enum StorageError {
         /// The limit.
         max: usize,
     },
+    /// A new topic would pass the broker's cap on topics (each costs files and descriptors).
+    #[error(
+        "topic limit reached: this broker holds its maximum of {max} topics (mmmq serve --max-topics); {topic:?} was not created"
+    )]
+    TopicLimit {
+        /// The topic that was refused.
+        topic: String,
+        /// The cap.
+        max: usize,
+    },
     /// The log was closed while the operation waited.
     #[error("log closed")]
     Closed,

@@ -2,7 +2,8 @@
 //! every message it
 //! handles (V is `TESTBED_VERSION` at build time, so the tests can build two versions), then does
 //! what the content's `"do"` says: `loop`, `alloc` (until memory runs out), `stack` (unbounded
-//! recursion), `panic`, `nack`, `flood` (10,000 log lines); anything else is ACKed.
+//! recursion), `panic`, `nack`, `flood` (10,000 log lines), `biglog` (one 8 MiB line); anything
+//! else is ACKed.
 
 use mmmq_plugin_sdk::{Ack, Message, info};
 
@@ -50,6 +51,12 @@ pub fn handle(msg: Message) -> Ack {
         }
         Some("panic") => panic!("testbed was told to panic"),
         Some("nack") => Ack::Nack,
+        Some("biglog") => {
+            // An 8 MiB argument to a host call: the host must copy it out of the guest's memory
+            // and cut it, not keep it.
+            info!("{}", "x".repeat(8 << 20));
+            Ack::Ack
+        }
         Some("flood") => {
             for i in 0..10_000 {
                 info!("flood line {i}");

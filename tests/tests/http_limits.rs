@@ -1,0 +1,232 @@
+//! HTTP limits and abuse against the real `mmmq` binary: slow headers (slowloris), idle
+//! connections, trickling bodies, oversized headers, the connection cap, the topic cap, and a load
+//! past the connection cap that must slow the broker down, not lose or refuse acknowledged data.
+
+use std::time::{Duration, Instant};
+
+use mmmq_tests::Broker;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn addr(broker: &Broker) -> String {
+    broker.url.trim_start_matches("http://").to_owned()
+}
+
+/// Reads until the server closes the connection (or `limit` passes); returns what it sent and
+/// whether it closed.
+async fn read_to_close(stream: &mut TcpStream, limit: Duration) -> (Vec<u8>, bool) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (got, true),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => return (got, false),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_headers_are_cut_off_while_normal_requests_are_served() {
+    // 1,000 slowloris connections need more descriptors than the usual soft limit of 1,024.
+    let _ = rlimit::increase_nofile_limit(8192);
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::start_with(tmp.path(), &["--header-timeout-ms", "1500"]).await;
+    let addr = addr(&broker);
+    let mut slow = Vec::new();
+    for _ in 0..1000 {
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(b"POST /mmmq/messages HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        slow.push(s);
+    }
+    let started = Instant::now();
+    // While they trickle a header byte at a time, ordinary produces are answered.
+    let mut served = 0;
+    let trickle = async {
+        for round in 0..30u8 {
+            for s in slow.iter_mut() {
+                // Errors are expected once the broker has cut a connection.
+                let _ = s.write_all(&[b'a' + round % 26]).await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let normal = async {
+        for n in 0..20 {
+            let t = Instant::now();
+            broker.produce("orders", json!({"n": n})).await;
+            assert!(
+                t.elapsed() < Duration::from_secs(2),
+                "a normal produce took {:?}",
+                t.elapsed()
+            );
+            served += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::join!(trickle, normal);
+    assert_eq!(served, 20);
+    // Every slow connection was closed by the broker, none was answered with a request's result.
+    let mut closed = 0;
+    for s in slow.iter_mut() {
+        let (got, was_closed) = read_to_close(s, Duration::from_secs(5)).await;
+        assert!(
+            !String::from_utf8_lossy(&got).contains("\"ack\""),
+            "a slow request was served"
+        );
+        closed += usize::from(was_closed);
+    }
+    assert_eq!(closed, 1000, "slow connections left open");
+    assert!(started.elapsed() < Duration::from_secs(15));
+    assert_eq!(broker.pull_all("orders").await.len(), 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed_and_trickling_bodies_time_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::start_with(
+        tmp.path(),
+        &["--header-timeout-ms", "500", "--request-timeout-ms", "700"],
+    )
+    .await;
+    let addr = addr(&broker);
+    // A connection that never sends anything.
+    let mut idle = TcpStream::connect(&addr).await.unwrap();
+    // A kept-alive connection that sends one request and then nothing.
+    let mut kept = TcpStream::connect(&addr).await.unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    // A body that never completes.
+    let mut trickle = TcpStream::connect(&addr).await.unwrap();
+    trickle
+        .write_all(
+            b"POST /mmmq/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"topic\":",
+        )
+        .await
+        .unwrap();
+    let (_, idle_closed) = read_to_close(&mut idle, Duration::from_secs(5)).await;
+    assert!(idle_closed, "an idle connection stayed open");
+    let (got, kept_closed) = read_to_close(&mut kept, Duration::from_secs(5)).await;
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    assert!(kept_closed, "an idle kept-alive connection stayed open");
+    let (got, _) = read_to_close(&mut trickle, Duration::from_secs(5)).await;
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(got.contains("not completed within"), "{got}");
+    // Nothing of the incomplete request was stored.
+    assert_eq!(broker.get("/mmmq/topics").await.1, json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_headers_get_431() {
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::start(tmp.path()).await;
+    let r = broker
+        .http
+        .get(format!("{}/mmmq/topics", broker.url))
+        .header("X-Big", "a".repeat(100 * 1024))
+        .send()
+        .await;
+    match r {
+        Ok(r) => assert_eq!(r.status(), 431),
+        // The broker may close before the client finished sending; either way nothing is served.
+        Err(e) => assert!(e.is_request() || e.is_connect(), "{e}"),
+    }
+    assert_eq!(broker.get("/healthz").await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_connection_cap_clients_wait_and_nothing_is_lost() {
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::start_with(
+        tmp.path(),
+        &["--max-connections", "8", "--header-timeout-ms", "1000"],
+    )
+    .await;
+    let addr = addr(&broker);
+    // Eight idle connections take every slot; a request waits until the broker closes them.
+    let mut idle = Vec::new();
+    for _ in 0..8 {
+        idle.push(TcpStream::connect(&addr).await.unwrap());
+    }
+    let t = Instant::now();
+    let fresh = reqwest::Client::new();
+    let r = fresh
+        .post(format!("{}/mmmq/messages", broker.url))
+        .json(&json!({"topic": "t", "content": 0}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        t.elapsed() >= Duration::from_millis(500),
+        "the request was not held back by the cap ({:?})",
+        t.elapsed()
+    );
+    drop(idle);
+    // 128 producers, each on its own connection, through 8 slots: all acknowledged, all stored.
+    let mut tasks = Vec::new();
+    for p in 0..128u64 {
+        let url = broker.url.clone();
+        tasks.push(tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut offsets = Vec::new();
+            for i in 0..10u64 {
+                let r = http
+                    .post(format!("{url}/mmmq/messages"))
+                    .json(&json!({"topic": "load", "content": {"p": p, "i": i}}))
+                    .send()
+                    .await
+                    .expect("no connection is refused");
+                assert_eq!(r.status(), 200);
+                let body: serde_json::Value = r.json().await.unwrap();
+                offsets.push(body["offset"].as_u64().unwrap());
+            }
+            offsets
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all.sort_unstable();
+    assert_eq!(all, (0..1280).collect::<Vec<_>>());
+    let stored = broker.pull_all("load").await;
+    assert_eq!(stored.len(), 1280);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_topic_cap_refuses_new_topics_with_403_and_keeps_existing_ones_working() {
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::start_with(tmp.path(), &["--max-topics", "3"]).await;
+    for t in ["a", "b", "c"] {
+        broker.produce(t, json!(1)).await;
+    }
+    let (status, body) = broker
+        .post("/mmmq/messages", &json!({"topic": "d", "content": 1}))
+        .await;
+    assert_eq!(status, 403, "{body}");
+    let error = body["error"].as_str().unwrap();
+    assert!(
+        error.contains("topic limit") && error.contains("3") && error.contains("--max-topics"),
+        "{error}"
+    );
+    // A batch that would create a topic is refused whole: nothing reaches the existing topic.
+    let (status, body) = broker
+        .post(
+            "/mmmq/messages/batch",
+            &json!([{"topic": "a", "content": 2}, {"topic": "e", "content": 2}]),
+        )
+        .await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(broker.pull_all("a").await.len(), 1);
+    broker.produce("a", json!(3)).await;
+    let (_, topics) = broker.get("/mmmq/topics").await;
+    assert_eq!(topics.as_array().unwrap().len(), 3, "{topics}");
+}
