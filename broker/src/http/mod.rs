@@ -12,7 +12,7 @@
 
 mod admin;
 mod consume;
-mod produce;
+pub mod produce;
 pub mod serve;
 
 use std::sync::Arc;
@@ -228,11 +228,12 @@ async fn read_limited(body: axum::body::Body, limit: usize) -> Result<Vec<u8>, A
 
 /// Reads the whole body, refusing more than `limit` bytes and anything not declared as JSON
 /// (a missing Content-Type is accepted, as curl users expect).
-async fn read_json<T: DeserializeOwned>(
+/// Checks the content type and reads the body (up to `limit` bytes).
+async fn read_json_body(
     headers: &HeaderMap,
     body: axum::body::Body,
     limit: usize,
-) -> Result<T, ApiError> {
+) -> Result<Vec<u8>, ApiError> {
     if let Some(ct) = headers.get(header::CONTENT_TYPE) {
         let ct = ct.to_str().unwrap_or("");
         let mime = ct
@@ -245,7 +246,10 @@ async fn read_json<T: DeserializeOwned>(
             return Err(ApiError::UnsupportedMediaType(ct.to_owned()));
         }
     }
-    let bytes = read_limited(body, limit).await?;
-    serde_json::from_slice(&bytes)
+    read_limited(body, limit).await
+}
+
+fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes)
         .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
 }

@@ -7,7 +7,7 @@ use mmmq_core::{Ack, Topic};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::{ApiError, AppState, read_json};
+use super::{ApiError, AppState, parse_json, read_json_body};
 use crate::broker::ProduceItem;
 use crate::config::BATCH_BODY_FACTOR;
 
@@ -16,7 +16,7 @@ const MAX_KEY_BYTES: usize = 1024;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct ProduceRequest {
+struct ProduceRequest {
     topic: String,
     content: Box<RawValue>,
     #[serde(default)]
@@ -40,6 +40,26 @@ pub(super) struct BatchResult {
 pub(super) struct BatchAck {
     ack: Ack,
     results: Vec<BatchResult>,
+}
+
+/// Parses and checks the body of `POST /mmmq/messages`, as the handler does (public for the fuzz
+/// targets): what it accepts is exactly what reaches storage.
+pub fn parse_message(body: &[u8], max_content: usize) -> Result<ProduceItem, ApiError> {
+    let req: ProduceRequest = parse_json(body)?;
+    validate(req, max_content).map_err(ApiError::BadRequest)
+}
+
+/// Parses and checks the body of `POST /mmmq/messages/batch`: every element or none.
+pub fn parse_batch(body: &[u8], max_content: usize) -> Result<Vec<ProduceItem>, ApiError> {
+    let reqs: Vec<ProduceRequest> = parse_json(body)?;
+    if reqs.is_empty() {
+        return Err(ApiError::BadRequest("the batch is empty".into()));
+    }
+    reqs.into_iter()
+        .enumerate()
+        .map(|(i, r)| validate(r, max_content).map_err(|e| format!("element {i}: {e}")))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(ApiError::BadRequest)
 }
 
 fn validate(req: ProduceRequest, max_content: usize) -> Result<ProduceItem, String> {
@@ -85,8 +105,8 @@ pub(super) async fn produce(
     body: axum::body::Body,
 ) -> Result<Json<ProduceAck>, ApiError> {
     let broker = state.broker()?;
-    let req: ProduceRequest = read_json(&headers, body, state.max_body_bytes).await?;
-    let item = validate(req, state.max_body_bytes).map_err(ApiError::BadRequest)?;
+    let bytes = read_json_body(&headers, body, state.max_body_bytes).await?;
+    let item = parse_message(&bytes, state.max_body_bytes)?;
     let topic = item.topic.clone();
     let offset = broker.produce(item).await?;
     Ok(Json(ProduceAck {
@@ -104,17 +124,9 @@ pub(super) async fn produce_batch(
 ) -> Result<Json<BatchAck>, ApiError> {
     let broker = state.broker()?;
     let limit = state.max_body_bytes.saturating_mul(BATCH_BODY_FACTOR);
-    let reqs: Vec<ProduceRequest> = read_json(&headers, body, limit).await?;
-    if reqs.is_empty() {
-        return Err(ApiError::BadRequest("the batch is empty".into()));
-    }
+    let bytes = read_json_body(&headers, body, limit).await?;
     // All or nothing: every element is checked before anything is appended.
-    let items = reqs
-        .into_iter()
-        .enumerate()
-        .map(|(i, r)| validate(r, state.max_body_bytes).map_err(|e| format!("element {i}: {e}")))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(ApiError::BadRequest)?;
+    let items = parse_batch(&bytes, state.max_body_bytes)?;
     let topics: Vec<Topic> = items.iter().map(|i| i.topic.clone()).collect();
     let offsets = broker.produce_batch(items).await?;
     Ok(Json(BatchAck {
