@@ -187,6 +187,22 @@ impl Broker {
         }
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident memory of the process, in bytes (Linux).
+    pub fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS");
+        kb * 1024
+    }
+
     /// SIGTERM, then waits for the exit.
     pub fn terminate(mut self) -> ExitStatus {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };

@@ -230,3 +230,48 @@ async fn the_topic_cap_refuses_new_topics_with_403_and_keeps_existing_ones_worki
     let (_, topics) = broker.get("/mmmq/topics").await;
     assert_eq!(topics.as_array().unwrap().len(), 3, "{topics}");
 }
+
+/// A consumer that stays down while 50 MiB of messages pile up: the backlog lives in the log, not
+/// in the broker's memory, and delivery resumes in order once the consumer is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_consumer_outage_costs_disk_not_memory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = mmmq_tests::free_port();
+    mmmq_tests::write_dispatchers(
+        tmp.path(),
+        &json!([mmmq_tests::host_dispatcher("down", "backlog", port)]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    broker.produce("backlog", json!("warm-up")).await;
+    let before = broker.rss_bytes();
+    let pad = "x".repeat(1000);
+    for b in 0..500 {
+        let batch: Vec<_> = (0..100)
+            .map(|i| json!({"topic": "backlog", "content": {"b": b, "i": i, "pad": pad}}))
+            .collect();
+        let (status, body) = broker.post("/mmmq/messages/batch", &json!(batch)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let after = broker.rss_bytes();
+    let grown = after.saturating_sub(before);
+    eprintln!(
+        "50,000 messages (~52 MB) behind a dead consumer: RSS {} -> {} MiB",
+        before >> 20,
+        after >> 20
+    );
+    assert!(
+        grown < 32 << 20,
+        "RSS grew by {} MiB for a 52 MB backlog",
+        grown >> 20
+    );
+    let consumer = mmmq_tests::Consumer::start_on(
+        port,
+        std::sync::Arc::new(|_: &serde_json::Value| mmmq_tests::Answer::Ack),
+    )
+    .await;
+    // Delivery picks up where it stopped, in order (all of it would take a debug build a while).
+    let got = consumer.wait_for(1000, Duration::from_secs(60)).await;
+    for (i, e) in got.iter().take(1000).enumerate() {
+        assert_eq!(e["offset"], i as u64);
+    }
+}
