@@ -40,6 +40,49 @@ pub fn nesting_depth(json: &str) -> usize {
     max
 }
 
+/// The first number in `json` (valid JSON) that no 64-bit float can hold, like `1e999`: valid
+/// syntax, but JSON parsers either refuse it (serde_json: "number out of range") or turn it into
+/// infinity, so consumers would choke on the message. One pass, no allocation.
+pub fn number_out_of_range(json: &str) -> Option<&str> {
+    let bytes = json.as_bytes();
+    let (mut i, mut in_string, mut escaped) = (0usize, false, false);
+    while i < bytes.len() {
+        let b = bytes[i];
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
+        if b == b'"' {
+            in_string = true;
+            i += 1;
+            continue;
+        }
+        if b == b'-' || b.is_ascii_digit() {
+            let start = i;
+            while i < bytes.len()
+                && matches!(bytes[i], b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-')
+            {
+                i += 1;
+            }
+            let token = &json[start..i];
+            // Only an exponent or a very long mantissa can overflow; everything else is cheap.
+            let risky = token.len() > 300 || token.bytes().any(|c| c == b'e' || c == b'E');
+            if risky && !token.parse::<f64>().is_ok_and(f64::is_finite) {
+                return Some(token);
+            }
+            continue;
+        }
+        i += 1;
+    }
+    None
+}
+
 /// The payload of one log entry: the UTF-8 JSON of this struct (contract §6).
 ///
 /// The topic and the offset are not stored: the directory and the position in the log say them.
@@ -97,6 +140,21 @@ pub struct Envelope {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbers_beyond_a_float_are_found_and_others_left_alone() {
+        assert_eq!(number_out_of_range(r#"{"a":1e999}"#), Some("1e999"));
+        assert_eq!(number_out_of_range(r#"[-1E+400]"#), Some("-1E+400"));
+        let huge = format!("[{}]", "9".repeat(400));
+        assert!(number_out_of_range(&huge).is_some());
+        for fine in [
+            r#"{"a":1.50,"b":18446744073709551616,"c":-2.5e-300,"d":1e308}"#,
+            r#""1e999""#,
+            r#"{"1e999":0}"#,
+        ] {
+            assert_eq!(number_out_of_range(fine), None, "{fine}");
+        }
+    }
 
     #[test]
     fn nesting_depth_ignores_brackets_in_strings() {

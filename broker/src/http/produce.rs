@@ -83,6 +83,12 @@ fn validate(req: ProduceRequest, max_content: usize) -> Result<ProduceItem, Stri
             mmmq_core::MAX_CONTENT_DEPTH
         ));
     }
+    if let Some(n) = mmmq_core::number_out_of_range(req.content.get()) {
+        let shown: String = n.chars().take(40).collect();
+        return Err(format!(
+            "content holds the number {shown}, beyond what a 64-bit float can hold: consumers could not parse it"
+        ));
+    }
     if let Some(k) = &req.key
         && k.len() > MAX_KEY_BYTES
     {

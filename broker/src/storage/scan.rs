@@ -215,7 +215,7 @@ fn check(
     let unfollowed = scan
         .positions
         .windows(2)
-        .position(|pair| pair[1] < pair[0] + HEADER_LEN as u64);
+        .position(|pair| pair[1] < pair[0].saturating_add(HEADER_LEN as u64));
     if let Some(i) = unfollowed {
         if tail {
             scan.positions.truncate(i + 1);
@@ -238,7 +238,7 @@ fn check(
             scan.positions.len()
         ));
     };
-    if last + HEADER_LEN as u64 > scan.data_len {
+    if last.saturating_add(HEADER_LEN as u64) > scan.data_len {
         return Some(format!(
             "index entry {last_i} points to byte {last}, past the end of the data file ({} bytes)",
             scan.data_len
@@ -248,7 +248,7 @@ fn check(
     if let Err(e) = data.read_exact_at(&mut raw, last) {
         return Some(format!("cannot read the last entry's header: {e}"));
     }
-    let end = last + Header::parse(&raw).expect("8 bytes").frame_len();
+    let end = last.saturating_add(Header::parse(&raw).expect("8 bytes").frame_len());
     if end > scan.data_len {
         return Some(format!(
             "index entry {last_i} (position {last}) ends at byte {end}, past the end of the data file ({} bytes)",

@@ -582,3 +582,23 @@ async fn a_failed_checkpoint_write_keeps_the_old_value() {
     fs.clear();
     assert_eq!(cps.read(&id).unwrap(), Some(5));
 }
+
+/// Found by fuzzing: index positions near `u64::MAX` overflowed the recovery checks.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_index_entry_near_the_end_of_u64_is_refused_not_overflowed() {
+    for positions in [vec![0, u64::MAX], vec![u64::MAX - 3], vec![0, u64::MAX - 8]] {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(
+            tmp.path().join(segment_file_name(0, "mmm")),
+            frame::encode(b"{}"),
+        )
+        .unwrap();
+        let index: Vec<u8> = positions.iter().flat_map(|p| p.to_be_bytes()).collect();
+        std::fs::write(tmp.path().join(segment_file_name(0, "idx")), index).unwrap();
+        let err = open(tmp.path(), 1 << 20).unwrap_err();
+        assert!(
+            matches!(err, StorageError::Inconsistent { .. }),
+            "{positions:?}: {err}"
+        );
+    }
+}
