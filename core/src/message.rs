@@ -9,15 +9,16 @@ use serde_json::value::RawValue;
 
 use crate::topic::Topic;
 
-/// Content nested deeper than this is refused: consumers parsing it into a tree (serde_json's own
-/// limit is 128) would fail on it forever, and the raw pass-through never checks depth itself.
-pub const MAX_CONTENT_DEPTH: usize = 128;
+/// Content nested deeper than this is refused: consumers parsing it into a tree would fail on it
+/// forever, and the raw pass-through never checks depth itself. serde_json parses at most 127
+/// levels, and the envelope a consumer receives wraps the content in one more (found by fuzzing:
+/// the limit used to be 128).
+pub const MAX_CONTENT_DEPTH: usize = 126;
 
-/// How deeply arrays and objects nest in `json`, which must be valid JSON. One pass over the bytes,
-/// no allocation: the broker never builds a tree of a message's content.
-pub fn nesting_depth(json: &str) -> usize {
-    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
-    for b in json.bytes() {
+/// The bytes of `json` outside its string literals, with their positions: structure and numbers.
+fn outside_strings(json: &str) -> impl Iterator<Item = (usize, u8)> + '_ {
+    let (mut in_string, mut escaped) = (false, false);
+    json.bytes().enumerate().filter(move |&(_, b)| {
         if in_string {
             match b {
                 _ if escaped => escaped = false,
@@ -25,10 +26,22 @@ pub fn nesting_depth(json: &str) -> usize {
                 b'"' => in_string = false,
                 _ => {}
             }
-            continue;
+            false
+        } else if b == b'"' {
+            in_string = true;
+            false
+        } else {
+            true
         }
+    })
+}
+
+/// How deeply arrays and objects nest in `json`, which must be valid JSON. One pass over the bytes,
+/// no allocation: the broker never builds a tree of a message's content.
+pub fn nesting_depth(json: &str) -> usize {
+    let (mut depth, mut max) = (0usize, 0usize);
+    for (_, b) in outside_strings(json) {
         match b {
-            b'"' => in_string = true,
             b'[' | b'{' => {
                 depth += 1;
                 max = max.max(depth);
@@ -44,41 +57,26 @@ pub fn nesting_depth(json: &str) -> usize {
 /// syntax, but JSON parsers either refuse it (serde_json: "number out of range") or turn it into
 /// infinity, so consumers would choke on the message. One pass, no allocation.
 pub fn number_out_of_range(json: &str) -> Option<&str> {
-    let bytes = json.as_bytes();
-    let (mut i, mut in_string, mut escaped) = (0usize, false, false);
-    while i < bytes.len() {
-        let b = bytes[i];
-        if in_string {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            i += 1;
+    let is_number_byte = |b: u8| matches!(b, b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-');
+    let mut bytes = outside_strings(json).peekable();
+    while let Some((start, b)) = bytes.next() {
+        if b != b'-' && !b.is_ascii_digit() {
             continue;
         }
-        if b == b'"' {
-            in_string = true;
-            i += 1;
-            continue;
-        }
-        if b == b'-' || b.is_ascii_digit() {
-            let start = i;
-            while i < bytes.len()
-                && matches!(bytes[i], b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-')
-            {
-                i += 1;
+        let mut end = start + 1;
+        while let Some(&(i, c)) = bytes.peek() {
+            if i != end || !is_number_byte(c) {
+                break;
             }
-            let token = &json[start..i];
-            // Only an exponent or a very long mantissa can overflow; everything else is cheap.
-            let risky = token.len() > 300 || token.bytes().any(|c| c == b'e' || c == b'E');
-            if risky && !token.parse::<f64>().is_ok_and(f64::is_finite) {
-                return Some(token);
-            }
-            continue;
+            end += 1;
+            bytes.next();
         }
-        i += 1;
+        let token = &json[start..end];
+        // Only an exponent or a very long mantissa can overflow; everything else is cheap.
+        let risky = token.len() > 300 || token.bytes().any(|c| c == b'e' || c == b'E');
+        if risky && !token.parse::<f64>().is_ok_and(f64::is_finite) {
+            return Some(token);
+        }
     }
     None
 }

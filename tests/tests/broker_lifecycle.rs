@@ -111,11 +111,17 @@ async fn malformed_requests_get_4xx_and_change_nothing() {
         ("POST", "/mmmq/messages", long, None),
         ("POST", "/mmmq/messages", big, None),
         ("POST", "/mmmq/messages", deep, None),
-        // Found by fuzzing: valid JSON syntax, but no float holds it; consumers would choke.
+        // Found by fuzzing: valid JSON syntax that consumers' parsers refuse.
         (
             "POST",
             "/mmmq/messages",
             r#"{"topic":"a","content":{"n":1e999}}"#.into(),
+            None,
+        ),
+        (
+            "POST",
+            "/mmmq/messages",
+            r#"{"topic":"a","content":"\ud800"}"#.into(),
             None,
         ),
         (

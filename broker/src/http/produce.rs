@@ -83,11 +83,14 @@ fn validate(req: ProduceRequest, max_content: usize) -> Result<ProduceItem, Stri
             mmmq_core::MAX_CONTENT_DEPTH
         ));
     }
-    if let Some(n) = mmmq_core::number_out_of_range(req.content.get()) {
-        let shown: String = n.chars().take(40).collect();
-        return Err(format!(
-            "content holds the number {shown}, beyond what a 64-bit float can hold: consumers could not parse it"
-        ));
+    // Valid JSON syntax that JSON parsers still refuse (found by fuzzing): numbers beyond a float
+    // (`1e999`) and lone UTF-16 surrogates (`"\ud800"`). Consumers would NACK it forever. Both are
+    // rare, so the full parse runs only when a cheap scan sees one may be there.
+    let raw = req.content.get();
+    if (raw.contains("\\u") || mmmq_core::number_out_of_range(raw).is_some())
+        && let Err(e) = serde_json::from_str::<serde_json::Value>(raw)
+    {
+        return Err(format!("content is JSON that consumers cannot parse: {e}"));
     }
     if let Some(k) = &req.key
         && k.len() > MAX_KEY_BYTES
