@@ -16,6 +16,6 @@ pub mod pattern;
 pub mod topic;
 
 pub use ack::Ack;
-pub use message::{Envelope, MAX_CONTENT_DEPTH, StoredMessage, nesting_depth, number_out_of_range};
+pub use message::{ContentShape, Envelope, MAX_CONTENT_DEPTH, StoredMessage, content_shape};
 pub use pattern::{PatternError, TopicPattern};
 pub use topic::{ConsumerId, NameError, Topic};

@@ -15,70 +15,63 @@ use crate::topic::Topic;
 /// the limit used to be 128).
 pub const MAX_CONTENT_DEPTH: usize = 126;
 
-/// The bytes of `json` outside its string literals, with their positions: structure and numbers.
-fn outside_strings(json: &str) -> impl Iterator<Item = (usize, u8)> + '_ {
-    let (mut in_string, mut escaped) = (false, false);
-    json.bytes().enumerate().filter(move |&(_, b)| {
-        if in_string {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            false
-        } else if b == b'"' {
-            in_string = true;
-            false
-        } else {
-            true
-        }
-    })
+/// What the broker checks in a message's content before storing it, from one pass over the text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContentShape {
+    /// How deeply arrays and objects nest.
+    pub depth: usize,
+    /// Whether the text may hold something JSON parsers refuse although the syntax is valid (found
+    /// by fuzzing): a number no 64-bit float holds (`1e999`), or a `\u` escape, which may be a lone
+    /// UTF-16 surrogate. Rare; when set, the caller parses the content fully to be sure.
+    pub suspect: bool,
 }
 
-/// How deeply arrays and objects nest in `json`, which must be valid JSON. One pass over the bytes,
-/// no allocation: the broker never builds a tree of a message's content.
-pub fn nesting_depth(json: &str) -> usize {
-    let (mut depth, mut max) = (0usize, 0usize);
-    for (_, b) in outside_strings(json) {
-        match b {
+/// Measures `json`, which must be valid JSON. One pass, no allocation; string bodies are skipped
+/// with `memchr`, so a message that is mostly a long string costs little.
+pub fn content_shape(json: &str) -> ContentShape {
+    let b = json.as_bytes();
+    let (mut i, mut depth, mut max, mut suspect) = (0usize, 0usize, 0usize, false);
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                i += 1;
+                while let Some(k) = memchr::memchr2(b'"', b'\\', &b[i..]) {
+                    i += k;
+                    if b[i] == b'"' {
+                        break;
+                    }
+                    suspect |= b.get(i + 1) == Some(&b'u');
+                    i += 2;
+                }
+                i += 1;
+            }
             b'[' | b'{' => {
                 depth += 1;
                 max = max.max(depth);
+                i += 1;
             }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
+            b']' | b'}' => {
+                depth = depth.saturating_sub(1);
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < b.len() && matches!(b[i], b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-')
+                {
+                    i += 1;
+                }
+                let token = &json[start..i];
+                // Only an exponent or a very long mantissa can overflow.
+                let risky = token.len() > 300 || token.bytes().any(|c| c == b'e' || c == b'E');
+                suspect |= risky && !token.parse::<f64>().is_ok_and(f64::is_finite);
+            }
+            _ => i += 1,
         }
     }
-    max
-}
-
-/// The first number in `json` (valid JSON) that no 64-bit float can hold, like `1e999`: valid
-/// syntax, but JSON parsers either refuse it (serde_json: "number out of range") or turn it into
-/// infinity, so consumers would choke on the message. One pass, no allocation.
-pub fn number_out_of_range(json: &str) -> Option<&str> {
-    let is_number_byte = |b: u8| matches!(b, b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-');
-    let mut bytes = outside_strings(json).peekable();
-    while let Some((start, b)) = bytes.next() {
-        if b != b'-' && !b.is_ascii_digit() {
-            continue;
-        }
-        let mut end = start + 1;
-        while let Some(&(i, c)) = bytes.peek() {
-            if i != end || !is_number_byte(c) {
-                break;
-            }
-            end += 1;
-            bytes.next();
-        }
-        let token = &json[start..end];
-        // Only an exponent or a very long mantissa can overflow; everything else is cheap.
-        let risky = token.len() > 300 || token.bytes().any(|c| c == b'e' || c == b'E');
-        if risky && !token.parse::<f64>().is_ok_and(f64::is_finite) {
-            return Some(token);
-        }
+    ContentShape {
+        depth: max,
+        suspect,
     }
-    None
 }
 
 /// The payload of one log entry: the UTF-8 JSON of this struct (contract §6).
@@ -139,28 +132,34 @@ pub struct Envelope {
 mod tests {
     use super::*;
 
+    fn depth_of(json: &str) -> usize {
+        content_shape(json).depth
+    }
+
     #[test]
-    fn numbers_beyond_a_float_are_found_and_others_left_alone() {
-        assert_eq!(number_out_of_range(r#"{"a":1e999}"#), Some("1e999"));
-        assert_eq!(number_out_of_range(r#"[-1E+400]"#), Some("-1E+400"));
-        let huge = format!("[{}]", "9".repeat(400));
-        assert!(number_out_of_range(&huge).is_some());
+    fn numbers_beyond_a_float_and_unicode_escapes_are_suspect_and_nothing_else() {
+        let suspect = |s: &str| content_shape(s).suspect;
+        assert!(suspect(r#"{"a":1e999}"#));
+        assert!(suspect(r#"[-1E+400]"#));
+        assert!(suspect(&format!("[{}]", "9".repeat(400))));
+        assert!(suspect(r#""\ud800""#));
         for fine in [
             r#"{"a":1.50,"b":18446744073709551616,"c":-2.5e-300,"d":1e308}"#,
             r#""1e999""#,
             r#"{"1e999":0}"#,
+            r#""a \" \\ \n b""#,
         ] {
-            assert_eq!(number_out_of_range(fine), None, "{fine}");
+            assert!(!suspect(fine), "{fine}");
         }
     }
 
     #[test]
     fn nesting_depth_ignores_brackets_in_strings() {
-        assert_eq!(nesting_depth("1"), 0);
-        assert_eq!(nesting_depth(r#"{"a":[1,{"b":[]}]}"#), 4);
-        assert_eq!(nesting_depth(r#"["[[[[", "\"{{{"]"#), 1);
+        assert_eq!(depth_of("1"), 0);
+        assert_eq!(depth_of(r#"{"a":[1,{"b":[]}]}"#), 4);
+        assert_eq!(depth_of(r#"["[[[[", "\"{{{"]"#), 1);
         assert_eq!(
-            nesting_depth(&format!("{}{}", "[".repeat(300), "]".repeat(300))),
+            depth_of(&format!("{}{}", "[".repeat(300), "]".repeat(300))),
             300
         );
     }

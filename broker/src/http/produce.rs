@@ -76,18 +76,19 @@ fn validate(req: ProduceRequest, max_content: usize) -> Result<ProduceItem, Stri
             req.content.get().len()
         ));
     }
-    let depth = mmmq_core::nesting_depth(req.content.get());
-    if depth > mmmq_core::MAX_CONTENT_DEPTH {
+    let raw = req.content.get();
+    let shape = mmmq_core::content_shape(raw);
+    if shape.depth > mmmq_core::MAX_CONTENT_DEPTH {
         return Err(format!(
-            "content nests {depth} levels deep; at most {} are allowed",
+            "content nests {} levels deep; at most {} are allowed",
+            shape.depth,
             mmmq_core::MAX_CONTENT_DEPTH
         ));
     }
     // Valid JSON syntax that JSON parsers still refuse (found by fuzzing): numbers beyond a float
     // (`1e999`) and lone UTF-16 surrogates (`"\ud800"`). Consumers would NACK it forever. Both are
-    // rare, so the full parse runs only when a cheap scan sees one may be there.
-    let raw = req.content.get();
-    if (raw.contains("\\u") || mmmq_core::number_out_of_range(raw).is_some())
+    // rare, so the full parse runs only when the scan saw one may be there.
+    if shape.suspect
         && let Err(e) = serde_json::from_str::<serde_json::Value>(raw)
     {
         return Err(format!("content is JSON that consumers cannot parse: {e}"));
