@@ -177,6 +177,10 @@ enum BenchCommand {
     /// The segment store alone: appends/s under each flush mode and appender count, with the raw
     /// disk measured in the same run.
     Storage(mmmq::bench::StorageBench),
+    /// A boot with a large stored log: time until the broker is ready.
+    Boot(mmmq::bench::BootBench),
+    /// Many idle topics, each with a dispatcher: resident memory and threads.
+    Topics(mmmq::bench::TopicsBench),
 }
 
 fn init_tracing() {
@@ -321,6 +325,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     BenchCommand::Plugin(cfg) => mmmq::bench::plugin(cfg, out).await,
                     BenchCommand::Http(cfg) => mmmq::bench::http(cfg, out).await,
                     BenchCommand::Storage(cfg) => mmmq::bench::storage(cfg, out).await,
+                    BenchCommand::Boot(cfg) => mmmq::bench::boot(cfg, out).await,
+                    BenchCommand::Topics(cfg) => mmmq::bench::topics(cfg, out).await,
                 }
             })?;
             Ok(ExitCode::SUCCESS)
@@ -357,8 +363,17 @@ async fn shutdown_signal() {
 }
 
 /// Each topic holds a few files open; the default soft limit (often 1,024) is too low for many
-/// topics, and raising it to the hard limit needs no privilege.
+/// topics. Raising the soft limit to the hard limit needs no privilege; a privileged process (root
+/// in a container, CAP_SYS_RESOURCE) may also raise the hard limit, up to the kernel's `nr_open`.
 fn raise_fd_limit() {
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    if nr_open > 0 && rlimit::setrlimit(rlimit::Resource::NOFILE, nr_open, nr_open).is_ok() {
+        tracing::debug!(limit = nr_open, "file descriptor limit");
+        return;
+    }
     match rlimit::increase_nofile_limit(u64::MAX) {
         Ok(n) => tracing::debug!(limit = n, "file descriptor limit"),
         Err(e) => tracing::warn!(error = %e, "could not raise the file descriptor limit"),
