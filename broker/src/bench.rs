@@ -34,6 +34,14 @@ pub struct StorageBench {
 }
 
 /// Seconds (fractions allowed) as a duration, for `--seconds`.
+/// A temporary directory under `dir` (created if missing) for one run's files, removed afterwards.
+fn scratch_dir(dir: &Path) -> std::io::Result<tempfile::TempDir> {
+    std::fs::create_dir_all(dir)?;
+    tempfile::Builder::new()
+        .prefix("mmmq-bench-")
+        .tempdir_in(dir)
+}
+
 fn parse_seconds(s: &str) -> Result<Duration, String> {
     let secs: f64 = s
         .parse()
@@ -59,10 +67,7 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 
 /// Runs the storage benchmark, printing JSON lines to `out`.
 pub async fn storage(cfg: StorageBench, out: &mut (dyn Write + Send)) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&cfg.dir)?;
-    let scratch = tempfile::Builder::new()
-        .prefix("mmmq-bench-")
-        .tempdir_in(&cfg.dir)?;
+    let scratch = scratch_dir(&cfg.dir)?;
     let mb = cfg.message_bytes as f64 / 1e6;
 
     // Baselines: what the disk itself allows, same run, same directory.
@@ -281,10 +286,7 @@ pub struct HttpBench {
 /// Durable produce over HTTP (1 and 64 keep-alive clients), batch produce, and end to end through
 /// a no-op HTTP consumer, each next to the storage engine alone in the same run.
 pub async fn http(cfg: HttpBench, out: &mut (dyn Write + Send)) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&cfg.dir)?;
-    let scratch = tempfile::Builder::new()
-        .prefix("mmmq-bench-")
-        .tempdir_in(&cfg.dir)?;
+    let scratch = scratch_dir(&cfg.dir)?;
     let mb = cfg.message_bytes as f64 / 1e6;
 
     // The consumer: answers ACK and records when each message arrived.
@@ -541,10 +543,7 @@ pub async fn plugin(cfg: PluginBench, out: &mut (dyn Write + Send)) -> anyhow::R
 
     // Delivery: a stored backlog drained through a plugin dispatcher and through an HTTP
     // dispatcher, each added by a reload once the backlog is there, in the same run.
-    std::fs::create_dir_all(&cfg.dir)?;
-    let scratch = tempfile::Builder::new()
-        .prefix("mmmq-bench-")
-        .tempdir_in(&cfg.dir)?;
+    let scratch = scratch_dir(&cfg.dir)?;
     let root = scratch.path().join("root");
     std::fs::create_dir_all(root.join("plugins"))?;
     std::fs::copy(&cfg.wasm, root.join("plugins/noop.wasm"))?;
@@ -660,10 +659,7 @@ pub struct EmbeddedBench {
 pub async fn embedded(cfg: EmbeddedBench, out: &mut (dyn Write + Send)) -> anyhow::Result<()> {
     use crate::broker::{Broker, ProduceItem};
     use mmmq_core::Topic;
-    std::fs::create_dir_all(&cfg.dir)?;
-    let scratch = tempfile::Builder::new()
-        .prefix("mmmq-bench-")
-        .tempdir_in(&cfg.dir)?;
+    let scratch = scratch_dir(&cfg.dir)?;
     let broker = Arc::new(Broker::open(crate::config::ServeConfig::new(scratch.path())).await?);
     let pad = "x".repeat(cfg.message_bytes);
     let clock = Instant::now();
@@ -872,10 +868,7 @@ pub struct BootBench {
 /// recovered, dispatchers started) until the broker answers.
 pub async fn boot(cfg: BootBench, out: &mut (dyn Write + Send)) -> anyhow::Result<()> {
     use crate::broker::Broker;
-    std::fs::create_dir_all(&cfg.dir)?;
-    let scratch = tempfile::Builder::new()
-        .prefix("mmmq-bench-")
-        .tempdir_in(&cfg.dir)?;
+    let scratch = scratch_dir(&cfg.dir)?;
     let root = scratch.path().join("root");
     let dir = root.join("topics").join("boot.t");
     let target = (cfg.gib * (1u64 << 30) as f64) as u64;
@@ -951,10 +944,7 @@ fn proc_status(field: &str) -> u64 {
 pub async fn topics(cfg: TopicsBench, out: &mut (dyn Write + Send)) -> anyhow::Result<()> {
     use crate::broker::Broker;
     use std::sync::atomic::{AtomicU64, Ordering};
-    std::fs::create_dir_all(&cfg.dir)?;
-    let scratch = tempfile::Builder::new()
-        .prefix("mmmq-bench-")
-        .tempdir_in(&cfg.dir)?;
+    let scratch = scratch_dir(&cfg.dir)?;
     let config = crate::config::ServeConfig::new(scratch.path()).with_flush(FlushMode::NoSync);
     let rss_before = proc_status("VmRSS:");
     for phase in ["created", "rebooted"] {
