@@ -645,7 +645,13 @@ impl Inner {
         let mut removed = Vec::new();
         {
             let mut segments = self.segments.write();
-            while segments.len() > 1 && segments.last().is_some_and(|s| s.committed_count() == 0) {
+            // Segments that a failed batch rotated into hold nothing committed; the one before
+            // them becomes the tail again. A segment sealed before this process started is never
+            // written, so an empty tail after it was not created by a failed batch: it stays.
+            while segments.len() > 1
+                && segments.last().is_some_and(|s| s.committed_count() == 0)
+                && segments[segments.len() - 2].writable()
+            {
                 removed.push(segments.pop().expect("checked"));
             }
         }

@@ -112,6 +112,11 @@ impl Segment {
         self.files.start
     }
 
+    /// Whether this segment takes appends (the tail at open, or created since).
+    pub fn writable(&self) -> bool {
+        self.index.is_some()
+    }
+
     pub fn committed_count(&self) -> u64 {
         self.positions.read().len() as u64
     }

@@ -602,3 +602,35 @@ async fn an_index_entry_near_the_end_of_u64_is_refused_not_overflowed() {
         );
     }
 }
+
+/// An empty tail segment left behind a segment sealed before this process started (a crash after
+/// a rotation, then a restart with bigger segments): after a write error, recovery in place keeps
+/// the empty tail instead of falling back to the sealed segment, which takes no appends.
+#[tokio::test(flavor = "multi_thread")]
+async fn recovery_in_place_keeps_an_empty_tail_after_a_sealed_segment() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path(), 100).unwrap();
+    fill(&log, 3).await;
+    let next = log.next_offset();
+    drop(log);
+    // A crash right after a rotation leaves an empty tail where the log ends.
+    for ext in ["mmm", "idx"] {
+        std::fs::write(tmp.path().join(segment_file_name(next, ext)), b"").unwrap();
+    }
+    let fs = FaultyFs::new();
+    let config = LogConfig {
+        segment_max_bytes: 1 << 20,
+        retry_after: std::time::Duration::ZERO,
+        ..LogConfig::default()
+    };
+    let log = Log::open(tmp.path(), Arc::new(fs.clone()), config).unwrap();
+    fs.fail(Op::Write, ".mmm", libc::EIO);
+    assert!(log.append(b"lost").await.is_err());
+    fs.clear();
+    assert_eq!(log.append(&payload(next)).await.unwrap(), next);
+    assert_eq!(log.append(&payload(next + 1)).await.unwrap(), next + 1);
+    assert_eq!(
+        read_all(&log),
+        (0..next + 2).map(payload).collect::<Vec<_>>()
+    );
+}
