@@ -32,8 +32,9 @@ pub struct Registry {
     vfs: Arc<dyn Vfs>,
     log_config: LogConfig,
     topics: RwLock<BTreeMap<Topic, Arc<TopicLog>>>,
-    /// Serialises creation, so two first produces to one topic open one log. Creation is rare.
-    create: tokio::sync::Mutex<()>,
+    /// Serialises creation, so two first produces to one topic open one log (creation is rare),
+    /// and counts the topics producers created, for the cap (topics are never removed yet).
+    create: tokio::sync::Mutex<usize>,
     created: broadcast::Sender<Arc<TopicLog>>,
     /// Cap on topics producers can create (dead-letter topics are not counted).
     max_topics: usize,
@@ -53,7 +54,7 @@ impl Registry {
             vfs,
             log_config,
             topics: RwLock::new(BTreeMap::new()),
-            create: tokio::sync::Mutex::new(()),
+            create: tokio::sync::Mutex::new(0),
             created,
             max_topics: usize::MAX,
         };
@@ -64,6 +65,7 @@ impl Registry {
             tokio::task::spawn_blocking(move || restore_all(&dir, &*vfs, vfs.clone(), &config))
                 .await
                 .expect("restore task panicked")?;
+        *registry.create.lock().await = opened.keys().filter(|t| !t.is_internal()).count();
         *registry.topics.write() = opened;
         Ok(registry)
     }
@@ -89,14 +91,6 @@ impl Registry {
         self
     }
 
-    fn user_topics(&self) -> usize {
-        self.topics
-            .read()
-            .keys()
-            .filter(|t| !t.is_internal())
-            .count()
-    }
-
     /// Whether there are no topics.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -107,13 +101,13 @@ impl Registry {
         if let Some(t) = self.get(topic) {
             return Ok(t);
         }
-        let _guard = self.create.lock().await;
+        let mut user_topics = self.create.lock().await;
         if let Some(t) = self.get(topic) {
             return Ok(t);
         }
         // Dead-letter topics are exempt: there is at most one per dispatcher, and refusing one
         // would stall a dispatcher instead of refusing a producer.
-        if !topic.is_internal() && self.user_topics() >= self.max_topics {
+        if !topic.is_internal() && *user_topics >= self.max_topics {
             return Err(StorageError::TopicLimit {
                 topic: topic.to_string(),
                 max: self.max_topics,
@@ -128,6 +122,9 @@ impl Registry {
             .expect("topic creation panicked")?;
         let t = Arc::new(t);
         self.topics.write().insert(topic.clone(), t.clone());
+        if !topic.is_internal() {
+            *user_topics += 1;
+        }
         tracing::info!(topic = %topic, "topic created");
         // Nobody listening is fine: dispatchers attach to existing topics when they start.
         let _ = self.created.send(t.clone());

@@ -99,6 +99,21 @@ impl InProcess {
     }
 }
 
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A consumer, a `dispatchers.json` sending it topic `orders`, and a broker on a file system that
+/// fails on demand.
+async fn start_with_consumer(root: &Path) -> (Consumer, FaultyFs, InProcess) {
+    let consumer = Consumer::start().await;
+    write_dispatchers(
+        root,
+        &json!([host_dispatcher("audit", "orders", consumer.port)]),
+    );
+    let fs = FaultyFs::new();
+    let broker = InProcess::start(root, Arc::new(fs.clone())).await;
+    (consumer, fs, broker)
+}
+
 fn delivered(consumer: &Consumer) -> Vec<u64> {
     consumer
         .of_topic("orders")
@@ -112,13 +127,7 @@ async fn a_failing_disk_nacks_produces_keeps_reads_and_delivery_going_and_append
  {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
-    let consumer = Consumer::start().await;
-    write_dispatchers(
-        root,
-        &json!([host_dispatcher("audit", "orders", consumer.port)]),
-    );
-    let fs = FaultyFs::new();
-    let broker = InProcess::start(root, Arc::new(fs.clone())).await;
+    let (consumer, fs, broker) = start_with_consumer(root).await;
     let mut acked = Vec::new();
     let mut n = 0;
     for _ in 0..5 {
@@ -146,10 +155,7 @@ async fn a_failing_disk_nacks_produces_keeps_reads_and_delivery_going_and_append
         // Nothing NACKed is visible, everything ACKed still reads and is still delivered.
         assert_eq!(broker.pull("orders").await, acked);
         let want = acked.len();
-        eventually(Duration::from_secs(10), "delivery during the fault", || {
-            (delivered(&consumer).len() >= want).then_some(())
-        })
-        .await;
+        consumer.wait_for(want, WAIT).await;
         assert_eq!(delivered(&consumer), acked);
 
         fs.clear();
@@ -180,10 +186,7 @@ async fn a_failing_disk_nacks_produces_keeps_reads_and_delivery_going_and_append
         assert_eq!(broker.pull("orders").await, acked);
     }
     let want = acked.len();
-    eventually(Duration::from_secs(10), "delivery of everything", || {
-        (delivered(&consumer).len() >= want).then_some(())
-    })
-    .await;
+    consumer.wait_for(want, WAIT).await;
     assert_eq!(delivered(&consumer), acked, "in order, once");
     broker.stop().await;
 
@@ -194,10 +197,7 @@ async fn a_failing_disk_nacks_produces_keeps_reads_and_delivery_going_and_append
     let (status, body, _) = broker.produce("orders", n).await;
     assert_eq!(status, 200, "{body}");
     acked.push(n);
-    eventually(Duration::from_secs(10), "delivery after restart", || {
-        (delivered(&consumer).len() >= acked.len()).then_some(())
-    })
-    .await;
+    consumer.wait_for(acked.len(), WAIT).await;
     assert_eq!(delivered(&consumer), acked);
     broker.stop().await;
 }
@@ -206,26 +206,17 @@ async fn a_failing_disk_nacks_produces_keeps_reads_and_delivery_going_and_append
 async fn a_failing_checkpoint_write_is_retried_and_delivery_goes_on() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
-    let consumer = Consumer::start().await;
-    write_dispatchers(
-        root,
-        &json!([host_dispatcher("audit", "orders", consumer.port)]),
-    );
-    let fs = FaultyFs::new();
-    let broker = InProcess::start(root, Arc::new(fs.clone())).await;
+    let (consumer, fs, broker) = start_with_consumer(root).await;
     fs.fail(Op::Sync, "checkpoints", libc::EIO);
     for n in 0..5 {
         assert_eq!(broker.produce("orders", n).await.0, 200);
     }
-    eventually(Duration::from_secs(10), "delivery", || {
-        (delivered(&consumer).len() >= 5).then_some(())
-    })
-    .await;
+    consumer.wait_for(5, WAIT).await;
     let checkpoint = root.join("topics/orders/checkpoints/audit.checkpoint");
     assert!(!checkpoint.exists(), "the fault is on");
     fs.clear();
     // No new message arrives: the saver retries on its own.
-    let value = eventually(Duration::from_secs(10), "the checkpoint", || {
+    let value = eventually(WAIT, "the checkpoint", || {
         std::fs::read(&checkpoint).ok().filter(|v| v.len() == 8)
     })
     .await;

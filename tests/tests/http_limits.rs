@@ -229,6 +229,14 @@ async fn the_topic_cap_refuses_new_topics_with_403_and_keeps_existing_ones_worki
     broker.produce("a", json!(3)).await;
     let (_, topics) = broker.get("/mmmq/topics").await;
     assert_eq!(topics.as_array().unwrap().len(), 3, "{topics}");
+    // Topics found on disk at boot count towards the cap.
+    assert!(broker.terminate().success());
+    let broker = Broker::start_with(tmp.path(), &["--max-topics", "3"]).await;
+    let (status, body) = broker
+        .post("/mmmq/messages", &json!({"topic": "d", "content": 1}))
+        .await;
+    assert_eq!(status, 403, "after a restart: {body}");
+    broker.produce("c", json!(2)).await;
 }
 
 /// A consumer that stays down while 50 MiB of messages pile up: the backlog lives in the log, not

@@ -642,8 +642,7 @@ impl Inner {
     fn heal(&self) -> Result<(), StorageError> {
         let mut tail = self.tail.lock();
         let committed = *self.committed.borrow();
-        let mut removed = Vec::new();
-        {
+        let last = {
             let mut segments = self.segments.write();
             // Segments that a failed batch rotated into hold nothing committed; the one before
             // them becomes the tail again. A segment sealed before this process started is never
@@ -652,10 +651,10 @@ impl Inner {
                 && segments.last().is_some_and(|s| s.committed_count() == 0)
                 && segments[segments.len() - 2].writable()
             {
-                removed.push(segments.pop().expect("checked"));
+                segments.pop();
             }
-        }
-        let last = self.segments.read().last().expect("never empty").clone();
+            segments.last().expect("never empty").clone()
+        };
         // Files of every segment after the tail: the ones just dropped, and any half-created by a
         // rotation that failed between its two files.
         let mut stale = false;
@@ -673,7 +672,6 @@ impl Inner {
         if stale {
             self.vfs.sync_dir(&self.dir).at(&self.dir)?;
         }
-        drop(removed);
         last.cut_uncommitted()?;
         *tail = Tail {
             write_pos: last.committed_bytes(),
