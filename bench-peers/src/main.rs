@@ -2,6 +2,10 @@
 //! exactly one message in flight, for a fixed time; latency is from send to the durable
 //! acknowledgement. One JSON line per run.
 //!
+//! `e2e` measures the same producers with a consumer attached: a no-op HTTP consumer that mmmq
+//! pushes to (batched delivery, contract §3), a Redis consumer group (`XREADGROUP` + `XACK`), a
+//! JetStream pull consumer with explicit acks. Latency is from send to receipt by the consumer.
+//!
 //! `scripts/bench-peers` installs and starts the peers (Redis with `appendfsync always`, NATS
 //! JetStream with file storage, a trivial HTTP server as the floor) and mmmq itself, each on
 //! loopback with its data in a temporary directory, and calls this binary against each.
@@ -46,6 +50,22 @@ enum Command {
         #[arg(long, default_value_t = 1024)]
         message_bytes: usize,
     },
+    /// Produce with a consumer attached; counts and times what the consumer receives.
+    E2e {
+        #[arg(long, value_enum)]
+        system: System,
+        #[arg(long)]
+        url: String,
+        #[arg(long, value_delimiter = ',', default_value = "16")]
+        producers: Vec<usize>,
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        #[arg(long, default_value_t = 1024)]
+        message_bytes: usize,
+        /// mmmq only: where this process listens as the HTTP consumer its `dispatchers.json` names.
+        #[arg(long)]
+        consumer_port: Option<u16>,
+    },
     /// A trivial HTTP server answering every POST with 200 `{"ack":"ACK"}`.
     FloorServer {
         #[arg(long)]
@@ -55,7 +75,12 @@ enum Command {
 
 /// One producer's connection.
 enum Conn {
-    Http(reqwest::Client, String),
+    /// A bare HTTP/1.1 connection (hyper's client, no pool, no redirects): the lightest client
+    /// there is, so that the machine's two cores go to the server, not to the load generator.
+    Http(
+        hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>,
+        String,
+    ),
     Redis(redis::aio::MultiplexedConnection),
     Nats(async_nats::jetstream::Context),
 }
@@ -63,10 +88,20 @@ enum Conn {
 impl Conn {
     async fn open(system: System, url: &str) -> anyhow::Result<Self> {
         Ok(match system {
-            System::Mmmq | System::Floor => Self::Http(
-                reqwest::Client::builder().pool_max_idle_per_host(1).build()?,
-                format!("{url}/mmmq/messages"),
-            ),
+            System::Mmmq | System::Floor => {
+                let authority = url
+                    .strip_prefix("http://")
+                    .context("an http:// URL")?
+                    .trim_end_matches('/')
+                    .to_owned();
+                let stream = tokio::net::TcpStream::connect(&authority).await?;
+                stream.set_nodelay(true)?;
+                let (sender, connection) =
+                    hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                        .await?;
+                tokio::spawn(connection);
+                Self::Http(sender, authority)
+            }
             System::Redis => Self::Redis(
                 redis::Client::open(url)?
                     .get_multiplexed_async_connection()
@@ -80,16 +115,17 @@ impl Conn {
 
     async fn send(&mut self, payload: &str) -> anyhow::Result<()> {
         match self {
-            Self::Http(client, url) => {
+            Self::Http(sender, authority) => {
                 let body = format!(r#"{{"topic":"bench","content":{{"pad":"{payload}"}}}}"#);
-                let r = client
-                    .post(url.as_str())
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .send()
-                    .await?;
-                anyhow::ensure!(r.status() == 200, "answered {}", r.status());
-                r.bytes().await?;
+                let request = hyper::Request::post("/mmmq/messages")
+                    .header(hyper::header::HOST, authority.as_str())
+                    .header(hyper::header::CONTENT_TYPE, "application/json")
+                    .body(http_body_util::Full::new(bytes::Bytes::from(body)))?;
+                sender.ready().await?;
+                let response = sender.send_request(request).await?;
+                let status = response.status();
+                let body = http_body_util::BodyExt::collect(response.into_body()).await?;
+                anyhow::ensure!(status == 200, "answered {status}: {:?}", body.to_bytes());
             }
             Self::Redis(con) => {
                 let _: String = redis::cmd("XADD")
@@ -110,6 +146,44 @@ impl Conn {
     }
 }
 
+/// The clock that producers stamp messages with and consumers read them by (one process).
+static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+fn now_us() -> u64 {
+    ORIGIN.get_or_init(Instant::now).elapsed().as_micros() as u64
+}
+
+/// Width of the send time at the start of every payload.
+const STAMP: usize = 20;
+
+/// A payload of `len` bytes that starts with its send time.
+fn stamped(len: usize) -> String {
+    let mut p = format!("{:0width$}", now_us(), width = STAMP);
+    p.extend(std::iter::repeat_n('x', len.saturating_sub(STAMP)));
+    p
+}
+
+/// What a consumer received of the messages sent inside the measured window: (sent, received)
+/// times in µs.
+#[derive(Default)]
+struct Received {
+    window: std::sync::Mutex<(u64, u64)>,
+    times: std::sync::Mutex<Vec<(u64, u64)>>,
+}
+
+impl Received {
+    fn record(&self, payload: &str) {
+        let Some(sent) = payload.get(..STAMP).and_then(|s| s.parse::<u64>().ok()) else {
+            return;
+        };
+        let now = now_us();
+        let (from, to) = *self.window.lock().unwrap();
+        if (from..to).contains(&sent) {
+            self.times.lock().unwrap().push((sent, now));
+        }
+    }
+}
+
 fn percentile_us(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -118,44 +192,51 @@ fn percentile_us(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1e6
 }
 
-async fn produce(
+/// Creates the JetStream stream the producers write to (idempotent).
+async fn nats_stream(url: &str) -> anyhow::Result<async_nats::jetstream::stream::Stream> {
+    let js = async_nats::jetstream::new(async_nats::connect(url).await?);
+    js.get_or_create_stream(async_nats::jetstream::stream::Config {
+        name: "BENCH".into(),
+        subjects: vec!["bench.>".into()],
+        storage: async_nats::jetstream::stream::StorageType::File,
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("creating the stream: {e}"))
+}
+
+/// P producers in a closed loop for `seconds`; returns every send-to-ack latency and the time
+/// the measured window took.
+async fn run_producers(
     system: System,
     url: &str,
     producers: usize,
     seconds: u64,
     message_bytes: usize,
-) -> anyhow::Result<serde_json::Value> {
-    if let System::Nats = system {
-        let js = async_nats::jetstream::new(async_nats::connect(url).await?);
-        js.get_or_create_stream(async_nats::jetstream::stream::Config {
-            name: "BENCH".into(),
-            subjects: vec!["bench.>".into()],
-            storage: async_nats::jetstream::stream::StorageType::File,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| anyhow::anyhow!("creating the stream: {e}"))?;
-    }
-    let payload = "x".repeat(message_bytes);
+    received: Option<&Received>,
+) -> anyhow::Result<(Vec<Duration>, f64)> {
     let mut conns = Vec::with_capacity(producers);
     for _ in 0..producers {
         conns.push(Conn::open(system, url).await.context("connecting")?);
     }
     // One warm-up message per connection, so connection set-up is not measured.
     for c in &mut conns {
-        c.send(&payload).await?;
+        c.send(&stamped(message_bytes)).await?;
     }
     let start = Instant::now();
     let deadline = start + Duration::from_secs(seconds);
+    if let Some(r) = received {
+        let from = now_us();
+        *r.window.lock().unwrap() = (from, from + seconds * 1_000_000);
+    }
     let tasks: Vec<_> = conns
         .into_iter()
         .map(|mut c| {
-            let payload = payload.clone();
             tokio::spawn(async move {
                 let mut lat = Vec::new();
                 while Instant::now() < deadline {
                     let t = Instant::now();
-                    c.send(&payload).await?;
+                    c.send(&stamped(message_bytes)).await?;
                     lat.push(t.elapsed());
                 }
                 Ok::<_, anyhow::Error>(lat)
@@ -168,11 +249,170 @@ async fn produce(
     }
     let elapsed = start.elapsed().as_secs_f64();
     all.sort_unstable();
+    Ok((all, elapsed))
+}
+
+async fn produce(
+    system: System,
+    url: &str,
+    producers: usize,
+    seconds: u64,
+    message_bytes: usize,
+) -> anyhow::Result<serde_json::Value> {
+    if let System::Nats = system {
+        nats_stream(url).await?;
+    }
+    let (all, elapsed) =
+        run_producers(system, url, producers, seconds, message_bytes, None).await?;
     Ok(json!({
         "bench": "peers", "what": "produce", "system": format!("{system:?}").to_lowercase(),
         "producers": producers, "message_bytes": message_bytes,
         "msgs_per_s": (all.len() as f64 / elapsed).round(),
         "p50_us": percentile_us(&all, 0.5).round(), "p99_us": percentile_us(&all, 0.99).round(),
+    }))
+}
+
+/// The no-op HTTP consumer mmmq delivers to: answers ACK to a single envelope or an array.
+async fn http_consumer(port: u16, received: std::sync::Arc<Received>) -> anyhow::Result<()> {
+    let app = axum::Router::new().route(
+        "/mmmq/messages",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let received = received.clone();
+            async move {
+                let record = |v: &serde_json::Value| {
+                    if let Some(pad) = v["content"]["pad"].as_str() {
+                        received.record(pad);
+                    }
+                };
+                match serde_json::from_slice::<serde_json::Value>(&body) {
+                    Ok(serde_json::Value::Array(items)) => items.iter().for_each(record),
+                    Ok(one) => record(&one),
+                    Err(_) => return (axum::http::StatusCode::BAD_REQUEST, "bad JSON"),
+                }
+                (axum::http::StatusCode::OK, r#"{"ack":"ACK"}"#)
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+/// A Redis consumer group member: reads, records, acknowledges.
+async fn redis_consumer(url: &str, received: std::sync::Arc<Received>) -> anyhow::Result<()> {
+    let mut con = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let _: Result<String, _> = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg("bench")
+        .arg("g")
+        .arg("$")
+        .arg("MKSTREAM")
+        .query_async(&mut con)
+        .await;
+    loop {
+        let reply: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg("g")
+            .arg("c")
+            .arg("COUNT")
+            .arg(1000)
+            .arg("BLOCK")
+            .arg(1000)
+            .arg("STREAMS")
+            .arg("bench")
+            .arg(">")
+            .query_async(&mut con)
+            .await?;
+        let mut ack = redis::cmd("XACK");
+        ack.arg("bench").arg("g");
+        let mut any = false;
+        for entry in reply.keys.iter().flat_map(|k| &k.ids) {
+            if let Some(redis::Value::BulkString(pad)) = entry.map.get("pad") {
+                received.record(std::str::from_utf8(pad).unwrap_or(""));
+            }
+            ack.arg(&entry.id);
+            any = true;
+        }
+        if any {
+            let _: i64 = ack.query_async(&mut con).await?;
+        }
+    }
+}
+
+/// A JetStream pull consumer with explicit acknowledgements.
+async fn nats_consumer(url: &str, received: std::sync::Arc<Received>) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    let stream = nats_stream(url).await?;
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            durable_name: Some("bench".into()),
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
+            deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::New,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("creating the consumer: {e}"))?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(|e| anyhow::anyhow!("consuming: {e}"))?;
+    while let Some(message) = messages.next().await {
+        let message = message.map_err(|e| anyhow::anyhow!("consuming: {e}"))?;
+        received.record(std::str::from_utf8(&message.payload).unwrap_or(""));
+        message
+            .ack()
+            .await
+            .map_err(|e| anyhow::anyhow!("acking: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Produce with a consumer attached: the consumer's rate and latency inside the window.
+async fn e2e(
+    system: System,
+    url: &str,
+    producers: usize,
+    seconds: u64,
+    message_bytes: usize,
+    consumer_port: Option<u16>,
+) -> anyhow::Result<serde_json::Value> {
+    let received = std::sync::Arc::new(Received::default());
+    let consumer = {
+        let (url, r) = (url.to_owned(), received.clone());
+        match system {
+            System::Mmmq => {
+                let port = consumer_port.context("mmmq needs --consumer-port")?;
+                tokio::spawn(async move { http_consumer(port, r).await })
+            }
+            System::Redis => tokio::spawn(async move { redis_consumer(&url, r).await }),
+            System::Nats => tokio::spawn(async move { nats_consumer(&url, r).await }),
+            System::Floor => anyhow::bail!("the floor has no consumer"),
+        }
+    };
+    // Let the consumer subscribe before the first message.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (produced, elapsed) =
+        run_producers(system, url, producers, seconds, message_bytes, Some(&received)).await?;
+    // What was sent inside the window and arrives within a second after it counts towards
+    // latency; only what arrived inside the window counts towards the rate.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    consumer.abort();
+    let to = received.window.lock().unwrap().1;
+    let times = std::mem::take(&mut *received.times.lock().unwrap());
+    let delivered = times.iter().filter(|(_, at)| *at <= to).count();
+    let mut lat: Vec<Duration> = times
+        .iter()
+        .map(|(sent, at)| Duration::from_micros(at - sent))
+        .collect();
+    lat.sort_unstable();
+    Ok(json!({
+        "bench": "peers", "what": "e2e", "system": format!("{system:?}").to_lowercase(),
+        "producers": producers, "message_bytes": message_bytes,
+        "produced_per_s": (produced.len() as f64 / elapsed).round(),
+        "delivered_per_s": (delivered as f64 / elapsed).round(),
+        "p50_us": percentile_us(&lat, 0.5).round(), "p99_us": percentile_us(&lat, 0.99).round(),
     }))
 }
 
@@ -188,6 +428,19 @@ async fn main() -> anyhow::Result<()> {
         } => {
             for p in producers {
                 let line = produce(system, &url, p, seconds, message_bytes).await?;
+                println!("{line}");
+            }
+        }
+        Command::E2e {
+            system,
+            url,
+            producers,
+            seconds,
+            message_bytes,
+            consumer_port,
+        } => {
+            for p in producers {
+                let line = e2e(system, &url, p, seconds, message_bytes, consumer_port).await?;
                 println!("{line}");
             }
         }

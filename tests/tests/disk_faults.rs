@@ -224,3 +224,32 @@ async fn a_failing_checkpoint_write_is_retried_and_delivery_goes_on() {
     broker.stop().await;
     assert_eq!(delivered(&consumer), (0..5).collect::<Vec<_>>());
 }
+
+/// Checkpoints are batched: a consumer that keeps up with a steady producer costs at most one
+/// checkpoint write per `CHECKPOINT_INTERVAL` (50 ms), not one per delivery (which doubled the
+/// broker's fsyncs), and a clean stop still writes the final position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_consumer_costs_a_checkpoint_write_per_interval_not_per_delivery() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let (consumer, fs, broker) = start_with_consumer(root).await;
+    const N: u64 = 300;
+    let started = std::time::Instant::now();
+    for n in 0..N {
+        assert_eq!(broker.produce("orders", n).await.0, 200);
+        // One delivery per message: wait for it before the next produce.
+        consumer.wait_for(n as usize + 1, WAIT).await;
+    }
+    let elapsed = started.elapsed();
+    // A checkpoint write syncs its temporary file once.
+    let writes = fs.syncs("audit.checkpoint");
+    let bound = (elapsed.as_millis() / 50) as usize + 3;
+    assert!(
+        writes <= bound,
+        "{writes} checkpoint writes for {N} deliveries in {elapsed:?}; at most {bound} expected"
+    );
+    broker.stop().await;
+    let checkpoint = root.join("topics/orders/checkpoints/audit.checkpoint");
+    assert_eq!(std::fs::read(&checkpoint).unwrap(), N.to_be_bytes());
+    assert_eq!(delivered(&consumer), (0..N).collect::<Vec<_>>());
+}

@@ -22,9 +22,12 @@ struct Fault {
 }
 
 /// Wraps [`OsFs`]; every armed fault fails the matching operations until [`FaultyFs::clear`].
+/// It also remembers which paths were synced, so that tests can count the fsyncs a behaviour
+/// costs.
 #[derive(Debug, Clone, Default)]
 pub struct FaultyFs {
     faults: Arc<Mutex<Vec<Fault>>>,
+    synced: Arc<Mutex<Vec<PathBuf>>>,
 }
 
 impl FaultyFs {
@@ -46,6 +49,19 @@ impl FaultyFs {
     /// Disarms every fault: the disk is healthy again.
     pub fn clear(&self) {
         self.faults.lock().clear();
+    }
+
+    /// How many successful `sync_data`/`sync_dir` calls hit a path containing `path_contains`.
+    pub fn syncs(&self, path_contains: &str) -> usize {
+        self.synced
+            .lock()
+            .iter()
+            .filter(|p| p.to_string_lossy().contains(path_contains))
+            .count()
+    }
+
+    fn synced(&self, path: &Path) {
+        self.synced.lock().push(path.to_owned());
     }
 
     fn check(&self, op: Op, path: &Path) -> io::Result<()> {
@@ -96,7 +112,9 @@ impl Vfs for FaultyFs {
     }
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         self.check(Op::Sync, dir)?;
-        OsFs.sync_dir(dir)
+        OsFs.sync_dir(dir)?;
+        self.synced(dir);
+        Ok(())
     }
 }
 
@@ -110,7 +128,9 @@ impl VfsFile for FaultyFile {
     }
     fn sync_data(&self) -> io::Result<()> {
         self.fs.check(Op::Sync, &self.path)?;
-        self.inner.sync_data()
+        self.inner.sync_data()?;
+        self.fs.synced(&self.path);
+        Ok(())
     }
     fn len(&self) -> io::Result<u64> {
         self.inner.len()
