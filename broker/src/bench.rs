@@ -925,6 +925,10 @@ pub struct TopicsBench {
     /// How many topics, each with one message and one dispatcher delivering it.
     #[arg(long, default_value_t = 10_000)]
     pub topics: usize,
+    /// Segment files held open at once (default: as `serve`, the descriptor limit minus what
+    /// sockets need).
+    #[arg(long)]
+    pub max_open_files: Option<usize>,
 }
 
 fn proc_status(field: &str) -> u64 {
@@ -945,7 +949,11 @@ pub async fn topics(cfg: TopicsBench, out: &mut (dyn Write + Send)) -> anyhow::R
     use crate::broker::Broker;
     use std::sync::atomic::{AtomicU64, Ordering};
     let scratch = scratch_dir(&cfg.dir)?;
-    let config = crate::config::ServeConfig::new(scratch.path()).with_flush(FlushMode::NoSync);
+    let mut config = crate::config::ServeConfig::new(scratch.path()).with_flush(FlushMode::NoSync);
+    config.log.files = match cfg.max_open_files {
+        Some(n) => crate::storage::FileCache::new(n),
+        None => crate::storage::FileCache::for_process(config.http.max_connections as u64 + 512),
+    };
     let rss_before = proc_status("VmRSS:");
     for phase in ["created", "rebooted"] {
         let broker = Broker::open(config.clone()).await?;
@@ -984,6 +992,8 @@ pub async fn topics(cfg: TopicsBench, out: &mut (dyn Write + Send)) -> anyhow::R
                 "bench": "topics", "phase": phase, "topics": broker.registry().len(),
                 "ms": ready_ms, "rss_mib": proc_status("VmRSS:") as f64 / 1024.0,
                 "rss_before_mib": rss_before as f64 / 1024.0, "threads": proc_status("Threads:"),
+                "open_fds": std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count()),
+                "max_open_files": config.log.files.capacity(),
             })
         )?;
         broker.shutdown().await;

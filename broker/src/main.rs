@@ -160,6 +160,11 @@ struct ServeArgs {
     /// Time a request has to send its body and be answered (408 past it).
     #[arg(long, env = "MMMQ_REQUEST_TIMEOUT_MS", default_value_t = 60_000)]
     request_timeout_ms: u64,
+    /// Most segment files held open at once, over all topics (the least recently used are closed
+    /// and reopened on their next use). Default: the descriptor limit minus --max-connections
+    /// and 512 more for everything else.
+    #[arg(long, env = "MMMQ_MAX_OPEN_FILES")]
+    max_open_files: Option<usize>,
 }
 
 #[derive(Subcommand)]
@@ -343,6 +348,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.http.max_connections = args.max_connections.max(1);
     config.http.header_read_timeout = Duration::from_millis(args.header_timeout_ms.max(1));
     config.http.request_timeout = Duration::from_millis(args.request_timeout_ms.max(1));
+    config.log.files = match args.max_open_files {
+        Some(n) => mmmq::storage::FileCache::new(n),
+        None => mmmq::storage::FileCache::for_process(args.max_connections as u64 + 512),
+    };
+    tracing::debug!(
+        max_open_files = config.log.files.capacity(),
+        "segment file cache"
+    );
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

@@ -29,10 +29,11 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use tokio::sync::{oneshot, watch};
 
 use super::error::{IoContext, StorageError};
+use super::files::FileCache;
 use super::frame::{self, MAX_PAYLOAD_LEN};
 use super::scan::{self, ChainGap};
 use super::segment::{Entry, Segment};
-use super::vfs::Vfs;
+use super::vfs::{Vfs, VfsFile};
 
 /// When an append counts as durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -81,6 +82,9 @@ pub struct LogConfig {
     /// After a failed write, how long appends are refused before the log tries to recover in
     /// place (so that a failing disk is not hammered by every client's retry).
     pub retry_after: Duration,
+    /// The open-file cap shared by every log of a broker (each segment's files are closed when
+    /// unused for longest and the cap is reached, and reopened on the next use).
+    pub files: Arc<FileCache>,
 }
 
 impl std::fmt::Debug for LogConfig {
@@ -90,6 +94,7 @@ impl std::fmt::Debug for LogConfig {
             .field("flush", &self.flush)
             .field("max_batch_bytes", &self.max_batch_bytes)
             .field("retry_after", &self.retry_after)
+            .field("max_open_files", &self.files.capacity())
             .finish_non_exhaustive()
     }
 }
@@ -102,9 +107,14 @@ impl Default for LogConfig {
             max_batch_bytes: 8 * 1024 * 1024,
             on_commit: None,
             retry_after: Duration::from_secs(1),
+            files: FileCache::for_process(DEFAULT_FD_RESERVE),
         }
     }
 }
+
+/// Descriptors a default [`LogConfig`] leaves outside its file cache (sockets, checkpoints,
+/// plugins, the runtime's own).
+pub const DEFAULT_FD_RESERVE: u64 = 1024;
 
 /// Sizes for the topic list and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,6 +147,8 @@ struct Staged {
 /// The part of a batch that landed in one segment.
 struct Piece {
     segment: Arc<Segment>,
+    /// The data file the piece was written through, held until its fsync.
+    data_file: Arc<dyn VfsFile>,
     positions: Vec<u64>,
     end: u64,
 }
@@ -241,10 +253,15 @@ impl Log {
         let mut segments = Vec::with_capacity(scans.len().max(1));
         let last = scans.len().saturating_sub(1);
         for (i, scan) in scans.into_iter().enumerate() {
-            segments.push(Arc::new(Segment::recover(&*vfs, scan, i == last)?));
+            segments.push(Arc::new(Segment::recover(
+                &vfs,
+                &config.files,
+                scan,
+                i == last,
+            )?));
         }
         if segments.is_empty() {
-            segments.push(Arc::new(Segment::create(&*vfs, dir, 0)?));
+            segments.push(Arc::new(Segment::create(&vfs, &config.files, dir, 0)?));
         }
         let tail_segment = segments.last().expect("at least one segment").clone();
         let next_offset = tail_segment.start() + tail_segment.committed_count();
@@ -568,14 +585,20 @@ impl Inner {
                 let here = base + buf.len() as u64;
                 if here > 0 && here >= max {
                     if !positions.is_empty() {
-                        segment.write_data(&buf, base)?;
+                        let data_file = segment.write_data(&buf, base)?;
                         pieces.push(Piece {
                             segment: segment.clone(),
+                            data_file,
                             positions: std::mem::take(&mut positions),
                             end: here,
                         });
                     }
-                    let next = Arc::new(Segment::create(&*self.vfs, &self.dir, offset)?);
+                    let next = Arc::new(Segment::create(
+                        &self.vfs,
+                        &self.config.files,
+                        &self.dir,
+                        offset,
+                    )?);
                     self.segments.write().push(next.clone());
                     segment = next;
                     base = 0;
@@ -588,9 +611,10 @@ impl Inner {
             }
         }
         if !positions.is_empty() {
-            segment.write_data(&buf, base)?;
+            let data_file = segment.write_data(&buf, base)?;
             pieces.push(Piece {
                 segment: segment.clone(),
+                data_file,
                 positions,
                 end: base + buf.len() as u64,
             });
@@ -598,7 +622,7 @@ impl Inner {
         if self.config.flush != FlushMode::NoSync {
             // Each piece is a different segment: a rotation starts a new piece.
             for piece in &pieces {
-                piece.segment.sync_data()?;
+                piece.data_file.sync_data().at(&piece.segment.files.data)?;
             }
         }
         tail.write_pos = base + buf.len() as u64;
@@ -616,13 +640,19 @@ impl Inner {
     /// have a gap, and refuse to open).
     fn commit(&self, staged: &[Staged]) -> Result<(), StorageError> {
         let mut pieces = staged.iter().flat_map(|s| &s.pieces).peekable();
+        // Every file the segment's entries were written through stays open until the fsync.
+        let mut unsynced = Vec::new();
         while let Some(piece) = pieces.next() {
-            piece.segment.write_index(&piece.positions)?;
+            let index = piece.segment.write_index(&piece.positions)?;
+            unsynced.push(index.clone());
             let segment_done = pieces
                 .peek()
                 .is_none_or(|next| !Arc::ptr_eq(&next.segment, &piece.segment));
-            if segment_done && self.config.flush != FlushMode::NoSync {
-                piece.segment.sync_index()?;
+            if segment_done {
+                if self.config.flush != FlushMode::NoSync {
+                    index.sync_data().at(&piece.segment.files.index)?;
+                }
+                unsynced.clear();
             }
         }
         for piece in staged.iter().flat_map(|s| &s.pieces) {

@@ -11,13 +11,16 @@
 //! - [`error`]: [`StorageError`], and [`CorruptEntry`] for isolated, skippable corruption.
 //!
 //! # File descriptors
-//! A log keeps its data files open (one descriptor per segment) and the tail segment's index
-//! (one more); indexes of segments sealed before the process started are read once and closed.
-//! With the default 64 MiB segments a topic with under 64 MiB costs two descriptors, so 1,000
-//! topics need about 2,000: `mmmq serve` raises its soft `RLIMIT_NOFILE` to the hard limit at start.
+//! A segment needs its data file, and the tail segment its index too (indexes of segments sealed
+//! before the process started are read once and closed). They are held through [`files`]: one
+//! cache per broker that keeps at most `--max-open-files` of them open, closing the least recently
+//! used and reopening on the next use, so ten thousand idle topics cost no descriptors while the
+//! busy ones keep theirs. `mmmq serve` raises its soft `RLIMIT_NOFILE` to the hard limit at start
+//! and sizes the cache to that limit minus what sockets need.
 
 pub mod checkpoint;
 pub mod error;
+pub mod files;
 pub mod frame;
 pub mod log;
 pub mod scan;
@@ -26,6 +29,7 @@ pub mod vfs;
 
 pub use checkpoint::Checkpoints;
 pub use error::{CorruptEntry, StorageError};
+pub use files::FileCache;
 pub use log::{FlushMode, Log, LogConfig, LogStats};
 pub use segment::Entry;
 pub use vfs::{OsFs, Vfs};

@@ -232,7 +232,7 @@ impl World {
     }
 }
 
-async fn run(steps: Vec<Step>, segment_max_bytes: u64, flush: FlushMode) {
+async fn run(steps: Vec<Step>, segment_max_bytes: u64, flush: FlushMode, open_files: usize) {
     let fs = SimFs::new();
     let root = PathBuf::from("/sim");
     fs.mkdir_durable(&root);
@@ -240,6 +240,8 @@ async fn run(steps: Vec<Step>, segment_max_bytes: u64, flush: FlushMode) {
         segment_max_bytes,
         flush,
         retry_after: Duration::ZERO,
+        // Down to two open files: segments are closed and reopened between (and during) commits.
+        files: FileCache::new(open_files),
         ..LogConfig::default()
     };
     let mut world = World::open(fs, root.join("t"), config).unwrap();
@@ -314,9 +316,10 @@ proptest! {
         steps in prop::collection::vec(step(), 1..30),
         segment_max_bytes in prop_oneof![Just(1u64), 64u64..2048, Just(1 << 20)],
         flush in prop_oneof![Just(FlushMode::GroupCommit), Just(FlushMode::PerAppend)],
+        open_files in prop_oneof![Just(2usize), Just(3), Just(1 << 16)],
     ) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(run(steps, segment_max_bytes, flush));
+        rt.block_on(run(steps, segment_max_bytes, flush, open_files));
     }
 }
 

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::RwLock;
 
 use super::error::{CorruptEntry, IoContext, StorageError};
+use super::files::{CachedFile, FileCache};
 use super::frame::{self, FrameFault, HEADER_LEN, MAX_PAYLOAD_LEN};
 use super::scan::{INDEX_ENTRY_LEN, SegmentFiles, SegmentScan};
 use super::vfs::{OpenMode, Vfs, VfsFile};
@@ -23,9 +24,10 @@ pub struct Entry {
 
 pub(crate) struct Segment {
     pub files: SegmentFiles,
-    data: Arc<dyn VfsFile>,
+    /// Open while in use; the broker's [`FileCache`] may close it between uses.
+    data: CachedFile,
     /// `None` for segments sealed before this process started: their index is only read, once.
-    index: Option<Arc<dyn VfsFile>>,
+    index: Option<CachedFile>,
     /// Start positions of committed entries. Pushed to only after the index fsync that covers them.
     positions: RwLock<Vec<u64>>,
     /// End of the last committed entry in the data file.
@@ -45,7 +47,12 @@ impl std::fmt::Debug for Segment {
 
 impl Segment {
     /// Creates the two empty files of a new segment and makes their names durable.
-    pub fn create(vfs: &dyn Vfs, dir: &Path, start: u64) -> Result<Self, StorageError> {
+    pub fn create(
+        vfs: &Arc<dyn Vfs>,
+        cache: &Arc<FileCache>,
+        dir: &Path,
+        start: u64,
+    ) -> Result<Self, StorageError> {
         let files = SegmentFiles::new(dir, start);
         let data = vfs.open(&files.data, OpenMode::CreateNew).at(&files.data)?;
         let index = vfs
@@ -53,9 +60,9 @@ impl Segment {
             .at(&files.index)?;
         vfs.sync_dir(dir).at(dir)?;
         Ok(Self {
+            data: cache.adopt(vfs.clone(), &files.data, data),
+            index: Some(cache.adopt(vfs.clone(), &files.index, index)),
             files,
-            data,
-            index: Some(index),
             positions: RwLock::new(Vec::new()),
             committed_end: AtomicU64::new(0),
             indexed: AtomicU64::new(0),
@@ -64,7 +71,12 @@ impl Segment {
 
     /// Opens a segment whose scan found it consistent, cutting what was never committed: a torn
     /// index entry and data after the last indexed entry. `writable` is for the tail segment.
-    pub fn recover(vfs: &dyn Vfs, scan: SegmentScan, writable: bool) -> Result<Self, StorageError> {
+    pub fn recover(
+        vfs: &Arc<dyn Vfs>,
+        cache: &Arc<FileCache>,
+        scan: SegmentScan,
+        writable: bool,
+    ) -> Result<Self, StorageError> {
         let files = scan.files.clone();
         let dir = files.data.parent().unwrap_or(Path::new("."));
         let mut created = false;
@@ -99,9 +111,9 @@ impl Segment {
         }
         let count = scan.count();
         Ok(Self {
+            data: cache.adopt(vfs.clone(), &files.data, data),
+            index: writable.then(|| cache.adopt(vfs.clone(), &files.index, index)),
             files,
-            data,
-            index: writable.then_some(index),
             positions: RwLock::new(scan.positions),
             committed_end: AtomicU64::new(scan.committed_end),
             indexed: AtomicU64::new(count),
@@ -127,23 +139,26 @@ impl Segment {
 
     // ---- the append side (called only from the log's data and index stages) ----
 
-    pub fn write_data(&self, buf: &[u8], pos: u64) -> Result<(), StorageError> {
-        self.data.write_all_at(buf, pos).at(&self.files.data)
+    /// Writes `buf` at `pos` of the data file; returns the open file, which the caller holds until
+    /// the fsync that makes the write durable (see [`FileCache`]).
+    pub fn write_data(&self, buf: &[u8], pos: u64) -> Result<Arc<dyn VfsFile>, StorageError> {
+        let data = self.data.get().at(&self.files.data)?;
+        data.write_all_at(buf, pos).at(&self.files.data)?;
+        Ok(data)
     }
 
-    pub fn sync_data(&self) -> Result<(), StorageError> {
-        self.data.sync_data().at(&self.files.data)
-    }
-
-    /// Appends index entries for `positions` (not yet visible to readers).
-    pub fn write_index(&self, positions: &[u64]) -> Result<(), StorageError> {
+    /// Appends index entries for `positions` (not yet visible to readers); returns the open
+    /// index file, to be held until its fsync.
+    pub fn write_index(&self, positions: &[u64]) -> Result<Arc<dyn VfsFile>, StorageError> {
         let index = self
             .index
             .as_ref()
             .ok_or_else(|| StorageError::Inconsistent {
                 path: self.files.index.clone(),
                 reason: "append to a sealed segment".into(),
-            })?;
+            })?
+            .get()
+            .at(&self.files.index)?;
         let mut raw = Vec::with_capacity(positions.len() * INDEX_ENTRY_LEN as usize);
         for p in positions {
             raw.extend_from_slice(&p.to_be_bytes());
@@ -152,25 +167,18 @@ impl Segment {
         index.write_all_at(&raw, at).at(&self.files.index)?;
         self.indexed
             .fetch_add(positions.len() as u64, Ordering::Relaxed);
-        Ok(())
-    }
-
-    pub fn sync_index(&self) -> Result<(), StorageError> {
-        match &self.index {
-            Some(index) => index.sync_data().at(&self.files.index),
-            None => Ok(()),
-        }
+        Ok(index)
     }
 
     /// Cuts data and index entries written after the last commit (a batch that failed), and
     /// makes the cut durable.
     pub fn cut_uncommitted(&self) -> Result<(), StorageError> {
         let count = self.committed_count();
-        self.data
-            .set_len(self.committed_bytes())
-            .at(&self.files.data)?;
-        self.data.sync_data().at(&self.files.data)?;
+        let data = self.data.get().at(&self.files.data)?;
+        data.set_len(self.committed_bytes()).at(&self.files.data)?;
+        data.sync_data().at(&self.files.data)?;
         if let Some(index) = &self.index {
+            let index = index.get().at(&self.files.index)?;
             index
                 .set_len(count * INDEX_ENTRY_LEN)
                 .at(&self.files.index)?;
@@ -226,7 +234,11 @@ impl Segment {
         };
         let hi = spans.last().map(|s| s.1).unwrap_or(lo);
         let mut buf = vec![0u8; (hi - lo) as usize];
-        self.data.read_exact_at(&mut buf, lo).at(&self.files.data)?;
+        self.data
+            .get()
+            .at(&self.files.data)?
+            .read_exact_at(&mut buf, lo)
+            .at(&self.files.data)?;
         Ok(spans
             .iter()
             .enumerate()

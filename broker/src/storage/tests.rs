@@ -634,3 +634,49 @@ async fn recovery_in_place_keeps_an_empty_tail_after_a_sealed_segment() {
         (0..next + 2).map(payload).collect::<Vec<_>>()
     );
 }
+
+/// Many logs over a cache of four open files: every append and read still works (files are
+/// closed and reopened under them, rotations included), no more than four stay open, and a
+/// reopen after all that finds everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_logs_share_a_small_open_file_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = FileCache::new(4);
+    let config = LogConfig {
+        segment_max_bytes: 256,
+        files: files.clone(),
+        ..LogConfig::default()
+    };
+    let mut logs = Vec::new();
+    for t in 0..20 {
+        let path = dir.path().join(format!("t{t}"));
+        let config = config.clone();
+        logs.push(
+            tokio::task::spawn_blocking(move || Log::open(&path, Arc::new(OsFs), config))
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    for round in 0..30u64 {
+        let appends = logs.iter().map(|log| {
+            let log = log.clone();
+            async move { log.append(&payload(round)).await.unwrap() }
+        });
+        let offsets = futures_util::future::join_all(appends).await;
+        assert!(offsets.iter().all(|&o| o == round));
+        assert!(files.open_files() <= 4, "{} open", files.open_files());
+    }
+    for log in &logs {
+        let all = log.read_from(0, usize::MAX, usize::MAX).unwrap();
+        let got: Vec<Vec<u8>> = all.into_iter().map(|e| e.payload.unwrap()).collect();
+        assert_eq!(got, (0..30).map(payload).collect::<Vec<_>>());
+        assert!(log.stats().segments > 1, "rotations happened");
+    }
+    drop(logs);
+    for t in 0..20 {
+        let log = open(&dir.path().join(format!("t{t}")), 256).unwrap();
+        assert_eq!(log.next_offset(), 30);
+        assert_eq!(log.read(29).unwrap(), Some(payload(29)));
+    }
+}

@@ -1,0 +1,204 @@
+//! A cap on open segment files, shared by every log of a broker.
+//!
+//! Each segment needs its data file (and the tail its index) for reads and appends, but a broker
+//! with ten thousand mostly idle topics cannot keep two descriptors per topic open: the process
+//! limit is often a few thousand, and sockets need descriptors too. A [`CachedFile`] holds its
+//! file open while it is used and lets the [`FileCache`] close it when more than the cap are open,
+//! least recently used first; the next use opens it again.
+//!
+//! Closing never loses a write: a caller holds the `Arc` it got from [`CachedFile::get`] across a
+//! write and the fsync that makes it durable, so both go through one open file description and an
+//! fsync error is reported to the writer that needs it. Eviction only drops the cache's
+//! reference; the descriptor closes when the last user is done.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+
+use super::vfs::{OpenMode, Vfs, VfsFile};
+
+/// The open files of every log, bounded.
+#[derive(Debug)]
+pub struct FileCache {
+    capacity: usize,
+    /// Files that are open, in no order; eviction sorts them by last use.
+    open: Mutex<Vec<Weak<Slot>>>,
+    open_count: AtomicUsize,
+    /// A logical clock of uses, for least-recently-used eviction without a lock per use.
+    clock: AtomicU64,
+}
+
+/// One file that may be closed and reopened. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct CachedFile {
+    slot: Arc<Slot>,
+    cache: Arc<FileCache>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    path: PathBuf,
+    vfs: Arc<dyn Vfs>,
+    file: Mutex<Option<Arc<dyn VfsFile>>>,
+    last_use: AtomicU64,
+}
+
+impl FileCache {
+    /// A cache that keeps at most `capacity` files open (at least 2, so that a segment's two
+    /// files can be open together).
+    pub fn new(capacity: usize) -> Arc<Self> {
+        Arc::new(Self {
+            capacity: capacity.max(2),
+            open: Mutex::new(Vec::new()),
+            open_count: AtomicUsize::new(0),
+            clock: AtomicU64::new(0),
+        })
+    }
+
+    /// A cache sized to this process's descriptor limit, leaving `reserve` descriptors for
+    /// everything else (sockets, checkpoints, plugins).
+    pub fn for_process(reserve: u64) -> Arc<Self> {
+        let limit = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft);
+        Self::new(limit.saturating_sub(reserve).max(64) as usize)
+    }
+
+    /// The most files this cache keeps open.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Files open now (for metrics and tests).
+    pub fn open_files(&self) -> usize {
+        self.open_count.load(Ordering::Relaxed)
+    }
+
+    /// Wraps a file that was just opened (or created) by the caller.
+    pub fn adopt(
+        self: &Arc<Self>,
+        vfs: Arc<dyn Vfs>,
+        path: &Path,
+        file: Arc<dyn VfsFile>,
+    ) -> CachedFile {
+        let slot = Arc::new(Slot {
+            path: path.to_owned(),
+            vfs,
+            file: Mutex::new(Some(file)),
+            last_use: AtomicU64::new(self.tick()),
+        });
+        self.register(&slot);
+        CachedFile {
+            slot,
+            cache: self.clone(),
+        }
+    }
+
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn register(&self, slot: &Arc<Slot>) {
+        self.open.lock().push(Arc::downgrade(slot));
+        if self.open_count.fetch_add(1, Ordering::Relaxed) + 1 > self.capacity {
+            self.evict();
+        }
+    }
+
+    /// Closes the least recently used files until a tenth of the capacity is free (so that a
+    /// broker just over its cap does not sort the list on every open).
+    fn evict(&self) {
+        let victims: Vec<Arc<Slot>> = {
+            let mut open = self.open.lock();
+            let mut live: Vec<Arc<Slot>> = open.drain(..).filter_map(|w| w.upgrade()).collect();
+            // Dropped segments (removed by recovery in place) leave dead entries behind.
+            self.open_count.store(live.len(), Ordering::Relaxed);
+            let target = self.capacity - self.capacity / 10;
+            if live.len() <= target {
+                open.extend(live.iter().map(Arc::downgrade));
+                return;
+            }
+            live.sort_by_key(|s| s.last_use.load(Ordering::Relaxed));
+            let keep = live.split_off(live.len() - target);
+            open.extend(keep.iter().map(Arc::downgrade));
+            live
+        };
+        // Closed outside the list's lock, and never while holding another slot's lock: a slot
+        // being opened takes its own lock, then this list's.
+        for slot in victims {
+            if slot.file.lock().take().is_some() {
+                self.open_count.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl CachedFile {
+    /// The open file, reopened (read-write) if the cache closed it. Hold the returned `Arc`
+    /// across a write and the fsync that covers it.
+    pub fn get(&self) -> std::io::Result<Arc<dyn VfsFile>> {
+        self.slot
+            .last_use
+            .store(self.cache.tick(), Ordering::Relaxed);
+        let mut file = self.slot.file.lock();
+        if let Some(f) = &*file {
+            return Ok(f.clone());
+        }
+        let opened = self.slot.vfs.open(&self.slot.path, OpenMode::ReadWrite)?;
+        *file = Some(opened.clone());
+        drop(file);
+        self.cache.register(&self.slot);
+        Ok(opened)
+    }
+
+    /// Whether the file is open now (tests).
+    pub fn is_open(&self) -> bool {
+        self.slot.file.lock().is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::OsFs;
+
+    #[test]
+    fn the_least_recently_used_files_are_closed_and_reopen_on_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let vfs: Arc<dyn Vfs> = Arc::new(OsFs);
+        let cache = FileCache::new(10);
+        let files: Vec<CachedFile> = (0..30)
+            .map(|i| {
+                let path = dir.path().join(format!("f{i}"));
+                let f = vfs.open(&path, OpenMode::CreateNew).unwrap();
+                f.write_all_at(&[i as u8], 0).unwrap();
+                cache.adopt(vfs.clone(), &path, f)
+            })
+            .collect();
+        assert!(cache.open_files() <= 10, "{} open", cache.open_files());
+        // The newest are open, the oldest were closed.
+        assert!(files[29].is_open());
+        assert!(!files[0].is_open());
+        // A closed file reopens with its content, and stays writable.
+        let f = files[0].get().unwrap();
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, 0).unwrap();
+        assert_eq!(b, [0]);
+        f.write_all_at(&[7], 1).unwrap();
+        f.sync_data().unwrap();
+        assert!(files[0].is_open());
+        assert!(cache.open_files() <= 10);
+        // An evicted file held by a user stays usable until the user drops it.
+        let held = files[1].get().unwrap();
+        for f in &files[2..] {
+            f.get().unwrap();
+        }
+        assert!(!files[1].is_open());
+        held.write_all_at(&[9], 0).unwrap();
+        held.sync_data().unwrap();
+        drop(held);
+        let mut b = [0u8; 1];
+        files[1].get().unwrap().read_exact_at(&mut b, 0).unwrap();
+        assert_eq!(b, [9]);
+    }
+}
