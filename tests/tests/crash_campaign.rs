@@ -187,8 +187,10 @@ async fn sigkill_campaign_loses_and_reorders_nothing() {
             {"consumerId": "plugin-sink", "pattern": "crash.*", "plugin": {"path": "plugins/testbed.wasm"}},
         ]),
     );
-    // Small segments, so kills land in rotations too.
+    // Small segments, so kills land in rotations too; every other run with three open segment
+    // files at most, so kills also land while files are being closed and reopened.
     let args = ["--segment-max-bytes", "8192"];
+    let small_cache = ["--segment-max-bytes", "8192", "--max-open-files", "3"];
     let mut ledger = Ledger::default();
     let mut checked = BTreeMap::new();
     let mut in_flight_survivors = 0;
@@ -196,7 +198,8 @@ async fn sigkill_campaign_loses_and_reorders_nothing() {
     let started = Instant::now();
     let mut producing = Duration::ZERO;
     for cycle in 0..cycles {
-        let broker = Arc::new(Broker::start_with(root, &args).await);
+        let args: &[&str] = if cycle % 2 == 1 { &small_cache } else { &args };
+        let broker = Arc::new(Broker::start_with(root, args).await);
         in_flight_survivors += verify_stored(&broker, &mut ledger, &mut checked, cycle).await;
         let stop = Arc::new(AtomicBool::new(false));
         let producers: Vec<_> = (0..PRODUCERS)
