@@ -26,6 +26,9 @@ struct Cli {
 enum System {
     /// `POST /mmmq/messages` to a running `mmmq serve`.
     Mmmq,
+    /// mmmq with a no-op WebAssembly plugin as the consumer (e2e only: its `dispatchers.json`
+    /// has a plugin dispatcher `bench-plugin` on topic `bench`).
+    MmmqPlugin,
     /// `XADD` to a Redis started with `appendfsync always`.
     Redis,
     /// A JetStream publish, waiting for the stream's ack.
@@ -88,7 +91,7 @@ enum Conn {
 impl Conn {
     async fn open(system: System, url: &str) -> anyhow::Result<Self> {
         Ok(match system {
-            System::Mmmq | System::Floor => {
+            System::Mmmq | System::MmmqPlugin | System::Floor => {
                 let authority = url
                     .strip_prefix("http://")
                     .context("an http:// URL")?
@@ -107,9 +110,7 @@ impl Conn {
                     .get_multiplexed_async_connection()
                     .await?,
             ),
-            System::Nats => {
-                Self::Nats(async_nats::jetstream::new(async_nats::connect(url).await?))
-            }
+            System::Nats => Self::Nats(async_nats::jetstream::new(async_nats::connect(url).await?)),
         })
     }
 
@@ -182,6 +183,10 @@ impl Received {
             self.times.lock().unwrap().push((sent, now));
         }
     }
+}
+
+fn system_name(system: System) -> String {
+    format!("{system:?}").to_lowercase()
 }
 
 fn percentile_us(sorted: &[Duration], p: f64) -> f64 {
@@ -265,7 +270,7 @@ async fn produce(
     let (all, elapsed) =
         run_producers(system, url, producers, seconds, message_bytes, None).await?;
     Ok(json!({
-        "bench": "peers", "what": "produce", "system": format!("{system:?}").to_lowercase(),
+        "bench": "peers", "what": "produce", "system": system_name(system),
         "producers": producers, "message_bytes": message_bytes,
         "msgs_per_s": (all.len() as f64 / elapsed).round(),
         "p50_us": percentile_us(&all, 0.5).round(), "p99_us": percentile_us(&all, 0.99).round(),
@@ -369,6 +374,60 @@ async fn nats_consumer(url: &str, received: std::sync::Arc<Received>) -> anyhow:
     Ok(())
 }
 
+/// Messages the plugin dispatcher `bench-plugin` has acknowledged, from `GET /mmmq/dispatchers`.
+async fn plugin_delivered(http: &reqwest::Client, url: &str) -> anyhow::Result<u64> {
+    let status: serde_json::Value = http
+        .get(format!("{url}/mmmq/dispatchers"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    status
+        .as_array()
+        .and_then(|ds| ds.iter().find(|d| d["consumerId"] == "bench-plugin"))
+        .and_then(|d| d["delivered"].as_u64())
+        .context("no dispatcher bench-plugin in GET /mmmq/dispatchers")
+}
+
+/// Produce while a no-op plugin consumes: a plugin's receipt cannot be timed from outside, so
+/// this shows whether it keeps up — what it had acknowledged when the producers stopped, and how
+/// long it took to acknowledge the rest.
+async fn plugin_e2e(
+    url: &str,
+    producers: usize,
+    seconds: u64,
+    message_bytes: usize,
+) -> anyhow::Result<serde_json::Value> {
+    let http = reqwest::Client::new();
+    let before = plugin_delivered(&http, url).await?;
+    let (produced, elapsed) = run_producers(
+        System::MmmqPlugin,
+        url,
+        producers,
+        seconds,
+        message_bytes,
+        None,
+    )
+    .await?;
+    let total = (produced.len() + producers) as u64;
+    let at_end = plugin_delivered(&http, url).await? - before;
+    let stopped = Instant::now();
+    while plugin_delivered(&http, url).await? - before < total {
+        anyhow::ensure!(
+            stopped.elapsed() < Duration::from_secs(60),
+            "the plugin did not catch up"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    Ok(json!({
+        "bench": "peers", "what": "e2e", "system": "mmmq-plugin",
+        "producers": producers, "message_bytes": message_bytes,
+        "produced_per_s": (produced.len() as f64 / elapsed).round(),
+        "behind_when_producers_stopped": total - at_end.min(total),
+        "caught_up_ms": (stopped.elapsed().as_secs_f64() * 1e3).round(),
+    }))
+}
+
 /// Produce with a consumer attached: the consumer's rate and latency inside the window.
 async fn e2e(
     system: System,
@@ -386,6 +445,7 @@ async fn e2e(
                 let port = consumer_port.context("mmmq needs --consumer-port")?;
                 tokio::spawn(async move { http_consumer(port, r).await })
             }
+            System::MmmqPlugin => return plugin_e2e(&url, producers, seconds, message_bytes).await,
             System::Redis => tokio::spawn(async move { redis_consumer(&url, r).await }),
             System::Nats => tokio::spawn(async move { nats_consumer(&url, r).await }),
             System::Floor => anyhow::bail!("the floor has no consumer"),
@@ -393,8 +453,15 @@ async fn e2e(
     };
     // Let the consumer subscribe before the first message.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (produced, elapsed) =
-        run_producers(system, url, producers, seconds, message_bytes, Some(&received)).await?;
+    let (produced, elapsed) = run_producers(
+        system,
+        url,
+        producers,
+        seconds,
+        message_bytes,
+        Some(&received),
+    )
+    .await?;
     // What was sent inside the window and arrives within a second after it counts towards
     // latency; only what arrived inside the window counts towards the rate.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -408,7 +475,7 @@ async fn e2e(
         .collect();
     lat.sort_unstable();
     Ok(json!({
-        "bench": "peers", "what": "e2e", "system": format!("{system:?}").to_lowercase(),
+        "bench": "peers", "what": "e2e", "system": system_name(system),
         "producers": producers, "message_bytes": message_bytes,
         "produced_per_s": (produced.len() as f64 / elapsed).round(),
         "delivered_per_s": (delivered as f64 / elapsed).round(),
