@@ -4,10 +4,13 @@
 //!
 //! `e2e` measures the same producers with a consumer attached: a no-op HTTP consumer that mmmq
 //! pushes to (batched delivery, contract §3), a Redis consumer group (`XREADGROUP` + `XACK`), a
-//! JetStream pull consumer with explicit acks. Latency is from send to receipt by the consumer.
+//! JetStream pull consumer with explicit acks, a RabbitMQ consumer with manual acks. Latency is
+//! from send to receipt by the consumer. Through a WebAssembly plugin (`mmmq-plugin`) it reports
+//! whether the plugin kept up instead.
 //!
 //! `scripts/bench-peers` installs and starts the peers (Redis with `appendfsync always`, NATS
-//! JetStream with file storage, a trivial HTTP server as the floor) and mmmq itself, each on
+//! JetStream with file storage, RabbitMQ with a durable queue and publisher confirms, a trivial
+//! HTTP server as the floor) and mmmq itself, each on
 //! loopback with its data in a temporary directory, and calls this binary against each.
 
 use std::time::{Duration, Instant};
@@ -33,6 +36,8 @@ enum System {
     Redis,
     /// A JetStream publish, waiting for the stream's ack.
     Nats,
+    /// A persistent message to a durable RabbitMQ queue, waiting for the publisher confirm.
+    Rabbitmq,
     /// `POST` to the trivial HTTP server of `floor-server`: what the HTTP stack costs.
     Floor,
 }
@@ -43,7 +48,8 @@ enum Command {
     Produce {
         #[arg(long, value_enum)]
         system: System,
-        /// `http://127.0.0.1:PORT` (mmmq, floor), `redis://127.0.0.1:PORT`, `nats://127.0.0.1:PORT`.
+        /// `http://127.0.0.1:PORT` (mmmq, floor), `redis://127.0.0.1:PORT`, `nats://127.0.0.1:PORT`,
+        /// `amqp://127.0.0.1:PORT/%2f` (RabbitMQ).
         #[arg(long)]
         url: String,
         #[arg(long, value_delimiter = ',', default_value = "1,64")]
@@ -86,6 +92,30 @@ enum Conn {
     ),
     Redis(redis::aio::MultiplexedConnection),
     Nats(async_nats::jetstream::Context),
+    Rabbit(lapin::Channel),
+}
+
+/// The durable queue every RabbitMQ producer publishes to.
+const RABBIT_QUEUE: &str = "bench";
+
+/// A channel on its own connection, with the durable queue declared.
+async fn rabbit_channel(url: &str) -> anyhow::Result<lapin::Channel> {
+    let connection =
+        lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .queue_declare(
+            RABBIT_QUEUE,
+            lapin::options::QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await?;
+    // Dropping the connection handle would close it; the bench process exits instead.
+    std::mem::forget(connection);
+    Ok(channel)
 }
 
 impl Conn {
@@ -111,6 +141,13 @@ impl Conn {
                     .await?,
             ),
             System::Nats => Self::Nats(async_nats::jetstream::new(async_nats::connect(url).await?)),
+            System::Rabbitmq => {
+                let channel = rabbit_channel(url).await?;
+                channel
+                    .confirm_select(lapin::options::ConfirmSelectOptions::default())
+                    .await?;
+                Self::Rabbit(channel)
+            }
         })
     }
 
@@ -141,6 +178,20 @@ impl Conn {
                 js.publish("bench.p", payload.to_owned().into())
                     .await?
                     .await?;
+            }
+            Self::Rabbit(channel) => {
+                let confirm = channel
+                    .basic_publish(
+                        "",
+                        RABBIT_QUEUE,
+                        lapin::options::BasicPublishOptions::default(),
+                        payload.as_bytes(),
+                        // 2: persistent.
+                        lapin::BasicProperties::default().with_delivery_mode(2),
+                    )
+                    .await?
+                    .await?;
+                anyhow::ensure!(confirm.is_ack(), "RabbitMQ did not confirm: {confirm:?}");
             }
         }
         Ok(())
@@ -428,6 +479,31 @@ async fn plugin_e2e(
     }))
 }
 
+/// A RabbitMQ consumer with manual acks and a prefetch of 1,000.
+async fn rabbit_consumer(url: &str, received: std::sync::Arc<Received>) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    let channel = rabbit_channel(url).await?;
+    channel
+        .basic_qos(1000, lapin::options::BasicQosOptions::default())
+        .await?;
+    let mut deliveries = channel
+        .basic_consume(
+            RABBIT_QUEUE,
+            "bench",
+            lapin::options::BasicConsumeOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await?;
+    while let Some(delivery) = deliveries.next().await {
+        let delivery = delivery?;
+        received.record(std::str::from_utf8(&delivery.data).unwrap_or(""));
+        delivery
+            .ack(lapin::options::BasicAckOptions::default())
+            .await?;
+    }
+    Ok(())
+}
+
 /// Produce with a consumer attached: the consumer's rate and latency inside the window.
 async fn e2e(
     system: System,
@@ -448,6 +524,7 @@ async fn e2e(
             System::MmmqPlugin => return plugin_e2e(&url, producers, seconds, message_bytes).await,
             System::Redis => tokio::spawn(async move { redis_consumer(&url, r).await }),
             System::Nats => tokio::spawn(async move { nats_consumer(&url, r).await }),
+            System::Rabbitmq => tokio::spawn(async move { rabbit_consumer(&url, r).await }),
             System::Floor => anyhow::bail!("the floor has no consumer"),
         }
     };
