@@ -65,6 +65,10 @@ pub struct Metrics {
     pub delivery_latency: HistogramFamily<ConsumerLabel>,
     /// Messages not yet delivered, by dispatcher and topic (filled at scrape).
     pub lag: Family<DispatchLabel, Gauge>,
+    /// Segment files open now (filled at scrape): near the cap, topics take turns reopening.
+    pub open_segment_files: Gauge,
+    /// The cap on open segment files (`--max-open-files`).
+    pub max_open_segment_files: Gauge,
 }
 
 impl Default for Metrics {
@@ -89,6 +93,8 @@ impl Metrics {
             corrupt_skipped: Family::default(),
             delivery_latency: Family::new_with_constructor(latency_histogram),
             lag: Family::default(),
+            open_segment_files: Gauge::default(),
+            max_open_segment_files: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -145,6 +151,16 @@ impl Metrics {
             "dispatcher_lag",
             "Messages not yet delivered, per dispatcher and topic",
             m.lag.clone(),
+        );
+        registry.register(
+            "open_segment_files",
+            "Segment files open now",
+            m.open_segment_files.clone(),
+        );
+        registry.register(
+            "max_open_segment_files",
+            "Cap on open segment files (--max-open-files)",
+            m.max_open_segment_files.clone(),
         );
         Self { registry, ..m }
     }

@@ -273,6 +273,27 @@ async fn thirty_topics_work_through_four_open_files() {
     consumer.wait_for(150, Duration::from_secs(30)).await;
     most = most.max(open_segment_files(broker.pid()));
     assert!(most <= 4, "{most} segment files open");
+    // The metrics show the cap and what is open.
+    let metrics = broker
+        .http
+        .get(format!("{}/metrics", broker.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("mmmq_max_open_segment_files 4"),
+        "{metrics}"
+    );
+    let open: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("mmmq_open_segment_files "))
+        .expect("the open-file gauge")
+        .parse()
+        .unwrap();
+    assert!((1..=4).contains(&open), "{open}");
     for t in &topics {
         let rounds: Vec<u64> = consumer
             .of_topic(t)
