@@ -136,6 +136,18 @@ impl Broker {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
+    /// GETs a path; returns the answer's text (for `/metrics` and byte-exact checks).
+    pub async fn get_text(&self, path: &str) -> String {
+        self.http
+            .get(format!("{}{path}", self.url))
+            .send()
+            .await
+            .expect("request")
+            .text()
+            .await
+            .expect("a text body")
+    }
+
     /// Produces one message and returns its offset (panics unless ACKed).
     pub async fn produce(&self, topic: &str, content: Value) -> u64 {
         let (status, body) = self

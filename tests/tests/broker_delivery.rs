@@ -87,15 +87,7 @@ async fn eight_producers_four_topics_each_message_once_in_order() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let raw = broker
-        .http
-        .get(format!("{}/mmmq/topics/raw/messages", broker.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let raw = broker.get_text("/mmmq/topics/raw/messages").await;
     assert!(raw.contains(&format!(r#""content":{content}"#)), "{raw}");
     // Status shows the work.
     let (_, status) = broker.get("/mmmq/dispatchers").await;

@@ -274,15 +274,7 @@ async fn thirty_topics_work_through_four_open_files() {
     most = most.max(open_segment_files(broker.pid()));
     assert!(most <= 4, "{most} segment files open");
     // The metrics show the cap and what is open.
-    let metrics = broker
-        .http
-        .get(format!("{}/metrics", broker.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = broker.get_text("/metrics").await;
     assert!(
         metrics.contains("mmmq_max_open_segment_files 4"),
         "{metrics}"
