@@ -680,3 +680,35 @@ async fn many_logs_share_a_small_open_file_cache() {
         assert_eq!(log.read(29).unwrap(), Some(payload(29)));
     }
 }
+
+/// Out of descriptors while segment files must be reopened (`EMFILE`): an append to a log whose
+/// files the cache closed fails cleanly and poisons that log, a read fails with the error, other
+/// logs whose files are open keep working, and once descriptors are back the log recovers in place
+/// and nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_out_of_descriptors_fails_cleanly_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = FaultyFs::new();
+    let vfs: Arc<dyn Vfs> = Arc::new(fs.clone());
+    let config = LogConfig {
+        retry_after: std::time::Duration::ZERO,
+        files: FileCache::new(2),
+        ..LogConfig::default()
+    };
+    let cold = Log::open(&dir.path().join("cold"), vfs.clone(), config.clone()).unwrap();
+    fill(&cold, 3).await;
+    // A second log takes both slots of the cache: the first log's files are closed.
+    let hot = Log::open(&dir.path().join("hot"), vfs.clone(), config.clone()).unwrap();
+    fill(&hot, 3).await;
+    fs.fail(Op::Open, "", libc::EMFILE);
+    let err = cold.append(b"lost").await.unwrap_err();
+    let os = std::io::Error::from_raw_os_error(libc::EMFILE).to_string();
+    assert!(err.to_string().contains(&os), "{err}");
+    assert!(cold.read(0).unwrap_err().to_string().contains(&os));
+    // The log whose files are open is not affected.
+    assert_eq!(hot.append(&payload(3)).await.unwrap(), 3);
+    fs.clear();
+    assert_eq!(cold.append(&payload(3)).await.unwrap(), 3);
+    assert_eq!(read_all(&cold), (0..4).map(payload).collect::<Vec<_>>());
+    assert_eq!(read_all(&hot), (0..4).map(payload).collect::<Vec<_>>());
+}

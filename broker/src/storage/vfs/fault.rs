@@ -12,6 +12,8 @@ pub enum Op {
     Write,
     /// `sync_data` and `sync_dir`.
     Sync,
+    /// `open` (descriptors exhausted: `EMFILE`, `ENFILE`).
+    Open,
 }
 
 #[derive(Debug)]
@@ -85,6 +87,7 @@ struct FaultyFile {
 
 impl Vfs for FaultyFs {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn VfsFile>> {
+        self.check(Op::Open, path)?;
         Ok(Arc::new(FaultyFile {
             fs: self.clone(),
             path: path.to_owned(),
