@@ -108,7 +108,7 @@ fn validate(req: ProduceRequest, max_content: usize) -> Result<ProduceItem, Stri
     })
 }
 
-#[tracing::instrument(skip_all)]
+#[tracing::instrument(level = "debug", skip_all)]
 pub(super) async fn produce(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -126,7 +126,7 @@ pub(super) async fn produce(
     }))
 }
 
-#[tracing::instrument(skip_all)]
+#[tracing::instrument(level = "debug", skip_all)]
 pub(super) async fn produce_batch(
     State(state): State<AppState>,
     headers: HeaderMap,
