@@ -162,7 +162,7 @@ struct ServeArgs {
     request_timeout_ms: u64,
     /// Most segment files held open at once, over all topics (the least recently used are closed
     /// and reopened on their next use). Default: the descriptor limit minus --max-connections
-    /// and 512 more for everything else.
+    /// and 512 more for everything else, but at least a quarter of the limit.
     #[arg(long, env = "MMMQ_MAX_OPEN_FILES")]
     max_open_files: Option<usize>,
 }

@@ -58,10 +58,11 @@ impl FileCache {
     }
 
     /// A cache sized to this process's descriptor limit, leaving `reserve` descriptors for
-    /// everything else (sockets, checkpoints, plugins).
+    /// everything else (sockets, checkpoints, plugins) — but never less than a quarter of the
+    /// limit, so that a low limit (1,024 is common) still leaves segment files a fair share.
     pub fn for_process(reserve: u64) -> Arc<Self> {
         let limit = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft);
-        Self::new(limit.saturating_sub(reserve).max(64) as usize)
+        Self::new(capacity_for(limit, reserve))
     }
 
     /// The most files this cache keeps open.
@@ -133,6 +134,14 @@ impl FileCache {
     }
 }
 
+fn capacity_for(limit: u64, reserve: u64) -> usize {
+    limit
+        .saturating_sub(reserve)
+        .max(limit / 4)
+        .max(64)
+        .min(usize::MAX as u64) as usize
+}
+
 impl CachedFile {
     /// The open file, reopened (read-write) if the cache closed it. Hold the returned `Arc`
     /// across a write and the fsync that covers it.
@@ -161,6 +170,14 @@ impl CachedFile {
 mod tests {
     use super::*;
     use crate::storage::OsFs;
+
+    #[test]
+    fn the_default_capacity_leaves_room_for_sockets_but_never_starves_segments() {
+        assert_eq!(capacity_for(20_000, 4_608), 15_392);
+        assert_eq!(capacity_for(1_024, 4_608), 256);
+        assert_eq!(capacity_for(1_024, 1_024), 256);
+        assert_eq!(capacity_for(100, 1_024), 64);
+    }
 
     #[test]
     fn the_least_recently_used_files_are_closed_and_reopen_on_use() {
