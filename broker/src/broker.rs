@@ -284,6 +284,9 @@ impl Broker {
             target: TargetSpec::InProcess,
             max_nack_retries,
             batch_max_messages: 1,
+            checkpoint_interval: std::time::Duration::from_millis(
+                crate::config::DEFAULT_CHECKPOINT_INTERVAL_MS,
+            ),
         };
         self.dispatch
             .add_pinned(spec, Arc::new(InProcessTarget::new(erased)))

@@ -161,6 +161,9 @@ pub struct DispatcherSpec {
     pub max_nack_retries: u32,
     /// Messages per delivery (host targets).
     pub batch_max_messages: usize,
+    /// Positions ACKed within this long of a checkpoint write go out together in the next one:
+    /// the redelivery window after a crash, traded against fsyncs (`checkpointIntervalMs`).
+    pub checkpoint_interval: Duration,
 }
 
 #[derive(Deserialize)]
@@ -172,6 +175,7 @@ struct RawDispatcher {
     plugin: Option<RawPlugin>,
     max_nack_retries: Option<u32>,
     batch_max_messages: Option<u64>,
+    checkpoint_interval_ms: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -202,6 +206,10 @@ pub const DEFAULT_PLUGIN_MEMORY: u64 = 64 * 1024 * 1024;
 pub const DEFAULT_MAX_NACK_RETRIES: u32 = 3;
 /// Upper bound for `batchMaxMessages`.
 pub const MAX_BATCH_MESSAGES: u64 = 1000;
+/// Default `checkpointIntervalMs`: a busy consumer costs at most 20 checkpoint writes a second.
+pub const DEFAULT_CHECKPOINT_INTERVAL_MS: u64 = 50;
+/// Upper bound for `checkpointIntervalMs` (a minute of ACKs to redeliver after a crash).
+pub const MAX_CHECKPOINT_INTERVAL_MS: u64 = 60_000;
 
 /// Reads and validates `{root-dir}/dispatchers.json`, creating it as `[]` when it is missing.
 /// Blocking.
@@ -332,12 +340,21 @@ fn parse_entry(value: serde_json::Value, root_dir: &Path) -> Result<DispatcherSp
     if max_nack_retries > 1000 {
         return Err("`maxNackRetries` must be at most 1000".into());
     }
+    let checkpoint_ms = raw
+        .checkpoint_interval_ms
+        .unwrap_or(DEFAULT_CHECKPOINT_INTERVAL_MS);
+    if checkpoint_ms > MAX_CHECKPOINT_INTERVAL_MS {
+        return Err(format!(
+            "`checkpointIntervalMs` must be 0 to {MAX_CHECKPOINT_INTERVAL_MS}, not {checkpoint_ms}"
+        ));
+    }
     Ok(DispatcherSpec {
         consumer_id,
         pattern,
         target,
         max_nack_retries,
         batch_max_messages: batch as usize,
+        checkpoint_interval: Duration::from_millis(checkpoint_ms),
     })
 }
 
@@ -368,6 +385,7 @@ mod tests {
         assert_eq!(specs.len(), 2);
         assert_eq!(specs[0].max_nack_retries, 3);
         assert_eq!(specs[0].batch_max_messages, 1);
+        assert_eq!(specs[0].checkpoint_interval, Duration::from_millis(50));
         match &specs[0].target {
             TargetSpec::Host(h) => {
                 assert_eq!(h.url(), "http://consumer-host:8080/mmmq/messages");
@@ -447,6 +465,12 @@ mod tests {
             (
                 r#"[{"consumerId":"a","pattern":"x","plugin":{"path":"p.wasm"},"batchMaxMessages":5}]"#,
                 "host targets only",
+            ),
+            (
+                &format!(
+                    r#"[{{"consumerId":"a","pattern":"x",{host},"checkpointIntervalMs":60001}}]"#
+                ),
+                "`checkpointIntervalMs` must be 0 to 60000",
             ),
         ];
         for (text, want) in cases {

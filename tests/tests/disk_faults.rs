@@ -72,19 +72,21 @@ impl InProcess {
         (status, r.json().await.unwrap(), retry)
     }
 
-    async fn pull(&self, topic: &str) -> Vec<u64> {
-        let r: Value = self
-            .http
-            .get(format!(
-                "{}/mmmq/topics/{topic}/messages?from=0&max=1000",
-                self.url
-            ))
+    async fn get(&self, path: &str) -> Value {
+        self.http
+            .get(format!("{}{path}", self.url))
             .send()
             .await
             .unwrap()
             .json()
             .await
-            .unwrap();
+            .unwrap()
+    }
+
+    async fn pull(&self, topic: &str) -> Vec<u64> {
+        let r = self
+            .get(&format!("/mmmq/topics/{topic}/messages?from=0&max=1000"))
+            .await;
         r["messages"]
             .as_array()
             .unwrap()
@@ -225,24 +227,33 @@ async fn a_failing_checkpoint_write_is_retried_and_delivery_goes_on() {
     assert_eq!(delivered(&consumer), (0..5).collect::<Vec<_>>());
 }
 
+/// Sends `n` messages one at a time, each delivered before the next; returns how long it took and
+/// how many checkpoint writes it cost.
+async fn deliver_one_by_one(
+    consumer: &Consumer,
+    fs: &FaultyFs,
+    broker: &InProcess,
+    n: u64,
+) -> (Duration, usize) {
+    let started = std::time::Instant::now();
+    for i in 0..n {
+        assert_eq!(broker.produce("orders", i).await.0, 200);
+        consumer.wait_for(i as usize + 1, WAIT).await;
+    }
+    // A checkpoint write syncs its temporary file once.
+    (started.elapsed(), fs.syncs("audit.checkpoint"))
+}
+
 /// Checkpoints are batched: a consumer that keeps up with a steady producer costs at most one
-/// checkpoint write per `CHECKPOINT_INTERVAL` (50 ms), not one per delivery (which doubled the
-/// broker's fsyncs), and a clean stop still writes the final position.
+/// checkpoint write per `checkpointIntervalMs` (50 ms by default), not one per delivery (which
+/// doubled the broker's fsyncs), and a clean stop still writes the final position.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_consumer_costs_a_checkpoint_write_per_interval_not_per_delivery() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
     let (consumer, fs, broker) = start_with_consumer(root).await;
     const N: u64 = 300;
-    let started = std::time::Instant::now();
-    for n in 0..N {
-        assert_eq!(broker.produce("orders", n).await.0, 200);
-        // One delivery per message: wait for it before the next produce.
-        consumer.wait_for(n as usize + 1, WAIT).await;
-    }
-    let elapsed = started.elapsed();
-    // A checkpoint write syncs its temporary file once.
-    let writes = fs.syncs("audit.checkpoint");
+    let (elapsed, writes) = deliver_one_by_one(&consumer, &fs, &broker, N).await;
     let bound = (elapsed.as_millis() / 50) as usize + 3;
     assert!(
         writes <= bound,
@@ -252,4 +263,27 @@ async fn a_busy_consumer_costs_a_checkpoint_write_per_interval_not_per_delivery(
     let checkpoint = root.join("topics/orders/checkpoints/audit.checkpoint");
     assert_eq!(std::fs::read(&checkpoint).unwrap(), N.to_be_bytes());
     assert_eq!(delivered(&consumer), (0..N).collect::<Vec<_>>());
+}
+
+/// `checkpointIntervalMs: 0` trades fsyncs for the smallest redelivery window: a checkpoint write
+/// after every delivery round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_interval_of_zero_writes_after_every_delivery() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let consumer = Consumer::start().await;
+    let mut spec = host_dispatcher("audit", "orders", consumer.port);
+    spec["checkpointIntervalMs"] = json!(0);
+    write_dispatchers(root, &json!([spec]));
+    let fs = FaultyFs::new();
+    let broker = InProcess::start(root, Arc::new(fs.clone())).await;
+    const N: u64 = 40;
+    let (_, writes) = deliver_one_by_one(&consumer, &fs, &broker, N).await;
+    assert!(
+        writes >= N as usize / 2,
+        "{writes} checkpoint writes for {N} deliveries"
+    );
+    let dispatchers = broker.get("/mmmq/dispatchers").await;
+    assert_eq!(dispatchers[0]["checkpointIntervalMs"], 0, "{dispatchers}");
+    broker.stop().await;
 }

@@ -162,6 +162,8 @@ pub struct DispatcherStatus {
     pub max_nack_retries: u32,
     /// Messages per delivery.
     pub batch_max_messages: usize,
+    /// Most time between checkpoint writes while positions keep coming.
+    pub checkpoint_interval_ms: u64,
     /// Sum over topics.
     pub delivered: u64,
     /// Sum over topics.
@@ -402,6 +404,7 @@ impl Dispatch {
                     target: r.target.status(),
                     max_nack_retries: r.spec.max_nack_retries,
                     batch_max_messages: r.spec.batch_max_messages,
+                    checkpoint_interval_ms: r.spec.checkpoint_interval.as_millis() as u64,
                     delivered: topics.iter().map(|t| t.delivered).sum(),
                     nacked: topics.iter().map(|t| t.nacked).sum(),
                     dead_lettered: topics.iter().map(|t| t.dead_lettered).sum(),

@@ -7,7 +7,7 @@
 //! forever, because the consumer will come back and the message must not be skipped.
 //!
 //! Checkpoints are persisted after the ACK by a companion task that writes the newest position at
-//! most once per [`CHECKPOINT_INTERVAL`], so a slow fsync never holds delivery back and a busy
+//! most once per checkpoint interval (`checkpointIntervalMs`, 50 ms by default), so a slow fsync never holds delivery back and a busy
 //! consumer does not double the broker's fsyncs; after a crash at most the messages ACKed in the
 //! last interval plus one write are delivered again (at-least-once). A clean stop writes the final
 //! position at once, so nothing ACKed is redelivered after a clean restart.
@@ -417,17 +417,15 @@ impl Worker {
 /// How long a failed checkpoint write waits before it is retried when no newer position comes.
 const CHECKPOINT_RETRY: Duration = Duration::from_secs(1);
 
-/// After a checkpoint write, positions ACKed during this long go out together in the next one.
+/// Persists the newest ACKed position in the background, at most one write per checkpoint interval
+/// while positions keep coming.
 ///
 /// A checkpoint write is two fsyncs (temporary file, then its directory after the rename), as
 /// costly as a commit of the log itself; writing one per delivery round made a consumer that keeps
-/// up with its producers double the broker's disk syncs. Batched, a busy (dispatcher, topic) costs
-/// at most 20 checkpoint writes a second, and a crash redelivers at most what was ACKed in the last
-/// ~50 ms plus one write (at-least-once; a clean stop writes the final position at once).
-pub(crate) const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(50);
-
-/// Persists the newest ACKed position in the background, at most one write per
-/// [`CHECKPOINT_INTERVAL`] while positions keep coming.
+/// up with its producers double the broker's disk syncs. Batched (50 ms by default), a busy
+/// (dispatcher, topic) costs at most 20 checkpoint writes a second, and a crash redelivers at most
+/// what was ACKed in the last interval plus one write (at-least-once; a clean stop writes the
+/// final position at once). An interval of 0 writes after every delivery round again.
 struct CheckpointSaver {
     tx: watch::Sender<u64>,
     /// Ends the wait between writes at a stop. (Waiting for the watch to close instead would wake
@@ -480,9 +478,11 @@ impl CheckpointSaver {
                         }
                         // Let positions accumulate; a stop ends the wait so that the final
                         // position is written at once.
-                        tokio::select! {
-                            _ = tokio::time::sleep(CHECKPOINT_INTERVAL) => {}
-                            _ = stopping.cancelled() => closed = true,
+                        if !spec.checkpoint_interval.is_zero() {
+                            tokio::select! {
+                                _ = tokio::time::sleep(spec.checkpoint_interval) => {}
+                                _ = stopping.cancelled() => closed = true,
+                            }
                         }
                     }
                     if closed {
