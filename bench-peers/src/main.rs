@@ -236,8 +236,13 @@ impl Received {
     }
 }
 
+/// The system as named on the command line (`mmmq-plugin`, `rabbitmq`, …).
 fn system_name(system: System) -> String {
-    format!("{system:?}").to_lowercase()
+    system
+        .to_possible_value()
+        .expect("no variant is skipped")
+        .get_name()
+        .to_owned()
 }
 
 fn percentile_us(sorted: &[Duration], p: f64) -> f64 {
@@ -471,7 +476,7 @@ async fn plugin_e2e(
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     Ok(json!({
-        "bench": "peers", "what": "e2e", "system": "mmmq-plugin",
+        "bench": "peers", "what": "e2e", "system": system_name(System::MmmqPlugin),
         "producers": producers, "message_bytes": message_bytes,
         "produced_per_s": (produced.len() as f64 / elapsed).round(),
         "behind_when_producers_stopped": total - at_end.min(total),

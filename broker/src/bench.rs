@@ -33,7 +33,6 @@ pub struct StorageBench {
     pub modes: Vec<FlushMode>,
 }
 
-/// Seconds (fractions allowed) as a duration, for `--seconds`.
 /// A temporary directory under `dir` (created if missing) for one run's files, removed afterwards.
 fn scratch_dir(dir: &Path) -> std::io::Result<tempfile::TempDir> {
     std::fs::create_dir_all(dir)?;
@@ -42,6 +41,7 @@ fn scratch_dir(dir: &Path) -> std::io::Result<tempfile::TempDir> {
         .tempdir_in(dir)
 }
 
+/// Seconds (fractions allowed) as a duration, for `--seconds`.
 fn parse_seconds(s: &str) -> Result<Duration, String> {
     let secs: f64 = s
         .parse()
@@ -950,10 +950,7 @@ pub async fn topics(cfg: TopicsBench, out: &mut (dyn Write + Send)) -> anyhow::R
     use std::sync::atomic::{AtomicU64, Ordering};
     let scratch = scratch_dir(&cfg.dir)?;
     let mut config = crate::config::ServeConfig::new(scratch.path()).with_flush(FlushMode::NoSync);
-    config.log.files = match cfg.max_open_files {
-        Some(n) => crate::storage::FileCache::new(n),
-        None => crate::storage::FileCache::for_process(config.http.max_connections as u64 + 512),
-    };
+    config.size_file_cache(cfg.max_open_files);
     let rss_before = proc_status("VmRSS:");
     for phase in ["created", "rebooted"] {
         let broker = Broker::open(config.clone()).await?;

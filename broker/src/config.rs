@@ -12,7 +12,7 @@ use mmmq_core::{ConsumerId, TopicPattern};
 use serde::Deserialize;
 
 use crate::http::serve::HttpLimits;
-use crate::storage::{FlushMode, LogConfig};
+use crate::storage::{FileCache, FlushMode, LogConfig};
 
 /// The settings of `mmmq serve`.
 #[derive(Debug, Clone)]
@@ -62,7 +62,23 @@ impl ServeConfig {
         self.log.flush = flush;
         self
     }
+
+    /// Caps the segment files held open at `max_open_files`, or, without one, at the process's
+    /// descriptor limit minus one per allowed connection and [`FD_RESERVE_BESIDES_CONNECTIONS`]
+    /// (at least a quarter of the limit). Call after setting `http.max_connections`.
+    pub fn size_file_cache(&mut self, max_open_files: Option<usize>) {
+        self.log.files = match max_open_files {
+            Some(n) => FileCache::new(n),
+            None => FileCache::for_process(
+                self.http.max_connections as u64 + FD_RESERVE_BESIDES_CONNECTIONS,
+            ),
+        };
+    }
 }
+
+/// Descriptors `serve` leaves outside the segment-file cache besides one per connection:
+/// checkpoints being written, plugin files, the runtime's own.
+pub const FD_RESERVE_BESIDES_CONNECTIONS: u64 = 512;
 
 /// Why `dispatchers.json` was refused.
 #[derive(Debug, thiserror::Error)]

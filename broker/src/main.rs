@@ -348,10 +348,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.http.max_connections = args.max_connections.max(1);
     config.http.header_read_timeout = Duration::from_millis(args.header_timeout_ms.max(1));
     config.http.request_timeout = Duration::from_millis(args.request_timeout_ms.max(1));
-    config.log.files = match args.max_open_files {
-        Some(n) => mmmq::storage::FileCache::new(n),
-        None => mmmq::storage::FileCache::for_process(args.max_connections as u64 + 512),
-    };
+    config.size_file_cache(args.max_open_files);
     tracing::debug!(
         max_open_files = config.log.files.capacity(),
         "segment file cache"

@@ -163,8 +163,12 @@ impl Broker {
 
     /// Every message of a topic, by pull.
     pub async fn pull_all(&self, topic: &str) -> Vec<Value> {
+        self.pull_from(topic, 0).await
+    }
+
+    /// Every message of a topic from offset `from` on, by pull.
+    pub async fn pull_from(&self, topic: &str, mut from: u64) -> Vec<Value> {
         let mut out = Vec::new();
-        let mut from = 0;
         loop {
             let (status, body) = self
                 .get(&format!(

@@ -84,25 +84,6 @@ async fn produce(
     (acked, unanswered)
 }
 
-/// The stored messages of `topic` from offset `from` on.
-async fn pull_from(broker: &Broker, topic: &str, mut from: u64) -> Vec<Value> {
-    let mut out = Vec::new();
-    loop {
-        let (status, body) = broker
-            .get(&format!(
-                "/mmmq/topics/{topic}/messages?from={from}&max=1000"
-            ))
-            .await;
-        assert_eq!(status, 200, "{body}");
-        let next = body["next"].as_u64().unwrap();
-        if next == from {
-            return out;
-        }
-        out.extend(body["messages"].as_array().unwrap().iter().cloned());
-        from = next;
-    }
-}
-
 /// Checks the stored topics against the ledger, after a restart: every entry from `checked[topic]`
 /// on (what earlier cycles verified is not read again; a recovery that cut into it would show as
 /// a shorter log). In-flight produces that survived the kill are committed now: they join the
@@ -127,7 +108,7 @@ async fn verify_stored(
             continue;
         }
         let from = checked.get(topic).copied().unwrap_or(0);
-        let stored = pull_from(broker, topic, from).await;
+        let stored = broker.pull_from(topic, from).await;
         for (i, e) in stored.iter().enumerate() {
             assert_eq!(
                 e["offset"],
@@ -279,7 +260,8 @@ async fn sigkill_campaign_loses_and_reorders_nothing() {
         }
     }
     // A redelivery is a message delivered before a kill whose checkpoint was not yet written:
-    // per topic and kill, at most what was ACKed in the last checkpoint interval (50 ms) and the
+    // per topic and kill, at most what was ACKed in the last checkpoint interval (50 ms by
+    // default) and the
     // one write after it — allowed 200 ms at this campaign's rate — plus one delivery run (64).
     let per_topic_rate = acked_total as f64 / producing.as_secs_f64() / TOPICS.len() as f64;
     let bound = cycles * TOPICS.len() as u64 * (64 + (per_topic_rate * 0.2) as u64);

@@ -106,11 +106,17 @@ const WAIT: Duration = Duration::from_secs(10);
 /// A consumer, a `dispatchers.json` sending it topic `orders`, and a broker on a file system that
 /// fails on demand.
 async fn start_with_consumer(root: &Path) -> (Consumer, FaultyFs, InProcess) {
+    start_with_consumer_and(root, json!({})).await
+}
+
+/// [`start_with_consumer`], with `extra` fields in the dispatcher's entry.
+async fn start_with_consumer_and(root: &Path, extra: Value) -> (Consumer, FaultyFs, InProcess) {
     let consumer = Consumer::start().await;
-    write_dispatchers(
-        root,
-        &json!([host_dispatcher("audit", "orders", consumer.port)]),
-    );
+    let mut spec = host_dispatcher("audit", "orders", consumer.port);
+    for (field, value) in extra.as_object().expect("an object") {
+        spec[field] = value.clone();
+    }
+    write_dispatchers(root, &json!([spec]));
     let fs = FaultyFs::new();
     let broker = InProcess::start(root, Arc::new(fs.clone())).await;
     (consumer, fs, broker)
@@ -271,12 +277,8 @@ async fn a_busy_consumer_costs_a_checkpoint_write_per_interval_not_per_delivery(
 async fn a_checkpoint_interval_of_zero_writes_after_every_delivery() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
-    let consumer = Consumer::start().await;
-    let mut spec = host_dispatcher("audit", "orders", consumer.port);
-    spec["checkpointIntervalMs"] = json!(0);
-    write_dispatchers(root, &json!([spec]));
-    let fs = FaultyFs::new();
-    let broker = InProcess::start(root, Arc::new(fs.clone())).await;
+    let (consumer, fs, broker) =
+        start_with_consumer_and(root, json!({"checkpointIntervalMs": 0})).await;
     const N: u64 = 40;
     let (_, writes) = deliver_one_by_one(&consumer, &fs, &broker, N).await;
     assert!(

@@ -7,10 +7,11 @@
 //! forever, because the consumer will come back and the message must not be skipped.
 //!
 //! Checkpoints are persisted after the ACK by a companion task that writes the newest position at
-//! most once per checkpoint interval (`checkpointIntervalMs`, 50 ms by default), so a slow fsync never holds delivery back and a busy
-//! consumer does not double the broker's fsyncs; after a crash at most the messages ACKed in the
-//! last interval plus one write are delivered again (at-least-once). A clean stop writes the final
-//! position at once, so nothing ACKed is redelivered after a clean restart.
+//! most once per checkpoint interval (`checkpointIntervalMs`, 50 ms by default), so a slow fsync
+//! never holds delivery back and a busy consumer does not double the broker's fsyncs; after a
+//! crash at most the messages ACKed in the last interval plus one write are delivered again
+//! (at-least-once). A clean stop writes the final position at once, so nothing ACKed is
+//! redelivered after a clean restart.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -234,7 +234,6 @@ async fn read_limited(body: axum::body::Body, limit: usize) -> Result<Vec<u8>, A
 
 /// Reads the whole body, refusing more than `limit` bytes and anything not declared as JSON
 /// (a missing Content-Type is accepted, as curl users expect).
-/// Checks the content type and reads the body (up to `limit` bytes).
 async fn read_json_body(
     headers: &HeaderMap,
     body: axum::body::Body,

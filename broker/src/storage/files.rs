@@ -12,7 +12,7 @@
 //! reference; the descriptor closes when the last user is done.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -23,9 +23,10 @@ use super::vfs::{OpenMode, Vfs, VfsFile};
 #[derive(Debug)]
 pub struct FileCache {
     capacity: usize,
-    /// Files that are open, in no order; eviction sorts them by last use.
+    /// Files that are open, in no order; eviction sorts them by last use. A slot is here exactly
+    /// while its file is open (eviction removes it before closing it; a reopen adds it again), and
+    /// a segment dropped by recovery in place leaves a dead entry until the next eviction.
     open: Mutex<Vec<Weak<Slot>>>,
-    open_count: AtomicUsize,
     /// A logical clock of uses, for least-recently-used eviction without a lock per use.
     clock: AtomicU64,
 }
@@ -52,7 +53,6 @@ impl FileCache {
         Arc::new(Self {
             capacity: capacity.max(2),
             open: Mutex::new(Vec::new()),
-            open_count: AtomicUsize::new(0),
             clock: AtomicU64::new(0),
         })
     }
@@ -72,7 +72,11 @@ impl FileCache {
 
     /// Files open now (for metrics and tests).
     pub fn open_files(&self) -> usize {
-        self.open_count.load(Ordering::Relaxed)
+        self.open
+            .lock()
+            .iter()
+            .filter(|w| w.strong_count() > 0)
+            .count()
     }
 
     /// Wraps a file that was just opened (or created) by the caller.
@@ -100,8 +104,12 @@ impl FileCache {
     }
 
     fn register(&self, slot: &Arc<Slot>) {
-        self.open.lock().push(Arc::downgrade(slot));
-        if self.open_count.fetch_add(1, Ordering::Relaxed) + 1 > self.capacity {
+        let over = {
+            let mut open = self.open.lock();
+            open.push(Arc::downgrade(slot));
+            open.len() > self.capacity
+        };
+        if over {
             self.evict();
         }
     }
@@ -111,9 +119,8 @@ impl FileCache {
     fn evict(&self) {
         let victims: Vec<Arc<Slot>> = {
             let mut open = self.open.lock();
+            // Dead entries (dropped segments) go here too.
             let mut live: Vec<Arc<Slot>> = open.drain(..).filter_map(|w| w.upgrade()).collect();
-            // Dropped segments (removed by recovery in place) leave dead entries behind.
-            self.open_count.store(live.len(), Ordering::Relaxed);
             let target = self.capacity - self.capacity / 10;
             if live.len() <= target {
                 open.extend(live.iter().map(Arc::downgrade));
@@ -127,9 +134,7 @@ impl FileCache {
         // Closed outside the list's lock, and never while holding another slot's lock: a slot
         // being opened takes its own lock, then this list's.
         for slot in victims {
-            if slot.file.lock().take().is_some() {
-                self.open_count.fetch_sub(1, Ordering::Relaxed);
-            }
+            slot.file.lock().take();
         }
     }
 }
