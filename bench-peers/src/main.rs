@@ -58,6 +58,11 @@ enum Command {
         seconds: u64,
         #[arg(long, default_value_t = 1024)]
         message_bytes: usize,
+        /// The server's process: when given, the line also says how much CPU the server spent
+        /// and how many context switches it made per message (what bounds a rate on a shared
+        /// machine, where the load generator and the server split the same cores).
+        #[arg(long)]
+        server_pid: Option<u32>,
     },
     /// Produce with a consumer attached; counts and times what the consumer receives.
     E2e {
@@ -275,7 +280,8 @@ async fn run_producers(
     seconds: u64,
     message_bytes: usize,
     received: Option<&Received>,
-) -> anyhow::Result<(Vec<Duration>, f64)> {
+    server_pid: Option<u32>,
+) -> anyhow::Result<(Vec<Duration>, f64, Option<ProcUsage>)> {
     let mut conns = Vec::with_capacity(producers);
     for _ in 0..producers {
         conns.push(Conn::open(system, url).await.context("connecting")?);
@@ -284,6 +290,7 @@ async fn run_producers(
     for c in &mut conns {
         c.send(&stamped(message_bytes)).await?;
     }
+    let server_before = server_pid.map(ProcUsage::read).transpose()?;
     let start = Instant::now();
     let deadline = start + Duration::from_secs(seconds);
     if let Some(r) = received {
@@ -309,8 +316,59 @@ async fn run_producers(
         all.extend(t.await??);
     }
     let elapsed = start.elapsed().as_secs_f64();
+    let server = match (server_pid, server_before) {
+        (Some(pid), Some(before)) => Some(ProcUsage::read(pid)?.since(&before)),
+        _ => None,
+    };
     all.sort_unstable();
-    Ok((all, elapsed))
+    Ok((all, elapsed, server))
+}
+
+/// A process's CPU time and context switches, from `/proc`.
+#[derive(Clone, Copy)]
+struct ProcUsage {
+    cpu: Duration,
+    switches: u64,
+}
+
+impl ProcUsage {
+    /// CPU time includes threads that have exited (`/proc/PID/stat`); switches are summed over
+    /// the live threads (`/proc/PID/task/*/status`), so a thread that exits mid-run is missed.
+    fn read(pid: u32) -> anyhow::Result<Self> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .with_context(|| format!("reading /proc/{pid}/stat"))?;
+        // Fields after the command name (which may hold spaces) start at `state`, field 3;
+        // utime and stime are fields 14 and 15, in clock ticks of 1/100 s on Linux.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .context("malformed /proc/PID/stat")?
+            .1
+            .split_whitespace()
+            .collect();
+        let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+        let mut switches = 0;
+        for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+            let Ok(status) = std::fs::read_to_string(task?.path().join("status")) else {
+                continue; // the thread exited meanwhile
+            };
+            switches += status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum::<u64>();
+        }
+        Ok(Self {
+            cpu: Duration::from_millis(ticks * 10),
+            switches,
+        })
+    }
+
+    fn since(&self, before: &Self) -> Self {
+        Self {
+            cpu: self.cpu.saturating_sub(before.cpu),
+            switches: self.switches.saturating_sub(before.switches),
+        }
+    }
 }
 
 async fn produce(
@@ -319,18 +377,36 @@ async fn produce(
     producers: usize,
     seconds: u64,
     message_bytes: usize,
+    server_pid: Option<u32>,
 ) -> anyhow::Result<serde_json::Value> {
     if let System::Nats = system {
         nats_stream(url).await?;
     }
-    let (all, elapsed) =
-        run_producers(system, url, producers, seconds, message_bytes, None).await?;
-    Ok(json!({
+    let (all, elapsed, server) = run_producers(
+        system,
+        url,
+        producers,
+        seconds,
+        message_bytes,
+        None,
+        server_pid,
+    )
+    .await?;
+    let mut line = json!({
         "bench": "peers", "what": "produce", "system": system_name(system),
         "producers": producers, "message_bytes": message_bytes,
         "msgs_per_s": (all.len() as f64 / elapsed).round(),
         "p50_us": percentile_us(&all, 0.5).round(), "p99_us": percentile_us(&all, 0.99).round(),
-    }))
+    });
+    if let Some(u) = server {
+        let messages = all.len().max(1) as f64;
+        line["server_cores"] = json!((u.cpu.as_secs_f64() / elapsed * 100.0).round() / 100.0);
+        line["server_cpu_us_per_msg"] =
+            json!((u.cpu.as_secs_f64() * 1e7 / messages).round() / 10.0);
+        line["server_switches_per_msg"] =
+            json!((u.switches as f64 * 100.0 / messages).round() / 100.0);
+    }
+    Ok(line)
 }
 
 /// The no-op HTTP consumer mmmq delivers to: answers ACK to a single envelope or an array.
@@ -456,12 +532,13 @@ async fn plugin_e2e(
 ) -> anyhow::Result<serde_json::Value> {
     let http = reqwest::Client::new();
     let before = plugin_delivered(&http, url).await?;
-    let (produced, elapsed) = run_producers(
+    let (produced, elapsed, _) = run_producers(
         System::MmmqPlugin,
         url,
         producers,
         seconds,
         message_bytes,
+        None,
         None,
     )
     .await?;
@@ -535,13 +612,14 @@ async fn e2e(
     };
     // Let the consumer subscribe before the first message.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (produced, elapsed) = run_producers(
+    let (produced, elapsed, _) = run_producers(
         system,
         url,
         producers,
         seconds,
         message_bytes,
         Some(&received),
+        None,
     )
     .await?;
     // What was sent inside the window and arrives within a second after it counts towards
@@ -574,9 +652,10 @@ async fn main() -> anyhow::Result<()> {
             producers,
             seconds,
             message_bytes,
+            server_pid,
         } => {
             for p in producers {
-                let line = produce(system, &url, p, seconds, message_bytes).await?;
+                let line = produce(system, &url, p, seconds, message_bytes, server_pid).await?;
                 println!("{line}");
             }
         }
