@@ -290,7 +290,9 @@ async fn run_producers(
     for c in &mut conns {
         c.send(&stamped(message_bytes)).await?;
     }
-    let server_before = server_pid.map(ProcUsage::read).transpose()?;
+    let server_before = server_pid
+        .map(|pid| ProcUsage::read(pid).map(|usage| (pid, usage)))
+        .transpose()?;
     let start = Instant::now();
     let deadline = start + Duration::from_secs(seconds);
     if let Some(r) = received {
@@ -316,16 +318,14 @@ async fn run_producers(
         all.extend(t.await??);
     }
     let elapsed = start.elapsed().as_secs_f64();
-    let server = match (server_pid, server_before) {
-        (Some(pid), Some(before)) => Some(ProcUsage::read(pid)?.since(&before)),
-        _ => None,
-    };
+    let server = server_before
+        .map(|(pid, before)| ProcUsage::read(pid).map(|now| now.since(&before)))
+        .transpose()?;
     all.sort_unstable();
     Ok((all, elapsed, server))
 }
 
 /// A process's CPU time and context switches, from `/proc`.
-#[derive(Clone, Copy)]
 struct ProcUsage {
     cpu: Duration,
     switches: u64,
@@ -345,7 +345,10 @@ impl ProcUsage {
             .1
             .split_whitespace()
             .collect();
-        let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+        let field = |i: usize| -> anyhow::Result<u64> {
+            Ok(fields.get(i).context("short /proc/PID/stat")?.parse()?)
+        };
+        let ticks = field(11)? + field(12)?;
         let mut switches = 0;
         for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
             let Ok(status) = std::fs::read_to_string(task?.path().join("status")) else {
