@@ -6,6 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use mmmq_core::{ConsumerId, StoredMessage, Topic, TopicPattern};
 use serde_json::value::RawValue;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{self, ConfigError, DispatcherSpec, ServeConfig, TargetSpec};
 use crate::dispatch::{
@@ -31,6 +32,18 @@ pub enum BrokerError {
     /// A name that is not a valid topic, consumerId or pattern.
     #[error("{0}")]
     InvalidName(String),
+    /// A batch over several topics of which some were stored and some were not (a disk error on
+    /// one topic's log does not undo another topic's commit): `offsets` says which, per element
+    /// in request order, so a client retries exactly the elements that are `None`.
+    #[error("{error} ({stored} of {total} messages of the batch were stored; the others were not)",
+        stored = offsets.iter().flatten().count(), total = offsets.len())]
+    PartialBatch {
+        /// The first disk error.
+        #[source]
+        error: StorageError,
+        /// Per element: its offset when it was stored.
+        offsets: Vec<Option<u64>>,
+    },
     /// Producers may not write to `__` topics.
     #[error(
         "topic {0:?} is internal (names starting with \"__\" hold dead letters); producers cannot write to it"
@@ -71,9 +84,21 @@ impl Broker {
 
     /// As [`Broker::open`], with a chosen file system and target factory.
     pub async fn open_with(
+        config: ServeConfig,
+        vfs: Arc<dyn Vfs>,
+        factory: Arc<dyn TargetFactory>,
+    ) -> Result<Self, BrokerError> {
+        Self::open_until(config, vfs, factory, CancellationToken::new()).await
+    }
+
+    /// As [`Broker::open_with`]; `interrupt` stops recovery between two topics (a shutdown
+    /// requested while a large root dir is still being recovered), and the answer is then
+    /// [`StorageError::Interrupted`].
+    pub async fn open_until(
         mut config: ServeConfig,
         vfs: Arc<dyn Vfs>,
         factory: Arc<dyn TargetFactory>,
+        interrupt: CancellationToken,
     ) -> Result<Self, BrokerError> {
         let root = config.root_dir.clone();
         let specs = tokio::task::spawn_blocking(move || config::load_dispatchers(&root))
@@ -83,7 +108,7 @@ impl Broker {
         let m = metrics.clone();
         config.log.on_commit = Some(Arc::new(move |n| m.observe_commit(n)));
         let registry = Arc::new(
-            Registry::restore(config.topics_dir(), vfs, config.log.clone())
+            Registry::restore(config.topics_dir(), vfs, config.log.clone(), interrupt)
                 .await?
                 .with_max_topics(config.max_topics),
         );
@@ -128,6 +153,10 @@ impl Broker {
 
     /// Appends messages, each topic's share at consecutive offsets in one commit, topics in
     /// parallel. Resolves with each message's offset, in request order.
+    ///
+    /// Each topic's share is atomic; the batch as a whole is not (topics are independent logs).
+    /// When a topic's commit fails the answer is exact: [`BrokerError::PartialBatch`] names the
+    /// offset of every element that was stored, so a retry of the others duplicates nothing.
     pub async fn produce_batch(&self, items: Vec<ProduceItem>) -> Result<Vec<u64>, BrokerError> {
         for item in &items {
             if item.topic.is_internal() {
@@ -143,10 +172,14 @@ impl Broker {
         }
         // Every topic exists (or the batch is refused, e.g. past the topic cap) before anything
         // is appended.
-        let mut logs = Vec::with_capacity(by_topic.len());
-        for (topic, _) in &by_topic {
-            logs.push(self.registry.get_or_create(topic).await?.log.clone());
-        }
+        let names: Vec<Topic> = by_topic.iter().map(|(t, _)| t.clone()).collect();
+        let logs: Vec<_> = self
+            .registry
+            .get_or_create_all(&names)
+            .await?
+            .into_iter()
+            .map(|t| t.log.clone())
+            .collect();
         let mut set = tokio::task::JoinSet::new();
         for ((topic, indexes), log) in by_topic.into_iter().zip(logs) {
             let payloads: Vec<Vec<u8>> =
@@ -157,7 +190,7 @@ impl Broker {
                 (topic, indexes, bytes, first)
             });
         }
-        let mut offsets = vec![0; items.len()];
+        let mut offsets = vec![None; items.len()];
         let mut failure = None;
         while let Some(joined) = set.join_next().await {
             let (topic, indexes, bytes, first) = joined.expect("append task panicked");
@@ -165,15 +198,18 @@ impl Broker {
                 Ok(first) => {
                     self.count_in(&topic, indexes.len() as u64, bytes);
                     for (k, &i) in indexes.iter().enumerate() {
-                        offsets[i] = first + k as u64;
+                        offsets[i] = Some(first + k as u64);
                     }
                 }
-                Err(e) => failure = Some(e),
+                Err(e) => failure = failure.or(Some(e)),
             }
         }
         match failure {
-            Some(e) => Err(e.into()),
-            None => Ok(offsets),
+            None => Ok(offsets
+                .into_iter()
+                .map(|o| o.expect("every topic stored"))
+                .collect()),
+            Some(error) => Err(BrokerError::PartialBatch { error, offsets }),
         }
     }
 

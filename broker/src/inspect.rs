@@ -218,6 +218,17 @@ fn inspect_segment(
         summary.inconsistencies += 1;
         writeln!(out, "  ! {}: {reason}", files.index.display())?;
     }
+    if let Some(repair) = &scan.repair {
+        for (entry, said, is) in &repair.rewritten {
+            // Damage to acknowledged entries, repairable without loss: still worth a non-zero exit.
+            summary.inconsistencies += 1;
+            writeln!(
+                out,
+                "  ! {}: entry {entry} says position {said} but its CRC-valid frame is at {is} (recovery rewrites it)",
+                files.index.display()
+            )?;
+        }
+    }
     if scan.torn_index_bytes() > 0 {
         writeln!(
             out,

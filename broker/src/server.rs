@@ -12,7 +12,7 @@ use crate::config::ServeConfig;
 use crate::dispatch::Targets;
 use crate::http::serve::serve;
 use crate::http::{AppState, router};
-use crate::storage::{OsFs, Vfs};
+use crate::storage::{OsFs, StorageError, Vfs};
 
 /// Why the broker stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +44,10 @@ pub async fn run_on(
     vfs: Arc<dyn Vfs>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    // Signals first: SIGHUP's default action ends the process, and the shutdown future (SIGTERM,
+    // SIGINT) registers its handlers when first polled, which is now, not after a long recovery.
+    let hup = hangup_signal();
+    let mut shutdown = std::pin::pin!(shutdown);
     let stopping = CancellationToken::new();
     let state = AppState::new(config.max_body_bytes, stopping.clone())
         .with_auth_token(config.auth_token.clone());
@@ -53,9 +57,36 @@ pub async fn run_on(
         let stop = stopping.clone();
         async move { serve(listener, app, limits, stop).await }
     });
-    // Health answers 503 until this is done.
-    let broker = match Broker::open_with(config, vfs, Arc::new(Targets::default())).await {
-        Ok(b) => Arc::new(b),
+    // Health answers 503 until this is done. A shutdown requested meanwhile stops recovery
+    // between two topics and ends the process cleanly.
+    let interrupt = CancellationToken::new();
+    let boot = Broker::open_until(config, vfs, Arc::new(Targets::default()), interrupt.clone());
+    let mut boot = std::pin::pin!(boot);
+    let opened = tokio::select! {
+        opened = &mut boot => opened,
+        _ = &mut shutdown => {
+            tracing::info!("shutdown requested during boot; stopping recovery");
+            interrupt.cancel();
+            boot.await
+        }
+    };
+    let broker = match opened {
+        Ok(b) if !interrupt.is_cancelled() => Arc::new(b),
+        Ok(b) => {
+            // Recovery finished just as the shutdown came: nothing has started delivering yet
+            // that needs more than a normal stop.
+            stopping.cancel();
+            let _ = server.await;
+            b.shutdown().await;
+            tracing::info!("stopped");
+            return Ok(());
+        }
+        Err(BrokerError::Storage(StorageError::Interrupted { done, total })) => {
+            tracing::info!(done, total, "recovery interrupted; stopped");
+            stopping.cancel();
+            let _ = server.await;
+            return Ok(());
+        }
         Err(e) => {
             stopping.cancel();
             let _ = server.await;
@@ -63,7 +94,7 @@ pub async fn run_on(
         }
     };
     state.ready(broker.clone());
-    spawn_sighup_reload(broker.clone(), stopping.clone());
+    spawn_sighup_reload(broker.clone(), hup, stopping.clone());
 
     shutdown.await;
     tracing::info!("shutting down: no new requests, finishing accepted ones");
@@ -74,12 +105,25 @@ pub async fn run_on(
     served.map_err(ServeError::Http)
 }
 
-fn spawn_sighup_reload(broker: Arc<Broker>, stopping: CancellationToken) {
+/// SIGHUP, listened for from the start so that one during boot is not fatal (it reloads once the
+/// broker is up).
+fn hangup_signal() -> Option<tokio::signal::unix::Signal> {
     use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
-        tracing::warn!("cannot listen for SIGHUP; reload with POST /mmmq/admin/reload");
-        return;
-    };
+    match signal(SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP; reload with POST /mmmq/admin/reload");
+            None
+        }
+    }
+}
+
+fn spawn_sighup_reload(
+    broker: Arc<Broker>,
+    hup: Option<tokio::signal::unix::Signal>,
+    stopping: CancellationToken,
+) {
+    let Some(mut hup) = hup else { return };
     tokio::spawn(async move {
         loop {
             tokio::select! {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use mmmq_core::Topic;
 use parking_lot::RwLock;
 use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
 
 use crate::storage::{Checkpoints, Log, LogConfig, StorageError, Vfs};
 
@@ -42,11 +43,13 @@ pub struct Registry {
 
 impl Registry {
     /// Opens every topic under `dir` (`{root}/topics`), recovering each log, with progress in the
-    /// log when there is much to do.
+    /// log when there is much to do. `interrupt` stops it between two topics (a SIGTERM during a
+    /// long recovery): each topic is recovered whole or not touched.
     pub async fn restore(
         dir: PathBuf,
         vfs: Arc<dyn Vfs>,
         log_config: LogConfig,
+        interrupt: CancellationToken,
     ) -> Result<Self, StorageError> {
         let (created, _) = broadcast::channel(1024);
         let registry = Self {
@@ -61,10 +64,11 @@ impl Registry {
         let dir = registry.dir.clone();
         let vfs = registry.vfs.clone();
         let config = registry.log_config.clone();
-        let opened =
-            tokio::task::spawn_blocking(move || restore_all(&dir, &*vfs, vfs.clone(), &config))
-                .await
-                .expect("restore task panicked")?;
+        let opened = tokio::task::spawn_blocking(move || {
+            restore_all(&dir, &*vfs, vfs.clone(), &config, &interrupt)
+        })
+        .await
+        .expect("restore task panicked")?;
         *registry.create.lock().await = opened.keys().filter(|t| !t.is_internal()).count();
         *registry.topics.write() = opened;
         Ok(registry)
@@ -98,37 +102,72 @@ impl Registry {
 
     /// The topic, created (directory, first segment) if it does not exist yet.
     pub async fn get_or_create(&self, topic: &Topic) -> Result<Arc<TopicLog>, StorageError> {
-        if let Some(t) = self.get(topic) {
-            return Ok(t);
+        let mut all = self.get_or_create_all(std::slice::from_ref(topic)).await?;
+        Ok(all.pop().expect("one topic asked, one given"))
+    }
+
+    /// Every topic of `topics`, in order, creating the missing ones. All or none: when creating
+    /// them would pass the topic cap, nothing is created and the first topic over it is named
+    /// (a batch refused for the cap leaves no empty topics behind).
+    pub async fn get_or_create_all(
+        &self,
+        topics: &[Topic],
+    ) -> Result<Vec<Arc<TopicLog>>, StorageError> {
+        if let Some(found) = topics
+            .iter()
+            .map(|t| self.get(t))
+            .collect::<Option<Vec<_>>>()
+        {
+            return Ok(found);
         }
         let mut user_topics = self.create.lock().await;
-        if let Some(t) = self.get(topic) {
-            return Ok(t);
-        }
+        let missing: Vec<&Topic> = {
+            let existing = self.topics.read();
+            let mut missing: Vec<&Topic> = Vec::new();
+            for t in topics {
+                if !existing.contains_key(t) && !missing.contains(&t) {
+                    missing.push(t);
+                }
+            }
+            missing
+        };
         // Dead-letter topics are exempt: there is at most one per dispatcher, and refusing one
         // would stall a dispatcher instead of refusing a producer.
-        if !topic.is_internal() && *user_topics >= self.max_topics {
-            return Err(StorageError::TopicLimit {
-                topic: topic.to_string(),
-                max: self.max_topics,
-            });
+        let mut would_be = *user_topics;
+        for t in &missing {
+            if t.is_internal() {
+                continue;
+            }
+            if would_be >= self.max_topics {
+                return Err(StorageError::TopicLimit {
+                    topic: t.to_string(),
+                    max: self.max_topics,
+                });
+            }
+            would_be += 1;
         }
-        let dir = self.dir.join(topic.as_str());
-        let vfs = self.vfs.clone();
-        let config = self.log_config.clone();
-        let topic_name = topic.clone();
-        let t = tokio::task::spawn_blocking(move || open_topic(topic_name, dir, vfs, config))
-            .await
-            .expect("topic creation panicked")?;
-        let t = Arc::new(t);
-        self.topics.write().insert(topic.clone(), t.clone());
-        if !topic.is_internal() {
-            *user_topics += 1;
+        for topic in missing {
+            let dir = self.dir.join(topic.as_str());
+            let vfs = self.vfs.clone();
+            let config = self.log_config.clone();
+            let topic_name = topic.clone();
+            let t = tokio::task::spawn_blocking(move || open_topic(topic_name, dir, vfs, config))
+                .await
+                .expect("topic creation panicked")?;
+            let t = Arc::new(t);
+            self.topics.write().insert(topic.clone(), t.clone());
+            if !topic.is_internal() {
+                *user_topics += 1;
+            }
+            tracing::info!(topic = %topic, "topic created");
+            // Nobody listening is fine: dispatchers attach to existing topics when they start.
+            let _ = self.created.send(t);
         }
-        tracing::info!(topic = %topic, "topic created");
-        // Nobody listening is fine: dispatchers attach to existing topics when they start.
-        let _ = self.created.send(t.clone());
-        Ok(t)
+        let existing = self.topics.read();
+        Ok(topics
+            .iter()
+            .map(|t| existing.get(t).cloned().expect("created above"))
+            .collect())
     }
 
     /// New topics as they are created. A receiver that lags must rescan [`Registry::all`].
@@ -156,6 +195,7 @@ fn restore_all(
     vfs: &dyn Vfs,
     shared: Arc<dyn Vfs>,
     config: &LogConfig,
+    interrupt: &CancellationToken,
 ) -> Result<BTreeMap<Topic, Arc<TopicLog>>, StorageError> {
     let mut out = BTreeMap::new();
     if !vfs.is_dir(dir) {
@@ -173,6 +213,9 @@ fn restore_all(
     let start = Instant::now();
     let mut last_report = Instant::now();
     for (i, name) in names.into_iter().enumerate() {
+        if interrupt.is_cancelled() {
+            return Err(StorageError::Interrupted { done: i, total });
+        }
         let path = dir.join(&name);
         if !vfs.is_dir(&path) {
             continue;

@@ -61,7 +61,15 @@ where
     })
 }
 
-/// The consumer side of contract §3: an HTTP server that the broker's dispatchers POST to.
+/// One envelope, or an array of consecutive envelopes of one topic (`batchMaxMessages` > 1).
+fn parse_envelopes(body: &[u8]) -> Result<Vec<Envelope>, serde_json::Error> {
+    match serde_json::from_slice::<serde_json::Value>(body)? {
+        serde_json::Value::Array(_) => serde_json::from_slice(body),
+        _ => serde_json::from_slice(body).map(|e| vec![e]),
+    }
+}
+
+/// The consumer side of the README's "Remote HTTP consumers": an HTTP server that the broker's dispatchers POST to.
 ///
 /// Each handler is registered with a topic pattern and a content type. For every message, every
 /// handler whose pattern matches runs in registration order; the answer is ACK if all of them
@@ -140,33 +148,14 @@ impl Consumer {
             axum::routing::post(move |body: Bytes| {
                 let this = this.clone();
                 async move {
-                    // One envelope, or an array of consecutive envelopes of one topic.
-                    let envelopes: Vec<Envelope> =
-                        match serde_json::from_slice::<serde_json::Value>(&body) {
-                            Ok(serde_json::Value::Array(_)) => {
-                                match serde_json::from_slice(&body) {
-                                    Ok(v) => v,
-                                    Err(e) => {
-                                        return (
-                                            StatusCode::BAD_REQUEST,
-                                            format!(r#"{{"error":"{e}"}}"#),
-                                        );
-                                    }
-                                }
-                            }
-                            Ok(_) => match serde_json::from_slice(&body) {
-                                Ok(e) => vec![e],
-                                Err(e) => {
-                                    return (
-                                        StatusCode::BAD_REQUEST,
-                                        format!(r#"{{"error":"{e}"}}"#),
-                                    );
-                                }
-                            },
-                            Err(e) => {
-                                return (StatusCode::BAD_REQUEST, format!(r#"{{"error":"{e}"}}"#));
-                            }
-                        };
+                    let envelopes = match parse_envelopes(&body) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            // Serialized, never formatted: a reason may hold quotes.
+                            let body = serde_json::json!({ "error": e.to_string() }).to_string();
+                            return (StatusCode::BAD_REQUEST, body);
+                        }
+                    };
                     for env in envelopes {
                         if !this.dispatch(env).await {
                             return (StatusCode::OK, r#"{"ack":"NACK"}"#.to_owned());
@@ -187,5 +176,43 @@ impl Consumer {
         axum::serve(listener, self.router())
             .with_graceful_shutdown(shutdown)
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Answers one request to the router without a socket.
+    async fn answer(body: &'static str) -> (StatusCode, serde_json::Value) {
+        use tower::ServiceExt;
+        let request = axum::http::Request::post("/mmmq/messages")
+            .body(axum::body::Body::from(body))
+            .unwrap();
+        let response = Consumer::new().router().oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let json = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)));
+        (status, json)
+    }
+
+    #[tokio::test]
+    async fn error_bodies_are_json_even_when_the_reason_has_quotes() {
+        // serde_json's reason quotes the offending value: `invalid type: string "five"`.
+        for body in [
+            r#"{"topic":"t","offset":"five"}"#,
+            r#"[{"topic":"t","offset":"five"}]"#,
+            r#"{"unterminated"#,
+        ] {
+            let (status, json) = answer(body).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+            let reason = json["error"].as_str().expect("an error string");
+            assert!(!reason.is_empty(), "{body}");
+        }
+        let (_, json) = answer(r#"{"topic":"t","offset":"five"}"#).await;
+        assert!(json["error"].as_str().unwrap().contains('"'), "{json}");
     }
 }

@@ -43,9 +43,18 @@ impl<T> Record<T> {
     }
 }
 
+/// A batch's answer: every element's receipt (200), or, when part of it could not be stored
+/// (503), the offsets of the elements that were.
 #[derive(Deserialize)]
-struct BatchAck {
-    results: Vec<Receipt>,
+struct BatchAnswer {
+    #[serde(default)]
+    results: Vec<BatchResult>,
+}
+
+#[derive(Deserialize)]
+struct BatchResult {
+    topic: String,
+    offset: Option<u64>,
 }
 
 /// Produces messages to a broker. Cheap to clone (clones share the connection pool).
@@ -124,13 +133,77 @@ impl Producer {
 
     /// Produces a batch: validated all or nothing, each topic's share stored at consecutive
     /// offsets; receipts come back in request order.
+    ///
+    /// A batch over several topics can be stored in part when one topic's disk fails: the broker
+    /// then says which elements were stored, and the retry sends only the others, so no element
+    /// is stored twice by a NACK's retry.
     pub async fn send_batch<T: Serialize>(
         &self,
         records: &[Record<T>],
     ) -> Result<Vec<Receipt>, ClientError> {
-        let body = serde_json::to_vec(records)?;
-        let ack: BatchAck = self.post("/mmmq/messages/batch", body).await?;
-        Ok(ack.results)
+        let mut receipts: Vec<Option<Receipt>> = vec![None; records.len()];
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let pending: Vec<usize> = (0..records.len())
+                .filter(|&i| receipts[i].is_none())
+                .collect();
+            let body =
+                serde_json::to_vec(&pending.iter().map(|&i| &records[i]).collect::<Vec<_>>())?;
+            let sent = self
+                .conn
+                .send(reqwest::Method::POST, "/mmmq/messages/batch", Some(body))
+                .await;
+            if let Ok((200 | 503, bytes)) = &sent
+                && let Ok(answer) = serde_json::from_slice::<BatchAnswer>(bytes)
+            {
+                for (&i, r) in pending.iter().zip(answer.results) {
+                    if let Some(offset) = r.offset {
+                        receipts[i] = Some(Receipt {
+                            topic: r.topic,
+                            offset,
+                        });
+                    }
+                }
+            }
+            let retry = match sent {
+                Ok((200, _)) if receipts.iter().all(Option::is_some) => {
+                    return Ok(receipts.into_iter().flatten().collect());
+                }
+                Ok((200, bytes)) => {
+                    return Err(ClientError::Protocol(format!(
+                        "a batch ACK without an offset for every message: {}",
+                        String::from_utf8_lossy(&bytes)
+                    )));
+                }
+                other => self.retryable(other, attempt)?,
+            };
+            if attempt > self.retries {
+                return Err(retry);
+            }
+            tracing::debug!(attempt, error = %retry, "batch produce failed; retrying what was not stored");
+            tokio::time::sleep(backoff(attempt)).await;
+        }
+    }
+
+    /// The error of a failed attempt when a retry may succeed (503, unreachable), else `Err`.
+    fn retryable(
+        &self,
+        sent: Result<(u16, axum::body::Bytes), ClientError>,
+        attempt: u32,
+    ) -> Result<ClientError, ClientError> {
+        match sent {
+            Ok((503, bytes)) => Ok(ClientError::Nacked {
+                attempts: attempt,
+                message: error_text(&bytes),
+            }),
+            Ok((status, bytes)) => Err(status_error(status, &bytes)),
+            Err(ClientError::Unavailable { message, .. }) => Ok(ClientError::Unavailable {
+                attempts: attempt,
+                message,
+            }),
+            Err(other) => Err(other),
+        }
     }
 
     async fn post<R: for<'de> Deserialize<'de>>(
@@ -147,16 +220,7 @@ impl Producer {
                 .await
             {
                 Ok((200, bytes)) => return decode(&bytes),
-                Ok((503, bytes)) => ClientError::Nacked {
-                    attempts: attempt,
-                    message: error_text(&bytes),
-                },
-                Ok((status, bytes)) => return Err(status_error(status, &bytes)),
-                Err(ClientError::Unavailable { message, .. }) => ClientError::Unavailable {
-                    attempts: attempt,
-                    message,
-                },
-                Err(other) => return Err(other),
+                other => self.retryable(other, attempt)?,
             };
             if attempt > self.retries {
                 return Err(retry);

@@ -155,6 +155,12 @@ macro_rules! name_impls {
                 &self.0
             }
         }
+        // Maps keyed by name can be looked up by `&str` (Eq, Ord and Hash are the string's).
+        impl std::borrow::Borrow<str> for $ty {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
         impl Serialize for $ty {
             fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 s.serialize_str(&self.0)

@@ -52,8 +52,10 @@
 //! The component gets no filesystem, network or environment, and frozen clocks (use
 //! [`Message::timestamp`]). Each call is cut off after the dispatcher's `timeoutMs` and memory is
 //! capped at `maxMemoryBytes`; a trap, a panic, a timeout or running out of memory counts as a NACK.
-//! One instance serves many messages in a row, so state kept in statics survives between calls,
-//! but not across a trap (the broker starts a fresh instance) or a reload.
+//! Each (dispatcher, topic) has its own instance serving that topic's messages in a row, so state
+//! kept in statics survives between calls and sees every message of the topic, but not a trap (the
+//! broker starts a fresh instance), a reload, or a topic left idle while more than 64 others of
+//! the dispatcher were busy (its instance is dropped).
 #![deny(missing_docs)]
 
 use serde::de::DeserializeOwned;

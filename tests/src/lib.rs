@@ -535,6 +535,8 @@ pub struct Handled {
     pub topic: String,
     /// Offset.
     pub offset: u64,
+    /// How many messages the instance that handled it had handled, this one included.
+    pub seen: u64,
     /// The rest of the line: `key=… content=…`.
     pub rest: String,
 }
@@ -549,13 +551,15 @@ impl Broker {
                 let rest = l.split_once("testbed version=")?.1;
                 let (version, rest) = rest.split_once(" topic=")?;
                 let (topic, rest) = rest.split_once(" offset=")?;
-                let (offset, rest) = rest.split_once(' ')?;
+                let (offset, rest) = rest.split_once(" seen=")?;
+                let (seen, rest) = rest.split_once(' ')?;
                 // tracing appends the span's fields after the message.
                 let rest = rest.split(" consumer_id=").next().unwrap_or(rest);
                 Some(Handled {
                     version: version.to_owned(),
                     topic: topic.to_owned(),
                     offset: offset.parse().ok()?,
+                    seen: seen.parse().ok()?,
                     rest: rest.to_owned(),
                 })
             })

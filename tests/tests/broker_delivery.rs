@@ -237,16 +237,39 @@ async fn overlapping_patterns_each_get_every_match_and_dead_letters_reach_no_wil
     everything.wait_for(3, WAIT).await;
     let dlq = broker.pull_until("__dlq.refuser", 1).await;
     assert_eq!(dlq[0]["content"]["envelope"]["topic"], "order.new");
-    // Time for a wrongly subscribed `**` dispatcher to have picked the dead letter up.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let topics: Vec<String> = everything
+    // A fence: topics are announced to the dispatchers in creation order, so once `**` has
+    // subscribed to a topic created after the dead-letter topic, it has seen that one too.
+    broker.produce("z.after", json!(4)).await;
+    everything.wait_for(4, WAIT).await;
+    let (_, status) = broker.get("/mmmq/dispatchers").await;
+    let subscribed: Vec<&str> = status
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["consumerId"] == "everything")
+        .unwrap()["topics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["topic"].as_str().unwrap())
+        .collect();
+    assert!(subscribed.contains(&"z.after"), "{subscribed:?}");
+    assert!(!subscribed.contains(&"__dlq.refuser"), "{subscribed:?}");
+    // Topics are delivered independently: compare as sets.
+    let mut topics: Vec<String> = everything
         .envelopes()
         .iter()
         .map(|e| e["topic"].as_str().unwrap().to_owned())
         .collect();
+    topics.sort();
     assert_eq!(
         topics,
-        vec!["order.new", "order.cancel", "payment.kakao.success"]
+        vec![
+            "order.cancel",
+            "order.new",
+            "payment.kakao.success",
+            "z.after"
+        ]
     );
     let topics: Vec<Value> = orders
         .envelopes()
@@ -390,15 +413,69 @@ async fn batched_delivery_sends_arrays_and_a_nack_falls_back_to_one_at_a_time() 
             .any(|r| r.is_array() && r.as_array().unwrap().len() > 1),
         "{requests:?}"
     );
+    // With batchMaxMessages > 1 every body is an array, also when a NACK makes the broker go
+    // one message at a time.
+    assert!(requests.iter().all(Value::is_array), "{requests:?}");
     // Everything but 3 was ACKed; 3 was tried in the batch, then alone twice (1 + 1 retry).
     let singles: Vec<Value> = requests
         .iter()
-        .filter(|r| !r.is_array())
-        .map(|r| r["content"].clone())
+        .filter(|r| r.as_array().unwrap().len() == 1)
+        .map(|r| r[0]["content"].clone())
         .collect();
     assert_eq!(
         singles.iter().filter(|c| **c == 3).count(),
         2,
         "{requests:?}"
+    );
+}
+
+/// A consumer told to expect batches may reject anything that is not an array: a lone message
+/// (nothing else committed behind it) still goes as an array of one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_of_one_is_still_an_array() {
+    let tmp = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let bodies: Arc<parking_lot::Mutex<Vec<Value>>> = Arc::default();
+    let seen = bodies.clone();
+    let app = axum::Router::new().route(
+        "/mmmq/messages",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let seen = seen.clone();
+            async move {
+                let v: Value = serde_json::from_slice(&body).unwrap();
+                let ok = v.is_array();
+                seen.lock().push(v);
+                if ok {
+                    (axum::http::StatusCode::OK, r#"{"ack":"ACK"}"#)
+                } else {
+                    (
+                        axum::http::StatusCode::BAD_REQUEST,
+                        r#"{"error":"arrays only"}"#,
+                    )
+                }
+            }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    write_dispatchers(
+        tmp.path(),
+        &json!([{"consumerId": "b", "pattern": "x", "batchMaxMessages": 10,
+                 "host": {"protocol": "HTTP", "address": "127.0.0.1", "port": port}}]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    broker.produce("x", json!("only")).await;
+    let first = eventually(WAIT, "the first request", || bodies.lock().first().cloned()).await;
+    assert_eq!(first.as_array().map(Vec::len), Some(1), "{first}");
+    assert_eq!(first[0]["content"], "only");
+    broker.produce("x", json!("second")).await;
+    eventually(WAIT, "the second request", || {
+        (bodies.lock().len() >= 2).then_some(())
+    })
+    .await;
+    assert!(
+        bodies.lock().iter().all(Value::is_array),
+        "{:?}",
+        bodies.lock()
     );
 }

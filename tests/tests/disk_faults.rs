@@ -210,6 +210,77 @@ async fn a_failing_disk_nacks_produces_keeps_reads_and_delivery_going_and_append
     broker.stop().await;
 }
 
+/// A batch over two topics when one topic's disk fails: the other topic's share is stored, and the
+/// 503 says exactly which elements were (so a retry of the rest duplicates nothing). The client's
+/// `send_batch` retries only those, and ends with each message stored once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_over_topics_on_a_failing_disk_says_which_elements_were_stored() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs = FaultyFs::new();
+    let broker = InProcess::start(tmp.path(), Arc::new(fs.clone())).await;
+    for t in ["orders", "other"] {
+        assert_eq!(broker.produce(t, 0).await.0, 200);
+    }
+    fs.fail(Op::Sync, "orders/000", libc::EIO);
+    let batch = json!([
+        {"topic": "orders", "content": {"n": 1}},
+        {"topic": "other", "content": {"n": 1}},
+        {"topic": "orders", "content": {"n": 2}},
+        {"topic": "other", "content": {"n": 2}},
+    ]);
+    let r = broker
+        .http
+        .post(format!("{}/mmmq/messages/batch", broker.url))
+        .json(&batch)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["ack"], "NACK", "{body}");
+    assert!(body["error"].as_str().unwrap().contains("2 of 4"), "{body}");
+    assert_eq!(
+        body["results"],
+        json!([
+            {"topic": "orders", "ack": "NACK"},
+            {"topic": "other", "offset": 1, "ack": "ACK"},
+            {"topic": "orders", "ack": "NACK"},
+            {"topic": "other", "offset": 2, "ack": "ACK"},
+        ]),
+        "{body}"
+    );
+    assert_eq!(broker.pull("other").await, [0, 1, 2]);
+    assert_eq!(broker.pull("orders").await, [0]);
+
+    // The client retries only what was not stored; the disk recovers during its retries.
+    let producer = mmmq_client::Producer::new(&broker.url).unwrap().retries(30);
+    let records: Vec<mmmq_client::Record<Value>> = [("orders", 3), ("other", 3), ("orders", 4)]
+        .iter()
+        .map(|(t, n)| mmmq_client::Record::new(*t, json!({"n": n})))
+        .collect();
+    let clear = {
+        let fs = fs.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            fs.clear();
+        })
+    };
+    let receipts = producer.send_batch(&records).await.unwrap();
+    clear.await.unwrap();
+    let offsets: Vec<(String, u64)> = receipts.into_iter().map(|r| (r.topic, r.offset)).collect();
+    assert_eq!(
+        offsets,
+        [
+            ("orders".into(), 1),
+            ("other".into(), 3),
+            ("orders".into(), 2)
+        ]
+    );
+    assert_eq!(broker.pull("other").await, [0, 1, 2, 3]);
+    assert_eq!(broker.pull("orders").await, [0, 3, 4]);
+    broker.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_checkpoint_write_is_retried_and_delivery_goes_on() {
     let tmp = tempfile::tempdir().unwrap();

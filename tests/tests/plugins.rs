@@ -185,6 +185,130 @@ async fn a_panic_traps() {
     misbehaving_guest("panic", "trapped").await;
 }
 
+/// An instance that cannot even be created (here: the component's initial memory is over
+/// `maxMemoryBytes`) is a plugin fault like a trap: NACKed with the reason, retried
+/// `maxNackRetries` times, dead-lettered, and the next message gets its turn (it used to be retried
+/// forever as if a consumer were down).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plugin_that_cannot_be_instantiated_dead_letters_instead_of_retrying_forever() {
+    let tmp = tempfile::tempdir().unwrap();
+    deploy_plugin(tmp.path(), &plugin_wasm("testbed", None), "testbed.wasm");
+    write_dispatchers(
+        tmp.path(),
+        &json!([plugin_dispatcher(
+            "tb",
+            "tiny",
+            "testbed.wasm",
+            json!({"maxNackRetries": 1, "plugin": {"maxMemoryBytes": 65536}})
+        )]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    broker.produce("tiny", json!({"n": 0})).await;
+    broker.produce("tiny", json!({"n": 1})).await;
+    let dlq = broker.pull_until("__dlq.tb", 2).await;
+    for (offset, d) in dlq.iter().enumerate() {
+        let reason = d["content"]["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("cannot be instantiated") && reason.contains("memory limit of 65536"),
+            "{reason}"
+        );
+        assert_eq!(d["content"]["attempts"], 2, "{d}");
+        assert_eq!(d["content"]["envelope"]["offset"], offset as u64, "{d}");
+    }
+    let s = dispatcher_status(&broker, "tb").await;
+    assert_eq!(s["deadLettered"], 2, "{s}");
+    assert_eq!(s["topics"][0]["retries"], 0, "no backoff retries: {s}");
+}
+
+/// A dispatcher whose plugin directory does not exist at start: the message waits (with the
+/// reason in status), and once the directory and a good file appear the plugin runs, without an
+/// admin reload (the directory used to be never watched).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plugin_directory_created_after_start_is_picked_up() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_dispatchers(
+        tmp.path(),
+        &json!([plugin_dispatcher(
+            "tb",
+            "late",
+            "later/deeper/testbed.wasm",
+            json!({})
+        )]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    broker.produce("late", json!({"n": 0})).await;
+    let s = dispatcher_status(&broker, "tb").await;
+    assert!(
+        s["target"]["loadError"]
+            .as_str()
+            .is_some_and(|e| e.contains("cannot read")),
+        "{s}"
+    );
+    // The directories appear one level at a time, then the file.
+    let deeper = tmp.path().join("plugins/later/deeper");
+    for dir in deeper
+        .ancestors()
+        .take(3)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+    {
+        std::fs::create_dir(dir).unwrap();
+    }
+    let aside = deeper.join(".testbed.wasm.tmp");
+    std::fs::copy(plugin_wasm("testbed", None), &aside).unwrap();
+    std::fs::rename(&aside, deeper.join("testbed.wasm")).unwrap();
+    eventually(WAIT, "the message handled", || {
+        broker
+            .handled()
+            .iter()
+            .any(|h| h.topic == "late")
+            .then_some(())
+    })
+    .await;
+    let s = dispatcher_status(&broker, "tb").await;
+    assert_eq!(s["target"]["loadError"], Value::Null, "{s}");
+    assert_eq!(s["delivered"], 1, "{s}");
+}
+
+/// Each (dispatcher, topic) has an instance of its own, so state a plugin keeps between calls
+/// (key-rate-limit's windows) sees exactly its topic's messages: the testbed's per-instance count
+/// is the offset plus one for every message of every topic.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_topic_has_its_own_instance() {
+    let tmp = tempfile::tempdir().unwrap();
+    deploy_plugin(tmp.path(), &plugin_wasm("testbed", None), "testbed.wasm");
+    write_dispatchers(
+        tmp.path(),
+        &json!([plugin_dispatcher("tb", "inst.*", "testbed.wasm", json!({}))]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    let topics = ["inst.a", "inst.b", "inst.c"];
+    for round in 0..5 {
+        let items: Vec<Value> = (0..60)
+            .map(|i| json!({"topic": topics[i % 3], "content": {"round": round, "i": i}}))
+            .collect();
+        let (status, body) = broker
+            .post("/mmmq/messages/batch", &Value::Array(items))
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let handled = eventually(WAIT, "300 handled", || {
+        let h = broker.handled();
+        (h.len() >= 300).then_some(h)
+    })
+    .await;
+    for t in topics {
+        let seen: Vec<(u64, u64)> = handled
+            .iter()
+            .filter(|h| h.topic == t)
+            .map(|h| (h.offset, h.seen))
+            .collect();
+        let want: Vec<(u64, u64)> = (0..100).map(|o| (o, o + 1)).collect();
+        assert_eq!(seen, want, "{t}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn files_that_are_not_handlers_are_refused_with_the_reason() {
     let tmp = tempfile::tempdir().unwrap();

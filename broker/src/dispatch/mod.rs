@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use mmmq_core::{ConsumerId, Topic};
+use parking_lot::Mutex;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -31,6 +32,9 @@ pub use worker::WorkerStats;
 /// Why a dispatcher could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum DispatchError {
+    /// The broker is shutting down: nothing new starts.
+    #[error("the broker is shutting down")]
+    ShuttingDown,
     /// The target could not be built (an HTTP client, a plugin that does not load).
     #[error("dispatcher {consumer_id:?}: {reason}")]
     Target {
@@ -64,7 +68,7 @@ impl TargetFactory for Targets {
     ) -> BoxFuture<'a, Result<Arc<dyn Target>, String>> {
         Box::pin(async move {
             match &spec.target {
-                TargetSpec::Host(h) => target::HttpTarget::new(h)
+                TargetSpec::Host(h) => target::HttpTarget::new(h, spec.batch_max_messages > 1)
                     .map(|t| Arc::new(t) as Arc<dyn Target>)
                     .map_err(|e| e.to_string()),
                 TargetSpec::Plugin(p) => {
@@ -103,6 +107,13 @@ struct Running {
     target: Arc<dyn Target>,
     cancel: CancellationToken,
     workers: BTreeMap<Topic, WorkerHandle>,
+}
+
+/// A running dispatcher as a reload sees it before deciding what to change.
+struct Snapshot {
+    spec: Arc<DispatcherSpec>,
+    target: Arc<dyn Target>,
+    pinned: bool,
 }
 
 /// What a reload changed.
@@ -179,11 +190,18 @@ pub struct DispatcherStatus {
 }
 
 /// All running dispatchers.
+///
+/// Two locks, for two jobs. `running` (a plain mutex, never held across an `.await`) guards the
+/// map of dispatchers and their workers: status, metrics and new topics take it for microseconds.
+/// `reloading` (async) makes reloads, in-process registrations and shutdown take turns; it is held
+/// across plugin compiles and worker stops, which take seconds, and nothing that answers a user
+/// waits for it.
 pub struct Dispatch {
     registry: Arc<Registry>,
     metrics: Arc<Metrics>,
     factory: Arc<dyn TargetFactory>,
-    running: tokio::sync::Mutex<BTreeMap<ConsumerId, Running>>,
+    running: Mutex<BTreeMap<ConsumerId, Running>>,
+    reloading: tokio::sync::Mutex<()>,
     shutdown: CancellationToken,
 }
 
@@ -198,7 +216,8 @@ impl Dispatch {
             registry,
             metrics,
             factory,
-            running: tokio::sync::Mutex::new(BTreeMap::new()),
+            running: Mutex::new(BTreeMap::new()),
+            reloading: tokio::sync::Mutex::new(()),
             shutdown: CancellationToken::new(),
         });
         let weak = Arc::downgrade(&this);
@@ -212,10 +231,10 @@ impl Dispatch {
                 };
                 let Some(this) = weak.upgrade() else { return };
                 match event {
-                    Ok(topic) => this.attach(&[topic]).await,
+                    Ok(topic) => this.attach(&[topic]),
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                         let all = this.registry.all();
-                        this.attach(&all).await;
+                        this.attach(&all);
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                 }
@@ -225,8 +244,8 @@ impl Dispatch {
     }
 
     /// Subscribes every dispatcher whose pattern matches to `topics` (idempotent).
-    async fn attach(&self, topics: &[Arc<TopicLog>]) {
-        let mut running = self.running.lock().await;
+    fn attach(&self, topics: &[Arc<TopicLog>]) {
+        let mut running = self.running.lock();
         for r in running.values_mut() {
             for t in topics {
                 self.start_worker(r, t);
@@ -262,21 +281,61 @@ impl Dispatch {
     /// Makes the running set equal `specs`: starts added dispatchers, stops removed ones (their
     /// checkpoints stay), restarts changed ones from their checkpoints. All targets are built
     /// before anything changes, so a target that cannot be built leaves everything as it was.
-    pub async fn apply(&self, specs: Vec<DispatcherSpec>) -> Result<ReloadReport, DispatchError> {
-        let mut running = self.running.lock().await;
+    ///
+    /// The work runs in a task of its own and always to its end, even when the caller stops
+    /// waiting (a request deadline, a client that hangs up): a reload dropped between stopping the
+    /// old workers and starting the new ones would leave a dispatcher stopped, and the next reload
+    /// would start it while the old workers might still run. Old workers are always joined before
+    /// their replacements start, so a (dispatcher, topic) never has two.
+    pub async fn apply(
+        self: &Arc<Self>,
+        specs: Vec<DispatcherSpec>,
+    ) -> Result<ReloadReport, DispatchError> {
+        let this = self.clone();
+        tokio::spawn(async move { this.apply_to_the_end(specs).await })
+            .await
+            .expect("the reload task panicked")
+    }
+
+    async fn apply_to_the_end(
+        &self,
+        specs: Vec<DispatcherSpec>,
+    ) -> Result<ReloadReport, DispatchError> {
+        let _one_at_a_time = self.reloading.lock().await;
+        if self.shutdown.is_cancelled() {
+            return Err(DispatchError::ShuttingDown);
+        }
+        // What runs now, seen without holding the map while targets compile or reload.
+        let current: BTreeMap<ConsumerId, Snapshot> = self
+            .running
+            .lock()
+            .iter()
+            .map(|(id, r)| {
+                let snapshot = Snapshot {
+                    spec: r.spec.clone(),
+                    target: r.target.clone(),
+                    pinned: r.pinned,
+                };
+                (id.clone(), snapshot)
+            })
+            .collect();
         let mut report = ReloadReport::default();
         let mut to_start = Vec::new();
         for spec in specs {
-            if running.get(&spec.consumer_id).is_some_and(|r| r.pinned) {
-                return Err(DispatchError::Target {
-                    consumer_id: spec.consumer_id.to_string(),
-                    reason: "this consumerId belongs to an in-process handler".into(),
-                });
-            }
-            match running.get(&spec.consumer_id) {
-                Some(r) if *r.spec == spec => {
+            match current.get(&spec.consumer_id) {
+                Some(Snapshot { pinned: true, .. }) => {
+                    return Err(DispatchError::Target {
+                        consumer_id: spec.consumer_id.to_string(),
+                        reason: "this consumerId belongs to an in-process handler".into(),
+                    });
+                }
+                Some(Snapshot {
+                    spec: running,
+                    target,
+                    ..
+                }) if **running == spec => {
                     let id = spec.consumer_id.to_string();
-                    match r.target.reload().await {
+                    match target.reload().await {
                         Ok(true) => report.reloaded.push(id.clone()),
                         Ok(false) => {}
                         Err(e) => report.reload_errors.push(format!("{id}: {e}")),
@@ -297,31 +356,29 @@ impl Dispatch {
                     })?;
             to_start.push((spec, target));
         }
-        let keep: std::collections::HashSet<String> = report
+        let keep: std::collections::HashSet<&str> = report
             .unchanged
             .iter()
             .chain(&report.changed)
-            .cloned()
+            .map(String::as_str)
             .collect();
-        let removed: Vec<ConsumerId> = running
+        report.removed = current
             .iter()
             .filter(|(id, r)| !r.pinned && !keep.contains(id.as_str()))
-            .map(|(id, _)| id.clone())
+            .map(|(id, _)| id.to_string())
             .collect();
-        for id in &removed {
-            report.removed.push(id.to_string());
-        }
-        let changed: Vec<ConsumerId> = to_start
-            .iter()
-            .filter(|(s, _)| running.contains_key(&s.consumer_id))
-            .map(|(s, _)| s.consumer_id.clone())
-            .collect();
-        for id in removed.iter().chain(&changed) {
-            if let Some(r) = running.remove(id) {
-                stop(r).await;
-            }
+        let stopping: Vec<Running> = {
+            let mut running = self.running.lock();
+            let leaving = report.removed.iter().chain(&report.changed);
+            leaving
+                .filter_map(|id| running.remove(id.as_str()))
+                .collect()
+        };
+        for r in stopping {
+            stop(r).await;
         }
         let topics = self.registry.all();
+        let mut running = self.running.lock();
         for (spec, target) in to_start {
             let mut r = Running {
                 pinned: false,
@@ -345,7 +402,8 @@ impl Dispatch {
         spec: DispatcherSpec,
         target: Arc<dyn Target>,
     ) -> Result<(), DispatchError> {
-        let mut running = self.running.lock().await;
+        let _one_at_a_time = self.reloading.lock().await;
+        let mut running = self.running.lock();
         if running.contains_key(&spec.consumer_id) {
             return Err(DispatchError::Target {
                 consumer_id: spec.consumer_id.to_string(),
@@ -368,7 +426,7 @@ impl Dispatch {
 
     /// Status of every dispatcher; also refreshes the lag gauges.
     pub async fn status(&self) -> Vec<DispatcherStatus> {
-        let running = self.running.lock().await;
+        let running = self.running.lock();
         running
             .values()
             .map(|r| {
@@ -416,11 +474,15 @@ impl Dispatch {
             .collect()
     }
 
-    /// Stops every worker: waits cut short, deliveries in flight finished, checkpoints written.
+    /// Stops every worker: waits cut short, deliveries in flight finished (each bounded by its
+    /// target's timeout), checkpoints written. A reload in progress finishes first; one that
+    /// starts later is refused.
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
-        let mut running = self.running.lock().await;
-        let all: Vec<Running> = std::mem::take(&mut *running).into_values().collect();
+        let _no_reload = self.reloading.lock().await;
+        let all: Vec<Running> = std::mem::take(&mut *self.running.lock())
+            .into_values()
+            .collect();
         for r in all {
             stop(r).await;
         }
@@ -428,6 +490,7 @@ impl Dispatch {
 }
 
 async fn stop(r: Running) {
+    tracing::info!(consumer_id = %r.spec.consumer_id, workers = r.workers.len(), "stopping dispatcher");
     r.cancel.cancel();
     for (_, w) in r.workers {
         let _ = w.join.await;

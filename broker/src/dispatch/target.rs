@@ -103,6 +103,9 @@ pub struct HttpTarget {
     client: reqwest::Client,
     url: String,
     auth_token: Option<String>,
+    /// `batchMaxMessages` > 1: every body is a JSON array, even of one envelope (README, "Remote
+    /// HTTP consumers"), so a consumer that was told to expect batches never sees a bare envelope.
+    arrays: bool,
 }
 
 #[derive(Deserialize)]
@@ -111,8 +114,9 @@ struct ConsumerAnswer {
 }
 
 impl HttpTarget {
-    /// A client with its own connection pool and the spec's timeout.
-    pub fn new(spec: &HostSpec) -> Result<Self, reqwest::Error> {
+    /// A client with its own connection pool and the spec's timeout. `arrays`: the dispatcher
+    /// batches (`batchMaxMessages` > 1), so every body is an array.
+    pub fn new(spec: &HostSpec, arrays: bool) -> Result<Self, reqwest::Error> {
         let client = reqwest::Client::builder()
             .timeout(spec.timeout)
             .connect_timeout(spec.timeout.min(Duration::from_secs(10)))
@@ -122,6 +126,7 @@ impl HttpTarget {
             client,
             url: spec.url(),
             auth_token: spec.auth_token.clone(),
+            arrays,
         })
     }
 
@@ -165,7 +170,7 @@ impl Target for HttpTarget {
         batch: &'a [Delivery],
     ) -> BoxFuture<'a, (usize, Option<Outcome>)> {
         let body = match batch {
-            [one] => serde_json::to_vec(&one.envelope),
+            [one] if !self.arrays => serde_json::to_vec(&one.envelope),
             many => serde_json::to_vec(&many.iter().map(|d| &d.envelope).collect::<Vec<_>>()),
         }
         .expect("envelopes always encode");

@@ -129,6 +129,10 @@ impl Worker {
             };
             let mut run: Vec<(u64, Delivery)> = Vec::new();
             for entry in entries {
+                // A stop takes effect between messages, not after a whole read batch.
+                if self.cancel.is_cancelled() {
+                    break 'outer;
+                }
                 match self.to_delivery(entry) {
                     Ok((offset, d)) => {
                         run.push((offset, d));
@@ -222,6 +226,9 @@ impl Worker {
             self.stats.next_offset.store(*next, Ordering::Relaxed);
         };
         while !items.is_empty() {
+            if self.cancel.is_cancelled() {
+                return Err(Stopped);
+            }
             if items.len() == 1 {
                 let (offset, d) = items.pop_front().expect("one item");
                 self.deliver_one(d, 0, None).await?;
@@ -248,6 +255,9 @@ impl Worker {
                 Some(_) => {
                     self.nacked();
                     while let Some((offset, d)) = items.pop_front() {
+                        if self.cancel.is_cancelled() {
+                            return Err(Stopped);
+                        }
                         self.deliver_one(d, 0, None).await?;
                         advance(offset, next);
                     }
@@ -298,6 +308,9 @@ impl Worker {
     ) -> Result<(), Stopped> {
         let batch = std::slice::from_ref(&d);
         loop {
+            if self.cancel.is_cancelled() {
+                return Err(Stopped);
+            }
             if let Some(why) = &reason
                 && nacks > self.spec.max_nack_retries
             {

@@ -147,6 +147,15 @@ pub enum ApiError {
     /// The message could not be made durable.
     #[error("{0}")]
     NotDurable(String),
+    /// Part of a batch could not be made durable: `results` says, per element, which were.
+    #[error("{error}")]
+    PartialBatch {
+        /// Why.
+        error: String,
+        /// Per element in request order: `{"topic","offset","ack":"ACK"}` or
+        /// `{"topic","ack":"NACK"}`.
+        results: Vec<serde_json::Value>,
+    },
     /// Anything else on the broker's side.
     #[error("{0}")]
     Internal(String),
@@ -177,13 +186,17 @@ impl IntoResponse for ApiError {
             Self::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::TopicLimit(_) => StatusCode::FORBIDDEN,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::Starting | Self::NotDurable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Starting | Self::NotDurable(_) | Self::PartialBatch { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        let body = if matches!(self, Self::NotDurable(_)) {
-            serde_json::json!({"ack": "NACK", "error": self.to_string()})
-        } else {
-            serde_json::json!({"error": self.to_string()})
+        let body = match &self {
+            Self::NotDurable(_) => serde_json::json!({"ack": "NACK", "error": self.to_string()}),
+            Self::PartialBatch { error, results } => {
+                serde_json::json!({"ack": "NACK", "error": error, "results": results})
+            }
+            _ => serde_json::json!({"error": self.to_string()}),
         };
         if status.is_server_error() && !matches!(self, Self::Starting) {
             tracing::warn!(%status, error = %self, "request failed");

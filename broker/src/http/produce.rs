@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::{ApiError, AppState, parse_json, read_json_body};
-use crate::broker::ProduceItem;
+use crate::broker::{BrokerError, ProduceItem};
 use crate::config::BATCH_BODY_FACTOR;
 
 /// Keys are for partitioning later; a key this long is a mistake.
@@ -138,7 +138,28 @@ pub(super) async fn produce_batch(
     // All or nothing: every element is checked before anything is appended.
     let items = parse_batch(&bytes, state.max_body_bytes)?;
     let topics: Vec<Topic> = items.iter().map(|i| i.topic.clone()).collect();
-    let offsets = broker.produce_batch(items).await?;
+    let offsets = match broker.produce_batch(items).await {
+        Ok(offsets) => offsets,
+        Err(BrokerError::PartialBatch { error, offsets }) => {
+            let stored = offsets.iter().flatten().count();
+            let results = topics
+                .iter()
+                .zip(&offsets)
+                .map(|(topic, offset)| match offset {
+                    Some(o) => serde_json::json!({"topic": topic, "offset": o, "ack": Ack::Ack}),
+                    None => serde_json::json!({"topic": topic, "ack": Ack::Nack}),
+                })
+                .collect();
+            return Err(ApiError::PartialBatch {
+                error: format!(
+                    "{error}; {stored} of {} messages were stored (see results: retry only the NACKed ones)",
+                    offsets.len()
+                ),
+                results,
+            });
+        }
+        Err(e) => return Err(e.into()),
+    };
     Ok(Json(BatchAck {
         ack: Ack::Ack,
         results: topics

@@ -3,10 +3,13 @@
 //!
 //! # Choices (measured: see docs/benchmarks.md)
 //! - **Instance reuse.** A call into a reused instance costs about a microsecond; a fresh instance
-//!   per message costs tens of microseconds. An instance is reused for consecutive messages of
-//!   one (dispatcher, topic) and thrown away after any fault (trap, timeout, memory cap), so a
-//!   broken instance never serves again. The price: state a guest keeps in statics survives from
-//!   one message to the next (the SDK documents it).
+//!   per message costs tens of microseconds. Each (dispatcher, topic) has its own instance, reused
+//!   for its consecutive messages and thrown away after any fault (trap, timeout, memory cap), so
+//!   a broken instance never serves again. The price, and a feature: state a guest keeps in
+//!   statics survives from one message of its topic to the next (the SDK documents it). A
+//!   dispatcher keeps at most [`super::target::MAX_IDLE_INSTANCES`] of them between calls.
+//! - **One memory budget per instance**: `maxMemoryBytes` caps all linear memories and tables of
+//!   an instance together.
 //! - **No pooling allocator.** With reuse, instantiation is rare (start, reload, after a fault), so
 //!   reserving pooled slots sized for the largest `maxMemoryBytes` would cost more than it saves.
 //! - **Epochs, not fuel**, for time limits: a ticker thread bumps the engine's epoch every
@@ -21,7 +24,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
-use wasmtime::{Config, Engine, ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::guest_log::{GuestLevel, GuestLog, GuestOutput};
@@ -168,10 +171,46 @@ pub struct Limits {
     pub timeout: Duration,
 }
 
-/// Records whether a memory growth was refused, so a trap can be told apart from the cap.
+/// The memory budget of one instance: `maxMemoryBytes` caps everything the instance allocates
+/// (all its linear memories and its tables together, a table element counted as
+/// [`TABLE_ELEMENT_BYTES`]), not each memory on its own, so a component with several memories or
+/// a growing table cannot multiply the cap. Records whether a growth was refused, so a trap can be
+/// told apart from the cap.
 struct Limiter {
-    inner: StoreLimits,
+    budget: usize,
+    used: usize,
     refused: bool,
+}
+
+/// What a table element costs against the budget: a reference, as wasmtime stores one.
+const TABLE_ELEMENT_BYTES: usize = 8;
+/// Instances, memories and tables a component may create: far above what a handler needs (a Rust
+/// component has a handful), far below what would let one exhaust the host's bookkeeping.
+const MAX_INSTANCES: usize = 32;
+const MAX_MEMORIES: usize = 16;
+const MAX_TABLES: usize = 64;
+
+impl Limiter {
+    fn new(budget: u64) -> Self {
+        Self {
+            budget: usize::try_from(budget).unwrap_or(usize::MAX),
+            used: 0,
+            refused: false,
+        }
+    }
+
+    fn grow(&mut self, more: usize) -> bool {
+        match self.used.checked_add(more) {
+            Some(total) if total <= self.budget => {
+                self.used = total;
+                true
+            }
+            _ => {
+                self.refused = true;
+                false
+            }
+        }
+    }
 }
 
 impl ResourceLimiter for Limiter {
@@ -179,22 +218,34 @@ impl ResourceLimiter for Limiter {
         &mut self,
         current: usize,
         desired: usize,
-        maximum: Option<usize>,
+        _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        let ok = self.inner.memory_growing(current, desired, maximum)?;
-        if !ok {
-            self.refused = true;
-        }
-        Ok(ok)
+        Ok(self.grow(desired.saturating_sub(current)))
     }
 
     fn table_growing(
         &mut self,
         current: usize,
         desired: usize,
-        maximum: Option<usize>,
+        _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        self.inner.table_growing(current, desired, maximum)
+        Ok(self.grow(
+            desired
+                .saturating_sub(current)
+                .saturating_mul(TABLE_ELEMENT_BYTES),
+        ))
+    }
+
+    fn instances(&self) -> usize {
+        MAX_INSTANCES
+    }
+
+    fn memories(&self) -> usize {
+        MAX_MEMORIES
+    }
+
+    fn tables(&self) -> usize {
+        MAX_TABLES
     }
 }
 
@@ -278,13 +329,7 @@ impl Instance {
         let state = HostState {
             wasi,
             table: ResourceTable::new(),
-            limiter: Limiter {
-                inner: StoreLimitsBuilder::new()
-                    .memory_size(usize::try_from(limits.max_memory_bytes).unwrap_or(usize::MAX))
-                    .instances(16)
-                    .build(),
-                refused: false,
-            },
+            limiter: Limiter::new(limits.max_memory_bytes),
             log: log.clone(),
         };
         let mut store = Store::new(&engine.engine, state);
@@ -334,4 +379,32 @@ fn ticks(timeout: Duration) -> u64 {
 #[doc(hidden)]
 pub fn bench_log() -> GuestLog {
     GuestLog::new("bench")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_covers_every_memory_and_table_of_an_instance_together() {
+        let mut l = Limiter::new(1 << 20);
+        // Two memories of 512 KiB fit; a third 64 KiB page does not, though each memory alone is
+        // under the cap.
+        assert!(l.memory_growing(0, 512 << 10, None).unwrap());
+        assert!(l.memory_growing(0, 512 << 10, None).unwrap());
+        assert!(
+            !l.memory_growing(512 << 10, (512 << 10) + 65536, None)
+                .unwrap()
+        );
+        assert!(l.refused);
+        let mut l = Limiter::new(1 << 20);
+        assert!(l.memory_growing(0, 1 << 19, None).unwrap());
+        // Tables count too: 65,536 elements of 8 bytes are the other half; one more is over.
+        assert!(l.table_growing(0, 65536, None).unwrap());
+        assert!(!l.table_growing(65536, 65537, None).unwrap());
+        assert!(
+            !l.table_growing(0, usize::MAX, None).unwrap(),
+            "no overflow"
+        );
+    }
 }

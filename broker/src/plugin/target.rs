@@ -8,18 +8,23 @@
 //! current and the next message goes to it, while a message already in a call finishes on the old
 //! version. If it does not, the old version keeps serving and the error shows in the status.
 
+use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use notify_debouncer_mini::notify::{RecommendedWatcher, RecursiveMode};
-use notify_debouncer_mini::{DebounceEventResult, Debouncer, new_debouncer};
+use notify_debouncer_mini::{DebounceEventResult, DebouncedEvent, Debouncer, new_debouncer};
 use parking_lot::Mutex;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::guest_log::GuestLog;
 use super::runtime::{
     Compiled, Instance, Limits, PluginEngine, PluginError, WitAck, WitMessage, version_of,
 };
+use mmmq_core::Topic;
+
 use crate::config::PluginSpec;
 use crate::dispatch::{BoxFuture, Delivery, Outcome, Target, TargetStatus};
 
@@ -33,15 +38,54 @@ struct Shared {
     log: GuestLog,
     current: ArcSwapOption<Compiled>,
     load_error: Mutex<Option<String>>,
-    /// Instances between calls, ready for the next message of any topic.
-    idle: Mutex<Vec<Instance>>,
+    /// Each topic's instance between calls. One instance per (dispatcher, topic), so state a
+    /// plugin keeps between calls (a per-key window) sees every message of its topic, in order.
+    idle: Mutex<IdleInstances>,
     reloading: tokio::sync::Mutex<()>,
+}
+
+/// Most instances a plugin dispatcher keeps between calls. A dispatcher over more topics than
+/// this forgets the least recently used topic's instance (and the state it kept) and makes a new
+/// one when that topic's next message comes: memory stays bounded by this many times
+/// `maxMemoryBytes`, however many topics match.
+pub const MAX_IDLE_INSTANCES: usize = 64;
+
+/// The instances of one dispatcher between calls, one per topic, least recently used first out.
+#[derive(Default)]
+struct IdleInstances {
+    by_topic: HashMap<Topic, (u64, Instance)>,
+    clock: u64,
+}
+
+impl IdleInstances {
+    fn take(&mut self, topic: &Topic) -> Option<Instance> {
+        self.by_topic.remove(topic).map(|(_, i)| i)
+    }
+
+    fn put(&mut self, topic: Topic, instance: Instance) {
+        self.clock += 1;
+        self.by_topic.insert(topic, (self.clock, instance));
+        if self.by_topic.len() > MAX_IDLE_INSTANCES
+            && let Some(oldest) = self
+                .by_topic
+                .iter()
+                .min_by_key(|(_, (used, _))| *used)
+                .map(|(t, _)| t.clone())
+        {
+            self.by_topic.remove(&oldest);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.by_topic.clear();
+    }
 }
 
 /// A dispatcher target that runs a component.
 pub struct PluginTarget {
     shared: Arc<Shared>,
-    _watcher: Option<Debouncer<RecommendedWatcher>>,
+    /// Ends the file watch when the target goes.
+    _watch: Option<DropGuard>,
 }
 
 enum CallResult {
@@ -61,48 +105,97 @@ impl PluginTarget {
             spec,
             current: ArcSwapOption::empty(),
             load_error: Mutex::new(None),
-            idle: Mutex::new(Vec::new()),
+            idle: Mutex::new(IdleInstances::default()),
             reloading: tokio::sync::Mutex::new(()),
         });
         let _ = shared.reload().await;
-        let watcher = watch(&shared);
+        let watch = watch(&shared);
         Self {
             shared,
-            _watcher: watcher,
+            _watch: watch,
         }
     }
 }
 
-fn watch(shared: &Arc<Shared>) -> Option<Debouncer<RecommendedWatcher>> {
+/// Watches the plugin file's directory and reloads when the file changes. A directory that does
+/// not exist yet is waited for: its nearest existing ancestor is watched (not recursively) until
+/// it appears, so a plugin directory created after start is picked up without an admin reload.
+/// The watch ends when the returned guard is dropped with the target.
+fn watch(shared: &Arc<Shared>) -> Option<DropGuard> {
     let path = shared.spec.path.clone();
     let dir = path.parent()?.to_owned();
     let name = path.file_name()?.to_owned();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let mut debouncer = match new_debouncer(DEBOUNCE, move |res: DebounceEventResult| {
-        if let Ok(events) = res
-            && events.iter().any(|e| e.path.file_name() == Some(&name))
-        {
-            let _ = tx.send(());
-        }
-    }) {
-        Ok(d) => d,
-        Err(e) => {
-            tracing::warn!(consumer_id = %shared.consumer_id, error = %e, "cannot watch the plugin file; reload with POST /mmmq/admin/reload");
-            return None;
-        }
-    };
-    if let Err(e) = debouncer.watcher().watch(&dir, RecursiveMode::NonRecursive) {
-        tracing::warn!(consumer_id = %shared.consumer_id, dir = %dir.display(), error = %e, "cannot watch the plugin directory; reload with POST /mmmq/admin/reload");
-        return None;
-    }
+    let stop = CancellationToken::new();
+    let stopped = stop.clone();
     let weak: Weak<Shared> = Arc::downgrade(shared);
+    let consumer_id = shared.consumer_id.clone();
     tokio::spawn(async move {
-        while rx.recv().await.is_some() {
-            let Some(shared) = weak.upgrade() else { return };
-            let _ = shared.reload().await;
+        let mut was_waiting = false;
+        loop {
+            let Some(watched) = dir.ancestors().find(|a| a.is_dir()).map(Path::to_owned) else {
+                return;
+            };
+            let waiting = watched != dir;
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+            let wanted = name.clone();
+            let _debouncer = match start_watcher(&watched, move |events| {
+                if waiting || events.iter().any(|e| e.path.file_name() == Some(&wanted)) {
+                    let _ = tx.send(());
+                }
+            }) {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(consumer_id, dir = %watched.display(), error = %e, "cannot watch for the plugin file; reload with POST /mmmq/admin/reload");
+                    return;
+                }
+            };
+            if waiting {
+                if dir.is_dir() {
+                    // It appeared while the watcher started.
+                    was_waiting = true;
+                    continue;
+                }
+                tracing::info!(consumer_id, dir = %dir.display(), watching = %watched.display(), "the plugin's directory does not exist yet; waiting for it");
+            } else if was_waiting {
+                // The directory appeared, perhaps with the file already in it.
+                let Some(shared) = weak.upgrade() else { return };
+                let _ = shared.reload().await;
+            }
+            was_waiting = waiting;
+            loop {
+                tokio::select! {
+                    _ = stopped.cancelled() => return,
+                    event = rx.recv() => if event.is_none() { return },
+                }
+                if waiting {
+                    // Watch again from the directory itself or from a deeper ancestor.
+                    if dir.ancestors().find(|a| a.is_dir()) != Some(watched.as_path()) {
+                        break;
+                    }
+                    continue;
+                }
+                let Some(shared) = weak.upgrade() else { return };
+                let _ = shared.reload().await;
+            }
         }
     });
-    Some(debouncer)
+    Some(stop.drop_guard())
+}
+
+/// A debounced, non-recursive watch of `dir` calling `on_events` with each batch of events.
+fn start_watcher(
+    dir: &Path,
+    on_events: impl Fn(&[DebouncedEvent]) + Send + 'static,
+) -> Result<Debouncer<RecommendedWatcher>, notify_debouncer_mini::notify::Error> {
+    let mut debouncer = new_debouncer(DEBOUNCE, move |res: DebounceEventResult| {
+        if let Ok(events) = res {
+            on_events(&events);
+        }
+    })?;
+    debouncer
+        .watcher()
+        .watch(dir, RecursiveMode::NonRecursive)?;
+    Ok(debouncer)
 }
 
 impl Shared {
@@ -176,11 +269,12 @@ impl Shared {
                 content: d.envelope.content.get().to_owned(),
             })
             .collect();
-        let idle = {
-            let mut idle = self.idle.lock();
-            idle.retain(|i| i.version == compiled.version);
-            idle.pop()
-        };
+        let topic = batch[0].envelope.topic.clone();
+        let idle = self
+            .idle
+            .lock()
+            .take(&topic)
+            .filter(|i| i.version == compiled.version);
         let limits = Limits {
             max_memory_bytes: self.spec.max_memory_bytes,
             timeout: self.spec.timeout,
@@ -213,7 +307,7 @@ impl Shared {
                     .as_ref()
                     .is_some_and(|c| c.version == instance.version)
                 {
-                    self.idle.lock().push(instance);
+                    self.idle.lock().put(topic, instance);
                 }
                 match ack {
                     WitAck::Ack => None,
@@ -225,8 +319,15 @@ impl Shared {
                 tracing::warn!(consumer_id = %self.consumer_id, offset = env.offset, topic = %env.topic, error = %e, "plugin call failed; counted as NACK");
                 Some(Outcome::Nack(format!("plugin {e}")))
             }
-            // Nothing the message did: retried with backoff like an unreachable consumer.
-            CallResult::NoInstance(e) => Some(Outcome::Failed(e.to_string())),
+            // A fault of the plugin (its start code traps, its initial memory is over the cap),
+            // like a trap in `handle`: NACKed with the reason, then dead-lettered (README,
+            // "WebAssembly handlers"). Retrying it forever as if a consumer were down would stall
+            // the topic on a version that can never run.
+            CallResult::NoInstance(e) => {
+                let env = &batch[acked].envelope;
+                tracing::warn!(consumer_id = %self.consumer_id, offset = env.offset, topic = %env.topic, error = %e, "plugin cannot be instantiated; counted as NACK");
+                Some(Outcome::Nack(format!("plugin cannot be instantiated: {e}")))
+            }
         };
         (acked, outcome)
     }

@@ -76,6 +76,14 @@ pub enum StorageError {
     /// The log was closed while the operation waited.
     #[error("log closed")]
     Closed,
+    /// Recovery at boot was told to stop (a shutdown signal) before it was done.
+    #[error("recovery interrupted after {done} of {total} topics")]
+    Interrupted {
+        /// Topic directories recovered.
+        done: usize,
+        /// Topic directories found.
+        total: usize,
+    },
 }
 
 impl StorageError {

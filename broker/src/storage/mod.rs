@@ -5,6 +5,8 @@
 //! - [`vfs`]: the file abstraction every byte goes through (fault injection lives behind it).
 //! - [`scan`]: read-only reading of a log directory: segments, indexes, inconsistencies. Recovery
 //!   and `mmmq inspect` share it.
+//! - [`repair`]: reconciling the tail's index with its CRC-valid frames at recovery, so that a
+//!   torn unsynced write is cut and a flipped bit in acknowledged entries is repaired, never cut.
 //! - `segment`: one data file and its index, with committed positions in memory.
 //! - [`log`]: a chain of segments with a pipelined group-commit writer and lock-light readers.
 //! - [`checkpoint`]: per-consumer next offsets, replaced atomically.
@@ -23,6 +25,7 @@ pub mod error;
 pub mod files;
 pub mod frame;
 pub mod log;
+pub mod repair;
 pub mod scan;
 mod segment;
 pub mod vfs;

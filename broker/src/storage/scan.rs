@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::error::{IoContext, StorageError};
 use super::frame::{HEADER_LEN, Header};
+use super::repair::{self, Repair};
 use super::vfs::{OpenMode, Vfs};
 
 /// Extension of segment data files.
@@ -99,9 +100,12 @@ pub struct SegmentScan {
     pub committed_end: u64,
     /// Why the files cannot be trusted, if they cannot. Recovery refuses to open such a log.
     pub inconsistency: Option<String>,
-    /// Whether the inconsistency is an index entry that does not follow the one before it: in the
-    /// last segment with entries that is a torn, never-synced index write (see [`scan_log`]).
+    /// Whether the inconsistency is an index entry that does not follow the one before it (in
+    /// the tail, [`scan_log`] reconciles the index with the data's frames).
     pub chain_break: bool,
+    /// How the tail's index was reconciled with its frames, when it had to be: recovery rewrites
+    /// the entries it names and cuts its torn zeros.
+    pub repair: Option<Repair>,
 }
 
 impl SegmentScan {
@@ -116,7 +120,7 @@ impl SegmentScan {
     }
 
     /// Index bytes after the last entry recovery keeps: a torn entry (an index length that is not
-    /// a multiple of 8), and in the tail, entries after a torn hole.
+    /// a multiple of 8), and in the tail, zero entries of a torn, never-synced write.
     pub fn torn_index_bytes(&self) -> u64 {
         if self.inconsistency.is_some() {
             return self.index_len % INDEX_ENTRY_LEN;
@@ -132,34 +136,61 @@ impl SegmentScan {
 
 /// Scans every segment of a log as recovery reads it.
 ///
-/// The index of the last segment with entries may end in a write that was never synced, and a disk
-/// that reorders sectors can keep a later part of it and lose an earlier one, leaving zeros
-/// between entries. Nothing in that region was acknowledged (an append is acknowledged after its
-/// index fsync, and a later segment's index is written only after the earlier one's is synced),
-/// so there the index is cut at the first entry that does not follow the one before it, where
-/// anywhere else that is an inconsistency that stops recovery.
+/// The tail (the last segment with entries) is checked whole: its index is reconciled with the
+/// data's CRC-valid frames ([`repair`](super::repair)), so a torn, never-synced index write (zeros
+/// where a sector was lost) is cut, and an entry that contradicts a CRC-valid frame (a flipped bit
+/// in the acknowledged part, wherever it is) is rewritten from it: nothing that may have been
+/// acknowledged is ever cut. What cannot be reconciled stays an inconsistency that stops
+/// recovery, as any inconsistency in a sealed segment does. This reads the tail's data file once
+/// (at most about `segment-max-bytes`); sealed segments are trusted as their index says.
 pub fn scan_log(vfs: &dyn Vfs, listing: &Listing) -> Result<Vec<SegmentScan>, StorageError> {
     let mut scans = listing
         .segments
         .iter()
-        .map(|files| scan_segment(vfs, files, false))
+        .map(|files| scan_segment(vfs, files))
         .collect::<Result<Vec<_>, _>>()?;
     if let Some(last) = scans.iter_mut().rev().find(|s| !s.positions.is_empty())
-        && last.chain_break
+        && last.data_exists
+        && last.index_exists
     {
-        *last = scan_segment(vfs, &last.files.clone(), true)?;
+        reconcile_tail(vfs, last)?;
     }
     Ok(scans)
 }
 
-/// Reads one segment's index and checks it against its data file, trusting the index (contract §6):
-/// only the last entry's header is read from the data. `tail` cuts the index at the first entry
-/// that does not follow the one before it (see [`scan_log`]) instead of reporting it.
-pub fn scan_segment(
-    vfs: &dyn Vfs,
-    files: &SegmentFiles,
-    tail: bool,
-) -> Result<SegmentScan, StorageError> {
+/// Reads the tail's whole data file and reconciles its index with the frames.
+fn reconcile_tail(vfs: &dyn Vfs, scan: &mut SegmentScan) -> Result<(), StorageError> {
+    let data = vfs
+        .open(&scan.files.data, OpenMode::ReadOnly)
+        .at(&scan.files.data)?;
+    let mut bytes = vec![0u8; scan.data_len as usize];
+    data.read_exact_at(&mut bytes, 0).at(&scan.files.data)?;
+    let whole = scan.index_len / INDEX_ENTRY_LEN;
+    let index = vfs
+        .open(&scan.files.index, OpenMode::ReadOnly)
+        .at(&scan.files.index)?;
+    let mut raw = vec![0u8; (whole * INDEX_ENTRY_LEN) as usize];
+    index.read_exact_at(&mut raw, 0).at(&scan.files.index)?;
+    let entries: Vec<u64> = raw
+        .chunks_exact(INDEX_ENTRY_LEN as usize)
+        .map(|c| u64::from_be_bytes(c.try_into().expect("8-byte chunk")))
+        .collect();
+    match repair::reconcile(&entries, &bytes) {
+        Ok(r) => {
+            scan.positions = r.positions.clone();
+            scan.committed_end = r.committed_end;
+            scan.inconsistency = None;
+            scan.chain_break = false;
+            scan.repair = (!r.rewritten.is_empty() || r.cut > 0).then_some(r);
+        }
+        Err(reason) => scan.inconsistency = Some(reason),
+    }
+    Ok(())
+}
+
+/// Reads one segment's index and checks it against its data file, trusting the index (README,
+/// "On-disk layout"): only the last entry's header is read from the data.
+pub fn scan_segment(vfs: &dyn Vfs, files: &SegmentFiles) -> Result<SegmentScan, StorageError> {
     let data_exists = vfs.exists(&files.data);
     let index_exists = vfs.exists(&files.index);
     let data = if data_exists {
@@ -196,20 +227,25 @@ pub fn scan_segment(
         committed_end: 0,
         inconsistency: None,
         chain_break: false,
+        repair: None,
     };
-    scan.inconsistency = check(&mut scan, data.as_deref(), tail);
+    scan.inconsistency = check(&mut scan, data.as_deref());
     Ok(scan)
 }
 
-fn check(
-    scan: &mut SegmentScan,
-    data: Option<&dyn super::vfs::VfsFile>,
-    tail: bool,
-) -> Option<String> {
+fn check(scan: &mut SegmentScan, data: Option<&dyn super::vfs::VfsFile>) -> Option<String> {
     if !scan.index_exists && scan.data_len > 0 {
         return Some(format!(
             "index file is missing but the data file holds {} bytes",
             scan.data_len
+        ));
+    }
+    // Every segment's first entry is at byte 0 of its data file.
+    if let Some(&first) = scan.positions.first()
+        && first != 0
+    {
+        return Some(format!(
+            "index entry 0 points to byte {first}; a segment's first entry is at byte 0"
         ));
     }
     let unfollowed = scan
@@ -217,19 +253,15 @@ fn check(
         .windows(2)
         .position(|pair| pair[1] < pair[0].saturating_add(HEADER_LEN as u64));
     if let Some(i) = unfollowed {
-        if tail {
-            scan.positions.truncate(i + 1);
-        } else {
-            scan.chain_break = true;
-            let pair = &scan.positions[i..i + 2];
-            return Some(format!(
-                "index entry {} (position {}) does not follow entry {} (position {})",
-                i + 1,
-                pair[1],
-                i,
-                pair[0]
-            ));
-        }
+        scan.chain_break = true;
+        let pair = &scan.positions[i..i + 2];
+        return Some(format!(
+            "index entry {} (position {}) does not follow entry {} (position {})",
+            i + 1,
+            pair[1],
+            i,
+            pair[0]
+        ));
     }
     let (last_i, &last) = scan.positions.iter().enumerate().next_back()?;
     let Some(data) = data else {

@@ -97,6 +97,17 @@ impl Segment {
         if created {
             vfs.sync_dir(dir).at(dir)?;
         }
+        if let Some(repair) = &scan.repair {
+            for &(entry, said, is) in &repair.rewritten {
+                tracing::warn!(file = %files.index.display(), entry, said, frames_say = is, "index entry contradicts its CRC-valid frame; rewritten from the frame");
+                index
+                    .write_all_at(&is.to_be_bytes(), entry as u64 * INDEX_ENTRY_LEN)
+                    .at(&files.index)?;
+            }
+            if !repair.rewritten.is_empty() {
+                index.sync_data().at(&files.index)?;
+            }
+        }
         if scan.torn_index_bytes() > 0 {
             tracing::warn!(file = %files.index.display(), bytes = scan.torn_index_bytes(), "cutting a torn, never-synced index tail");
             index

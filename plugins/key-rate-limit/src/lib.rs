@@ -3,8 +3,9 @@
 //! NACKed, so with `maxNackRetries: 0` a flood from one key is set aside in the dead-letter topic
 //! while everyone else's messages flow. Messages without a key are never limited.
 //!
-//! The plugin keeps its state in the instance between calls: mmmq reuses one instance per topic
-//! and dispatcher, and starts afresh after a reload or a trap (which forgets the window).
+//! The plugin keeps its state in the instance between calls: mmmq gives each (dispatcher, topic)
+//! its own instance, so a window counts one topic's messages, all of them; it starts afresh after
+//! a reload or a trap (which forgets the window).
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};

@@ -1,9 +1,12 @@
-//! The end-to-end tests' plugin. It logs `testbed version=V topic=T offset=N key=K content=C` for
-//! every message it
-//! handles (V is `TESTBED_VERSION` at build time, so the tests can build two versions), then does
+//! The end-to-end tests' plugin. It logs `testbed version=V topic=T offset=N seen=S key=K
+//! content=C` for every message it handles (V is `TESTBED_VERSION` at build time, so the tests can
+//! build two versions; S counts the messages this instance has handled, so the tests can tell
+//! which messages shared an instance), then does
 //! what the content's `"do"` says: `loop`, `alloc` (until memory runs out), `stack` (unbounded
 //! recursion), `panic`, `nack`, `flood` (10,000 log lines), `biglog` (one 8 MiB line); anything
 //! else is ACKed.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use mmmq_plugin_sdk::{Ack, Message, info};
 
@@ -20,10 +23,14 @@ fn recurse(n: u64, buf: &mut [u8; 256]) -> u64 {
     recurse(n + 1, &mut next) + u64::from(std::hint::black_box(buf[0]))
 }
 
+/// Messages this instance has handled (an instance's statics live as long as it does).
+static SEEN: AtomicU64 = AtomicU64::new(0);
+
 /// See the crate documentation.
 pub fn handle(msg: Message) -> Ack {
+    let seen = SEEN.fetch_add(1, Ordering::Relaxed) + 1;
     info!(
-        "testbed version={VERSION} topic={} offset={} key={:?} content={}",
+        "testbed version={VERSION} topic={} offset={} seen={seen} key={:?} content={}",
         msg.topic, msg.offset, msg.key, msg.content
     );
     let action = msg
