@@ -322,7 +322,7 @@ type Policy = dyn Fn(&Value) -> Answer + Send + Sync;
 pub struct Consumer {
     /// Its port.
     pub port: u16,
-    received: Arc<Mutex<Vec<Value>>>,
+    received: Arc<Mutex<Vec<(Instant, Value)>>>,
     /// The `Authorization` header of every request, in order.
     pub authorization: Arc<Mutex<Vec<Option<String>>>>,
     task: tokio::task::JoinHandle<()>,
@@ -370,7 +370,7 @@ impl Consumer {
                                 answer = a;
                             }
                         }
-                        rec.lock().push(v);
+                        rec.lock().push((Instant::now(), v));
                         match answer {
                             Answer::Ack => (axum::http::StatusCode::OK, r#"{"ack":"ACK"}"#),
                             Answer::Nack => (axum::http::StatusCode::OK, r#"{"ack":"NACK"}"#),
@@ -393,17 +393,26 @@ impl Consumer {
 
     /// Every request body received, in order (an envelope, or an array for batches).
     pub fn requests(&self) -> Vec<Value> {
-        self.received.lock().clone()
+        self.received
+            .lock()
+            .iter()
+            .map(|(_, v)| v.clone())
+            .collect()
     }
 
     /// Every envelope received, batches flattened, in order.
     pub fn envelopes(&self) -> Vec<Value> {
+        self.timed_envelopes().into_iter().map(|(_, v)| v).collect()
+    }
+
+    /// Every envelope received with the moment its request arrived, batches flattened, in order.
+    pub fn timed_envelopes(&self) -> Vec<(Instant, Value)> {
         self.received
             .lock()
             .iter()
-            .flat_map(|v| match v {
-                Value::Array(a) => a.clone(),
-                one => vec![one.clone()],
+            .flat_map(|(at, v)| match v {
+                Value::Array(a) => a.iter().map(|e| (*at, e.clone())).collect(),
+                one => vec![(*at, one.clone())],
             })
             .collect()
     }

@@ -42,9 +42,15 @@ async fn a_clean_restart_neither_loses_nor_redelivers() {
     let broker = Broker::start(tmp.path()).await;
     assert_eq!(broker.pull_all("t").await.len(), 10, "nothing lost");
     broker.produce("t", json!(10)).await;
-    consumer.wait_for(11, WAIT).await;
-    // Long enough for a redelivery from an old checkpoint to show up.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A fence: delivery is in order, so a redelivery from an old checkpoint would come before 10.
+    eventually(WAIT, "offset 10", || {
+        consumer
+            .envelopes()
+            .iter()
+            .any(|e| e["offset"] == 10)
+            .then_some(())
+    })
+    .await;
     let offsets: Vec<u64> = consumer
         .envelopes()
         .iter()
@@ -322,9 +328,9 @@ async fn reload_adds_changes_and_removes_dispatchers_without_a_restart() {
     .await;
     let (_, status) = broker.get("/mmmq/dispatchers").await;
     assert_eq!(status, json!([]));
+    // Its workers were joined before it left the status: nothing can deliver this one until it
+    // comes back (checked below: it arrives once, after the return).
     broker.produce("t", json!(4)).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(consumer.envelopes().len(), 4);
     assert_eq!(checkpoint(tmp.path(), "t", "late"), Some(4));
 
     // Back again: it resumes from its checkpoint, not from 0.
@@ -334,13 +340,22 @@ async fn reload_adds_changes_and_removes_dispatchers_without_a_restart() {
     );
     let (status, _) = broker.post("/mmmq/admin/reload", &json!(null)).await;
     assert_eq!(status, 200);
-    let got = consumer.wait_for(5, WAIT).await;
-    assert_eq!(got[4]["offset"], 4);
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(300) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(consumer.envelopes().len(), 5);
+    // A fence: in order, so anything delivered twice would come before 5.
+    broker.produce("t", json!(5)).await;
+    eventually(WAIT, "offset 5", || {
+        consumer
+            .envelopes()
+            .iter()
+            .any(|e| e["offset"] == 5)
+            .then_some(())
+    })
+    .await;
+    let offsets: Vec<Value> = consumer
+        .envelopes()
+        .iter()
+        .map(|e| e["offset"].clone())
+        .collect();
+    assert_eq!(offsets, (0..6).map(|o| json!(o)).collect::<Vec<_>>());
 }
 
 #[tokio::test(flavor = "multi_thread")]

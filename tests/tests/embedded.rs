@@ -79,18 +79,23 @@ async fn handlers_receive_in_order_and_resume_from_their_checkpoint() {
     let broker = Broker::open(ServeConfig::new(tmp.path())).await.unwrap();
     let again: Seen = Arc::default();
     register(&broker, &again, None).await;
-    broker
-        .produce_json("jobs.odd", None, &Job { n: 101 })
-        .await
-        .unwrap();
-    eventually(WAIT, "the new job", || {
-        (!again.lock().is_empty()).then_some(())
+    for n in [101, 103] {
+        broker
+            .produce_json("jobs.odd", None, &Job { n })
+            .await
+            .unwrap();
+    }
+    // A fence: handled in order, so a redelivery of an old job would come before the last one.
+    eventually(WAIT, "the new jobs", || {
+        again.lock().iter().any(|j| j.2 == 103).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         *again.lock(),
-        vec![("jobs.odd".to_owned(), 50, 101)],
+        vec![
+            ("jobs.odd".to_owned(), 50, 101),
+            ("jobs.odd".to_owned(), 51, 103)
+        ],
         "nothing handled twice"
     );
     broker.shutdown().await;

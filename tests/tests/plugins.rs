@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use mmmq_tests::{
-    Broker, Consumer, deploy_plugin, eventually, host_dispatcher, plugin_wasm, write_dispatchers,
+    Broker, Consumer, Handled, deploy_plugin, eventually, host_dispatcher, plugin_wasm,
+    write_dispatchers,
 };
 use serde_json::{Value, json};
 
@@ -425,7 +426,28 @@ async fn hot_reload_under_load_switches_versions_between_messages() {
         switch_time < Duration::from_secs(2),
         "the new version took {switch_time:?}"
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Back to v1 by writing the file in place (same inode, truncated and rewritten), as `cp`
+    // does: the watcher sees it, a half-written file never serves.
+    let v2_seen = broker.handled().len();
+    let swapped = Instant::now();
+    std::fs::write(
+        tmp.path().join("plugins/live.wasm"),
+        std::fs::read(&v1).unwrap(),
+    )
+    .unwrap();
+    eventually(WAIT, "v1 at work again", || {
+        broker.handled()[v2_seen..]
+            .iter()
+            .any(|h| h.version == "v1")
+            .then_some(())
+    })
+    .await;
+    let switch_time = swapped.elapsed();
+    assert!(
+        switch_time < Duration::from_secs(2),
+        "the in-place write took {switch_time:?}"
+    );
+    let v1_again = broker.handled().len();
 
     // A broken replacement: the old version keeps serving and the error is shown.
     std::fs::write(tmp.path().join("plugins/live.wasm"), b"\0asm broken").unwrap();
@@ -446,7 +468,11 @@ async fn hot_reload_under_load_switches_versions_between_messages() {
         "{s}"
     );
     assert_eq!(s["target"]["version"].as_str().unwrap().len(), 16);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // v1 keeps serving after the broken file: a fence of ten more messages handled.
+    eventually(WAIT, "ten messages after the broken file", || {
+        (broker.handled().len() > v1_again + 10).then_some(())
+    })
+    .await;
     stop.store(true, Ordering::Relaxed);
     let produced = producer.await.unwrap();
     let handled = eventually(WAIT, "everything handled", || {
@@ -456,19 +482,21 @@ async fn hot_reload_under_load_switches_versions_between_messages() {
     .await;
     assert_eq!(handled.len() as u64, produced, "none handled twice");
     let first_v2 = handled.iter().position(|h| h.version == "v2").unwrap();
+    let back_to_v1 = first_v2
+        + handled[first_v2..]
+            .iter()
+            .position(|h| h.version == "v1")
+            .unwrap();
     for (i, h) in handled.iter().enumerate() {
         assert_eq!(h.offset, i as u64, "in order, none lost");
-        assert_eq!(
-            h.version,
-            if i < first_v2 { "v1" } else { "v2" },
-            "offset {i}: one switch, v1 then v2"
-        );
+        let want = if (first_v2..back_to_v1).contains(&i) {
+            "v2"
+        } else {
+            "v1"
+        };
+        assert_eq!(h.version, want, "offset {i}: v1, then v2, then v1");
         assert!(h.rest.ends_with(&format!("content={{\"n\":{i}}}")), "{h:?}");
     }
-    assert!(
-        handled.len() > first_v2 + 10,
-        "v2 kept serving after the broken file"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -490,13 +518,18 @@ async fn a_restart_keeps_plugin_checkpoints() {
     assert!(broker.terminate().success());
     let broker = Broker::start(tmp.path()).await;
     broker.produce("r", json!(5)).await;
-    eventually(WAIT, "the new message", || {
-        (!broker.handled().is_empty()).then_some(())
+    broker.produce("r", json!(6)).await;
+    // A fence: the plugin handles in order, so a redelivery of 0-4 would come before 6.
+    eventually(WAIT, "the new messages", || {
+        broker.handled().iter().any(|h| h.offset == 6).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let offsets: Vec<u64> = broker.handled().iter().map(|h| h.offset).collect();
-    assert_eq!(offsets, vec![5], "nothing handled twice across the restart");
+    assert_eq!(
+        offsets,
+        vec![5, 6],
+        "nothing handled twice across the restart"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -592,7 +625,11 @@ async fn a_log_flood_is_rate_limited_and_the_message_still_handled() {
 async fn the_misbehaving_guest_table_under_load_affects_only_that_plugin() {
     let tmp = tempfile::tempdir().unwrap();
     deploy_plugin(tmp.path(), &plugin_wasm("testbed", None), "testbed.wasm");
-    deploy_plugin(tmp.path(), &plugin_wasm("noop", None), "noop.wasm");
+    deploy_plugin(
+        tmp.path(),
+        &plugin_wasm("testbed", Some("calm")),
+        "calm.wasm",
+    );
     let http = Consumer::start().await;
     write_dispatchers(
         tmp.path(),
@@ -603,7 +640,7 @@ async fn the_misbehaving_guest_table_under_load_affects_only_that_plugin() {
                 "testbed.wasm",
                 json!({"maxNackRetries": 0, "plugin": {"timeoutMs": 300, "maxMemoryBytes": 33554432}})
             ),
-            plugin_dispatcher("good", "load.*", "noop.wasm", json!({})),
+            plugin_dispatcher("good", "load.*", "calm.wasm", json!({})),
             host_dispatcher("http", "load.*", http.port),
         ]),
     );
@@ -696,6 +733,27 @@ async fn the_misbehaving_guest_table_under_load_affects_only_that_plugin() {
     let good = dispatcher_status(&broker, "good").await;
     assert_eq!(good["delivered"], json!(240), "{good}");
     assert_eq!(good["deadLettered"], json!(0), "{good}");
+    // The well-behaved plugin saw each topic whole and in order (its instance NACKs any message
+    // that does not follow the one before, which would have dead-lettered it).
+    let (status, _) = broker.get("/mmmq/topics/__dlq.good/messages").await;
+    assert_eq!(status, 404, "no dead letters for the good plugin");
+    let calm = eventually(WAIT, "the good plugin's log lines", || {
+        let calm: Vec<Handled> = broker
+            .handled()
+            .into_iter()
+            .filter(|h| h.version == "calm")
+            .collect();
+        (calm.len() >= 240).then_some(calm)
+    })
+    .await;
+    for topic in ["load.a", "load.b"] {
+        let offsets: Vec<u64> = calm
+            .iter()
+            .filter(|h| h.topic == topic)
+            .map(|h| h.offset)
+            .collect();
+        assert_eq!(offsets, (0..120).collect::<Vec<_>>(), "{topic}");
+    }
     let bad = dispatcher_status(&broker, "bad").await;
     assert_eq!(bad["deadLettered"], json!(traps.len()), "{bad}");
     assert_eq!(broker.get("/healthz").await.0, 200);

@@ -307,7 +307,7 @@ async fn run(steps: Vec<Step>, segment_max_bytes: u64, flush: FlushMode, open_fi
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: std::env::var("MMMQ_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48),
+        cases: std::env::var("MMMQ_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(1000),
         ..ProptestConfig::default()
     })]
 

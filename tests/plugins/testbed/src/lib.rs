@@ -1,11 +1,15 @@
 //! The end-to-end tests' plugin. It logs `testbed version=V topic=T offset=N seen=S key=K
 //! content=C` for every message it handles (V is `TESTBED_VERSION` at build time, so the tests can
 //! build two versions; S counts the messages this instance has handled, so the tests can tell
-//! which messages shared an instance), then does
+//! which messages shared an instance). A message that does not follow the last one this instance
+//! saw of its topic (the next offset, or the same again) is NACKed as an order violation.
+//! Otherwise it does (unless built as `calm`, which ACKs everything)
 //! what the content's `"do"` says: `loop`, `alloc` (until memory runs out), `stack` (unbounded
 //! recursion), `panic`, `nack`, `flood` (10,000 log lines), `biglog` (one 8 MiB line); anything
 //! else is ACKed.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use mmmq_plugin_sdk::{Ack, Message, info};
@@ -26,6 +30,28 @@ fn recurse(n: u64, buf: &mut [u8; 256]) -> u64 {
 /// Messages this instance has handled (an instance's statics live as long as it does).
 static SEEN: AtomicU64 = AtomicU64::new(0);
 
+thread_local! {
+    /// The last offset this instance handled, per topic.
+    static LAST: RefCell<HashMap<String, u64>> = RefCell::new(HashMap::new());
+}
+
+/// Whether `offset` may follow what this instance saw of `topic`: the next offset, or the same
+/// one again (a NACK's resend). Anything else is a gap or a step back in delivery, which the
+/// broker must never make within one instance's life: the message is NACKed (and so ends in the
+/// dead-letter topic, which tests check is empty), with a line in the log.
+fn in_order(topic: &str, offset: u64) -> bool {
+    LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        match last.get(topic) {
+            Some(&l) if offset != l && offset != l + 1 => false,
+            _ => {
+                last.insert(topic.to_owned(), offset);
+                true
+            }
+        }
+    })
+}
+
 /// See the crate documentation.
 pub fn handle(msg: Message) -> Ack {
     let seen = SEEN.fetch_add(1, Ordering::Relaxed) + 1;
@@ -33,9 +59,20 @@ pub fn handle(msg: Message) -> Ack {
         "testbed version={VERSION} topic={} offset={} seen={seen} key={:?} content={}",
         msg.topic, msg.offset, msg.key, msg.content
     );
+    if !in_order(&msg.topic, msg.offset) {
+        mmmq_plugin_sdk::error!(
+            "testbed ORDER VIOLATION topic={} offset={}",
+            msg.topic,
+            msg.offset
+        );
+        return Ack::Nack;
+    }
+    // The `calm` build ignores what the content says: a well-behaved plugin next to a
+    // misbehaving one, on the same messages.
     let action = msg
         .value()
         .ok()
+        .filter(|_| VERSION != "calm")
         .and_then(|v| v.get("do").and_then(|d| d.as_str()).map(str::to_owned));
     match action.as_deref() {
         Some("loop") => {
