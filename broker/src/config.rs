@@ -1,4 +1,4 @@
-//! Configuration: the `serve` settings and `dispatchers.json` (contract §4).
+//! Configuration: the `serve` settings and `dispatchers.json` (README, "Dispatchers").
 //!
 //! `dispatchers.json` is validated strictly and as a whole: any problem refuses the file, and the
 //! error names the entry (its position and consumerId) and the field. A broker that starts with a
@@ -35,7 +35,7 @@ pub struct ServeConfig {
 pub const BATCH_BODY_FACTOR: usize = 32;
 
 impl ServeConfig {
-    /// Defaults of the contract, rooted at `root_dir`.
+    /// Defaults (README, "`mmmq serve`"), rooted at `root_dir`.
     pub fn new(root_dir: impl Into<PathBuf>) -> Self {
         Self {
             root_dir: root_dir.into(),
@@ -116,9 +116,9 @@ pub enum ConfigError {
 /// Where a dispatcher delivers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TargetSpec {
-    /// A remote HTTP consumer (contract §3).
+    /// A remote HTTP consumer (README, "Dispatchers").
     Host(HostSpec),
-    /// A local WebAssembly component (contract §5).
+    /// A local WebAssembly component (README, "WebAssembly handlers").
     Plugin(PluginSpec),
     /// A Rust handler registered in-process by an application embedding the broker (never from
     /// `dispatchers.json`).
@@ -212,7 +212,7 @@ struct RawPlugin {
     max_memory_bytes: Option<u64>,
 }
 
-/// Defaults of contract §4.
+/// Defaults of `dispatchers.json` (README, "Dispatchers").
 pub const DEFAULT_HOST_TIMEOUT_MS: u64 = 30_000;
 /// Default plugin call timeout.
 pub const DEFAULT_PLUGIN_TIMEOUT_MS: u64 = 1_000;
@@ -392,7 +392,7 @@ mod tests {
     }
 
     #[test]
-    fn the_contract_example_parses_with_defaults() {
+    fn the_readme_example_parses_with_defaults() {
         let specs = parse(
             r#"[{"consumerId":"order-created","host":{"protocol":"http","address":"consumer-host","port":8080},"pattern":"order.created"},
                 {"consumerId":"audit","pattern":"**","plugin":{"path":"plugins/audit.wasm"}}]"#,

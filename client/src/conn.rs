@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use axum::body::Bytes;
+use mmmq_core::error_chain;
 
-use crate::error::{ClientError, error_chain};
+use crate::error::ClientError;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Conn {

@@ -57,16 +57,3 @@ pub(crate) fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(100u64.saturating_mul(1 << attempt.saturating_sub(1).min(6)))
         .min(Duration::from_secs(5))
 }
-
-/// An error and its causes on one line ("error sending request: connection refused …"): reqwest's
-/// own message hides the cause that tells a user what to fix.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cause = c.source();
-    }
-    s
-}

@@ -1,4 +1,4 @@
-//! Rust clients for an mmmq broker, over its HTTP API (contract §2–§3).
+//! Rust clients for an mmmq broker, over its HTTP API (README, "HTTP API" and "Dispatchers").
 //!
 //! - [`Producer`]: produce one message or a batch with typed content; retries on NACK (503) and on
 //!   connection failures with backoff; keep-alive connection pool; errors you can match on.
@@ -31,10 +31,11 @@ mod pull;
 
 pub use admin::{Admin, DispatcherInfo, TopicInfo};
 pub use consumer::{Consumer, ErasedHandler, Message, erase};
-pub use error::{ClientError, error_chain};
+pub use error::ClientError;
+pub use mmmq_core::error_chain;
 pub use mmmq_core::{Ack, Envelope};
 pub use producer::{Producer, Receipt, Record};
 pub use pull::PullConsumer;
 
-/// Where a broker is when nothing says otherwise (contract §1).
+/// Where a broker is when nothing says otherwise (README, "Command-line client").
 pub const DEFAULT_BROKER: &str = "http://127.0.0.1:8080";

@@ -19,3 +19,16 @@ pub use ack::Ack;
 pub use message::{ContentShape, Envelope, MAX_CONTENT_DEPTH, StoredMessage, content_shape};
 pub use pattern::{PatternError, TopicPattern};
 pub use topic::{ConsumerId, NameError, Topic};
+
+/// An error and its causes on one line ("error sending request: connection refused …"): an HTTP
+/// client's own message hides the cause that tells a user what to fix.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cause = c.source();
+    }
+    s
+}

@@ -75,7 +75,7 @@ pub fn content_shape(json: &str) -> ContentShape {
     }
 }
 
-/// The payload of one log entry: the UTF-8 JSON of this struct (contract §6).
+/// The payload of one log entry: the UTF-8 JSON of this struct (README, "Storage").
 ///
 /// The topic and the offset are not stored: the directory and the position in the log say them.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -1,5 +1,5 @@
 //! `dispatchers.json` parsing on arbitrary text: never panics; an accepted file is valid by the
-//! contract's rules (unique consumerIds, exactly one target each).
+//! README's rules (unique consumerIds, exactly one target each).
 #![no_main]
 
 use std::collections::HashSet;

@@ -318,7 +318,7 @@ pub enum Answer {
 
 type Policy = dyn Fn(&Value) -> Answer + Send + Sync;
 
-/// A real HTTP consumer (contract §3) that records every envelope it receives, in order.
+/// A real HTTP consumer (README, "Dispatchers") that records every envelope it receives, in order.
 pub struct Consumer {
     /// Its port.
     pub port: u16,

@@ -2,15 +2,23 @@
 //! one drain worker per (dispatcher, topic).
 //!
 //! # Layout
-//! - [`target`]: the [`Target`] trait and the HTTP consumer target (the plugin target lives in
-//!   [`crate::plugin`]); [`Targets`] builds either from a spec.
-//! - `worker`: the drain loop of one (dispatcher, topic): order, retries, dead letters, checkpoints.
+//! - [`target`]: the [`Target`] trait, what a delivery answers ([`RunAnswer`], [`Outcome`]) and
+//!   why it may get no answer ([`TargetError`]).
+//! - [`targets`]: the kinds of target (`http`, `wasm`, `in_process`) and [`Targets`], which builds
+//!   them from specs.
+//! - `worker`: the drain loop of one (dispatcher, topic): order, retries, dead letters.
+//! - `backoff`: the 1 s → 60 s schedule of retries while a consumer or the disk is down.
+//! - `checkpoint_saver`: persisting a worker's position in the background, batched.
 //! - this module: [`Dispatch`], which starts and stops workers as dispatchers are configured and
 //!   topics appear, and reports their status.
 
-mod in_process;
+mod backoff;
+mod checkpoint_saver;
 pub mod target;
+pub mod targets;
 mod worker;
+#[cfg(test)]
+mod worker_tests;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,12 +29,11 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{DispatcherSpec, TargetSpec};
+use crate::config::DispatcherSpec;
 use crate::metrics::{DispatchLabel, Metrics};
-use crate::plugin::{PluginEngine, PluginTarget};
 use crate::topics::{Registry, TopicLog};
-pub use in_process::{Handler, InProcessTarget};
-pub use target::{BoxFuture, Delivery, Outcome, Target, TargetStatus};
+pub use target::{BoxFuture, Delivery, Outcome, RunAnswer, Target, TargetError, TargetStatus};
+pub use targets::{Handler, InProcessTarget, TargetFactory, Targets};
 pub use worker::WorkerStats;
 
 /// Why a dispatcher could not be started.
@@ -43,55 +50,6 @@ pub enum DispatchError {
         /// What went wrong.
         reason: String,
     },
-}
-
-/// Builds targets from specs: the seam where the kinds of target plug in.
-pub trait TargetFactory: Send + Sync {
-    /// A target for `spec`, or why it cannot be built.
-    fn build<'a>(
-        &'a self,
-        spec: &'a DispatcherSpec,
-    ) -> BoxFuture<'a, Result<Arc<dyn Target>, String>>;
-}
-
-/// Host targets (HTTP consumers) and plugin targets (WebAssembly components). The WebAssembly
-/// engine is created with the first plugin dispatcher, so a broker without plugins runs none.
-#[derive(Default)]
-pub struct Targets {
-    engine: tokio::sync::OnceCell<Arc<PluginEngine>>,
-}
-
-impl TargetFactory for Targets {
-    fn build<'a>(
-        &'a self,
-        spec: &'a DispatcherSpec,
-    ) -> BoxFuture<'a, Result<Arc<dyn Target>, String>> {
-        Box::pin(async move {
-            match &spec.target {
-                TargetSpec::Host(h) => target::HttpTarget::new(h, spec.batch_max_messages > 1)
-                    .map(|t| Arc::new(t) as Arc<dyn Target>)
-                    .map_err(|e| e.to_string()),
-                TargetSpec::Plugin(p) => {
-                    let engine = self
-                        .engine
-                        .get_or_try_init(|| async {
-                            tokio::task::spawn_blocking(PluginEngine::new)
-                                .await
-                                .expect("engine task panicked")
-                        })
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    let target =
-                        PluginTarget::start(engine.clone(), p.clone(), spec.consumer_id.as_str())
-                            .await;
-                    Ok(Arc::new(target) as Arc<dyn Target>)
-                }
-                TargetSpec::InProcess => {
-                    Err("in-process handlers are registered by the embedding application".into())
-                }
-            }
-        })
-    }
 }
 
 struct WorkerHandle {
@@ -452,7 +410,7 @@ impl Dispatch {
                             dead_lettered: w.stats.dead_lettered.load(Ordering::Relaxed),
                             corrupt_skipped: w.stats.corrupt_skipped.load(Ordering::Relaxed),
                             retries: w.stats.retries.load(Ordering::Relaxed),
-                            last_error: w.stats.last_error.lock().clone(),
+                            last_error: w.stats.last_error.lock().clone().map(|(_, e)| e),
                         }
                     })
                     .collect();
@@ -467,7 +425,12 @@ impl Dispatch {
                     nacked: topics.iter().map(|t| t.nacked).sum(),
                     dead_lettered: topics.iter().map(|t| t.dead_lettered).sum(),
                     lag: topics.iter().map(|t| t.lag).sum(),
-                    last_error: topics.iter().rev().find_map(|t| t.last_error.clone()),
+                    last_error: r
+                        .workers
+                        .values()
+                        .filter_map(|w| w.stats.last_error.lock().clone())
+                        .max_by_key(|(at, _)| *at)
+                        .map(|(_, e)| e),
                     topics,
                 }
             })

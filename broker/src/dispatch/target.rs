@@ -1,16 +1,12 @@
-//! Where a dispatcher delivers: one trait, one implementation per kind of target. The drain
-//! worker owns ordering, retries, dead letters and checkpoints; a target only answers "what did the
-//! consumer say to these messages".
+//! Where a dispatcher delivers: one trait, with one implementation per kind of target in
+//! [`super::targets`]. The drain worker owns ordering, retries, dead letters and checkpoints; a
+//! target only answers "what did the consumer say to these messages".
 
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
 
-use bytes::Bytes;
-use mmmq_core::{Ack, Envelope};
-use serde::{Deserialize, Serialize};
-
-use crate::config::HostSpec;
+use mmmq_core::Envelope;
+use serde::Serialize;
 
 /// A boxed future, so that targets can be trait objects.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -30,6 +26,21 @@ impl Delivery {
     }
 }
 
+/// Why a delivery got no usable answer. Never the message's fault: the worker retries it with
+/// backoff, forever, until the consumer is back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TargetError {
+    /// The consumer could not be reached, or did not answer within its timeout.
+    #[error("{0}")]
+    Unreachable(String),
+    /// It answered, but not as the protocol says (another status, an unreadable body).
+    #[error("{0}")]
+    BadAnswer(String),
+    /// A plugin with no version that loads (missing or broken file): its messages wait.
+    #[error("plugin not loaded: {0}")]
+    NotLoaded(String),
+}
+
 /// What came back from one delivery attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -37,9 +48,36 @@ pub enum Outcome {
     Ack,
     /// The consumer refused; the reason is recorded with the dead letter.
     Nack(String),
-    /// No usable answer (connection error, timeout, bad status, unreadable body): retried with
-    /// backoff, forever.
-    Failed(String),
+    /// No usable answer: retried with backoff, forever.
+    Failed(TargetError),
+}
+
+/// The answer to a run of messages: how many were ACKed, in order from the first, and what
+/// came back for the next one when not all were.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunAnswer {
+    /// Messages ACKed from the start of the run.
+    pub acked: usize,
+    /// The outcome for message `acked`, when the run stopped there.
+    pub stopped: Option<Outcome>,
+}
+
+impl RunAnswer {
+    /// Every message of a run of `n` ACKed.
+    pub fn all(n: usize) -> Self {
+        Self {
+            acked: n,
+            stopped: None,
+        }
+    }
+
+    /// `acked` messages ACKed, then `outcome` for the next.
+    pub fn stopped(acked: usize, outcome: Outcome) -> Self {
+        Self {
+            acked,
+            stopped: Some(outcome),
+        }
+    }
 }
 
 /// What `GET /mmmq/dispatchers` shows of a target.
@@ -70,13 +108,10 @@ pub trait Target: Send + Sync {
     /// Delivers `batch` in order and reports how many messages were ACKed and, if not all were,
     /// the outcome of the next one. A target that takes the batch as one request (HTTP) answers all
     /// or nothing; one that answers per message stops at the first message not ACKed.
-    fn deliver_prefix<'a>(
-        &'a self,
-        batch: &'a [Delivery],
-    ) -> BoxFuture<'a, (usize, Option<Outcome>)>;
+    fn deliver_run<'a>(&'a self, batch: &'a [Delivery]) -> BoxFuture<'a, RunAnswer>;
     /// For status.
     fn status(&self) -> TargetStatus;
-    /// Whether a NACK from [`Target::deliver_prefix`] is the answer of that one message (true), or
+    /// Whether a NACK from [`Target::deliver_run`] is the answer of that one message (true), or
     /// of the whole batch (false: the worker then delivers the batch one message at a time).
     /// Targets that answer per message also get long runs, whatever `batchMaxMessages` says.
     fn answers_per_message(&self) -> bool {
@@ -85,106 +120,14 @@ pub trait Target: Send + Sync {
     /// Delivers `batch` and reports the first answer that is not an ACK (or ACK).
     fn deliver<'a>(&'a self, batch: &'a [Delivery]) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
-            match self.deliver_prefix(batch).await {
-                (_, Some(outcome)) => outcome,
-                (_, None) => Outcome::Ack,
-            }
+            self.deliver_run(batch)
+                .await
+                .stopped
+                .unwrap_or(Outcome::Ack)
         })
     }
     /// Re-reads what the target is made of (a plugin's file); `Ok(true)` when that changed it.
     fn reload(&self) -> BoxFuture<'_, Result<bool, String>> {
         Box::pin(async { Ok(false) })
-    }
-}
-
-/// A remote HTTP consumer (contract §3): POST the envelope (or an array of them) to
-/// `{protocol}://{address}:{port}/mmmq/messages`, expect `200 {"ack":"ACK"|"NACK"}`.
-pub struct HttpTarget {
-    client: reqwest::Client,
-    url: String,
-    auth_token: Option<String>,
-    /// `batchMaxMessages` > 1: every body is a JSON array, even of one envelope (README, "Remote
-    /// HTTP consumers"), so a consumer that was told to expect batches never sees a bare envelope.
-    arrays: bool,
-}
-
-#[derive(Deserialize)]
-struct ConsumerAnswer {
-    ack: Ack,
-}
-
-impl HttpTarget {
-    /// A client with its own connection pool and the spec's timeout. `arrays`: the dispatcher
-    /// batches (`batchMaxMessages` > 1), so every body is an array.
-    pub fn new(spec: &HostSpec, arrays: bool) -> Result<Self, reqwest::Error> {
-        let client = reqwest::Client::builder()
-            .timeout(spec.timeout)
-            .connect_timeout(spec.timeout.min(Duration::from_secs(10)))
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build()?;
-        Ok(Self {
-            client,
-            url: spec.url(),
-            auth_token: spec.auth_token.clone(),
-            arrays,
-        })
-    }
-
-    async fn post(&self, body: Bytes) -> Outcome {
-        let mut request = self
-            .client
-            .post(&self.url)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body);
-        if let Some(token) = &self.auth_token {
-            request = request.bearer_auth(token);
-        }
-        let response = match request.send().await {
-            Ok(r) => r,
-            Err(e) => return Outcome::Failed(mmmq_client::error_chain(&e)),
-        };
-        let status = response.status();
-        if status != reqwest::StatusCode::OK {
-            return Outcome::Failed(format!("{} answered HTTP {status}", self.url));
-        }
-        match response.bytes().await {
-            Ok(body) => match serde_json::from_slice::<ConsumerAnswer>(&body) {
-                Ok(ConsumerAnswer { ack: Ack::Ack }) => Outcome::Ack,
-                Ok(ConsumerAnswer { ack: Ack::Nack }) => {
-                    Outcome::Nack(format!("{} answered NACK", self.url))
-                }
-                Err(_) => Outcome::Failed(format!(
-                    "{} answered 200 with a body that is not {{\"ack\":\"ACK\"|\"NACK\"}}: {:?}",
-                    self.url,
-                    String::from_utf8_lossy(&body[..body.len().min(200)])
-                )),
-            },
-            Err(e) => Outcome::Failed(mmmq_client::error_chain(&e)),
-        }
-    }
-}
-
-impl Target for HttpTarget {
-    fn deliver_prefix<'a>(
-        &'a self,
-        batch: &'a [Delivery],
-    ) -> BoxFuture<'a, (usize, Option<Outcome>)> {
-        let body = match batch {
-            [one] if !self.arrays => serde_json::to_vec(&one.envelope),
-            many => serde_json::to_vec(&many.iter().map(|d| &d.envelope).collect::<Vec<_>>()),
-        }
-        .expect("envelopes always encode");
-        Box::pin(async move {
-            match self.post(Bytes::from(body)).await {
-                Outcome::Ack => (batch.len(), None),
-                other => (0, Some(other)),
-            }
-        })
-    }
-
-    fn status(&self) -> TargetStatus {
-        TargetStatus::Host {
-            url: self.url.clone(),
-        }
     }
 }

@@ -20,11 +20,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use mmmq_core::{StoredMessage, Topic};
 use parking_lot::Mutex;
 use serde_json::value::RawValue;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::target::{Delivery, Outcome, Target};
+use super::backoff::{self, Backoff};
+use super::checkpoint_saver::CheckpointSaver;
+use super::target::{Delivery, Outcome, RunAnswer, Target, TargetError};
 use crate::config::DispatcherSpec;
 use crate::metrics::{ConsumerLabel, DispatchLabel, Metrics};
 use crate::storage::Entry;
@@ -36,8 +37,6 @@ const READ_BATCH: usize = 256;
 /// over sub-microsecond calls, while a reload still takes effect at the next run.
 const PER_MESSAGE_RUN: usize = 64;
 const READ_BYTES: usize = 4 << 20;
-const BACKOFF_START: Duration = Duration::from_secs(1);
-const BACKOFF_MAX: Duration = Duration::from_secs(60);
 
 /// Counters of one worker, shown in `GET /mmmq/dispatchers`.
 #[derive(Debug, Default)]
@@ -54,12 +53,13 @@ pub struct WorkerStats {
     pub corrupt_skipped: AtomicU64,
     /// Communication failures retried.
     pub retries: AtomicU64,
-    /// The last thing that went wrong.
-    pub last_error: Mutex<Option<String>>,
+    /// The last thing that went wrong, and when (milliseconds since the Unix epoch), so that a
+    /// dispatcher's status can name its most recent problem over all topics.
+    pub last_error: Mutex<Option<(u64, String)>>,
 }
 
 /// Everything a worker needs.
-pub(crate) struct Worker {
+pub(super) struct Worker {
     pub topic: Arc<TopicLog>,
     pub spec: Arc<DispatcherSpec>,
     pub target: Arc<dyn Target>,
@@ -121,7 +121,7 @@ impl Worker {
                 Ok(entries) => entries,
                 Err(e) => {
                     self.record_error(format!("reading offset {next}: {e}"));
-                    if self.sleep(BACKOFF_START).await.is_err() {
+                    if self.sleep(backoff::START).await.is_err() {
                         break;
                     }
                     continue;
@@ -141,7 +141,11 @@ impl Worker {
                         }
                     }
                     Err(offset) => {
-                        if self.deliver_run(&mut run, &saver, &mut next).await.is_err() {
+                        if self
+                            .deliver_gathered(&mut run, &saver, &mut next)
+                            .await
+                            .is_err()
+                        {
                             break 'outer;
                         }
                         next = offset + 1;
@@ -150,11 +154,19 @@ impl Worker {
                         continue;
                     }
                 }
-                if self.deliver_run(&mut run, &saver, &mut next).await.is_err() {
+                if self
+                    .deliver_gathered(&mut run, &saver, &mut next)
+                    .await
+                    .is_err()
+                {
                     break 'outer;
                 }
             }
-            if self.deliver_run(&mut run, &saver, &mut next).await.is_err() {
+            if self
+                .deliver_gathered(&mut run, &saver, &mut next)
+                .await
+                .is_err()
+            {
                 break;
             }
         }
@@ -213,7 +225,7 @@ impl Worker {
     }
 
     /// Delivers the gathered run (as one batch when the target takes batches) and advances.
-    async fn deliver_run(
+    async fn deliver_gathered(
         &self,
         run: &mut Vec<(u64, Delivery)>,
         saver: &CheckpointSaver,
@@ -236,13 +248,13 @@ impl Worker {
                 continue;
             }
             let batch: Vec<Delivery> = items.iter().map(|(_, d)| d.clone()).collect();
-            let (acked, rest) = self.deliver_prefix_with_backoff(&batch).await?;
+            let RunAnswer { acked, stopped } = self.deliver_run_with_backoff(&batch).await?;
             for _ in 0..acked {
                 let (offset, d) = items.pop_front().expect("acked items exist");
                 self.acked(&d);
                 advance(offset, next);
             }
-            match rest {
+            match stopped {
                 None => {}
                 Some(Outcome::Nack(reason)) if self.target.answers_per_message() => {
                     self.nacked();
@@ -268,34 +280,40 @@ impl Worker {
     }
 
     /// Like [`Self::deliver_with_backoff`] for a run: retries while nothing of it got an answer.
-    async fn deliver_prefix_with_backoff(
-        &self,
-        batch: &[Delivery],
-    ) -> Result<(usize, Option<Outcome>), Stopped> {
-        let mut backoff = BACKOFF_START;
+    /// A failure after some messages were ACKed is left to the caller, which goes on with the rest.
+    async fn deliver_run_with_backoff(&self, batch: &[Delivery]) -> Result<RunAnswer, Stopped> {
+        let mut backoff = Backoff::new();
         loop {
-            match self.target.deliver_prefix(batch).await {
-                (0, Some(Outcome::Failed(why))) => {
-                    self.failed(&batch[0], why, backoff, backoff == BACKOFF_START);
-                    self.sleep(backoff).await?;
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                }
-                // Partial progress before a failure: the caller goes on with the rest.
-                (acked, Some(Outcome::Failed(_))) => return Ok((acked, None)),
+            match self.target.deliver_run(batch).await {
+                RunAnswer {
+                    acked: 0,
+                    stopped: Some(Outcome::Failed(why)),
+                } => self.failed(&batch[0], why, &mut backoff).await?,
+                RunAnswer {
+                    acked,
+                    stopped: Some(Outcome::Failed(_)),
+                } => return Ok(RunAnswer::all(acked)),
                 answer => return Ok(answer),
             }
         }
     }
 
-    /// Counts a communication failure; logs it on the first of a streak and at the longest
-    /// backoff, not on every retry.
-    fn failed(&self, d: &Delivery, why: String, backoff: Duration, first: bool) {
+    /// Counts a communication failure, logs it on the first of a streak and at the longest
+    /// backoff (not on every retry), and waits out the backoff.
+    async fn failed(
+        &self,
+        d: &Delivery,
+        why: TargetError,
+        backoff: &mut Backoff,
+    ) -> Result<(), Stopped> {
+        let wait = backoff.failed();
         self.stats.retries.fetch_add(1, Ordering::Relaxed);
         self.metrics.retries.get_or_create(&self.label()).inc();
-        if first || backoff == BACKOFF_MAX {
-            tracing::warn!(offset = d.envelope.offset, error = %why, retry_in_s = backoff.as_secs(), "delivery failed; retrying");
+        if backoff.worth_logging() {
+            tracing::warn!(offset = d.envelope.offset, error = %why, retry_in_s = wait.as_secs(), "delivery failed; retrying");
         }
-        self.record_error(why);
+        self.record_error(why.to_string());
+        self.sleep(wait).await
     }
 
     /// One message: resend on NACK up to the limit, then dead-letter it. `nacks` and `reason`
@@ -334,19 +352,13 @@ impl Worker {
 
     /// Delivers until the consumer gives an answer (ACK or NACK), backing off on failures.
     async fn deliver_with_backoff(&self, batch: &[Delivery]) -> Result<Outcome, Stopped> {
-        let mut backoff = BACKOFF_START;
-        let mut failures = 0u64;
+        let mut backoff = Backoff::new();
         loop {
             match self.target.deliver(batch).await {
-                Outcome::Failed(why) => {
-                    failures += 1;
-                    self.failed(&batch[0], why, backoff, failures == 1);
-                    self.sleep(backoff).await?;
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                }
+                Outcome::Failed(why) => self.failed(&batch[0], why, &mut backoff).await?,
                 answer => {
-                    if failures > 0 {
-                        tracing::info!(failures, "consumer reachable again");
+                    if backoff.failures() > 0 {
+                        tracing::info!(failures = backoff.failures(), "consumer reachable again");
                     }
                     return Ok(answer);
                 }
@@ -368,7 +380,7 @@ impl Worker {
             content: RawValue::from_string(content.to_string()).expect("json! is valid JSON"),
         }
         .to_payload();
-        let mut backoff = BACKOFF_START;
+        let mut backoff = Backoff::new();
         loop {
             let result = match self.registry.get_or_create(&dlq).await {
                 Ok(t) => t.log.append(&payload).await,
@@ -392,8 +404,7 @@ impl Worker {
                     // Skipping would lose the message: wait for the disk instead.
                     tracing::error!(error = %e, "cannot write to the dead-letter topic; retrying");
                     self.record_error(e.to_string());
-                    self.sleep(backoff).await?;
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    self.sleep(backoff.failed()).await?;
                 }
             }
         }
@@ -417,7 +428,7 @@ impl Worker {
     }
 
     fn record_error(&self, e: String) {
-        *self.stats.last_error.lock() = Some(e);
+        *self.stats.last_error.lock() = Some((now_ms(), e));
     }
 
     async fn sleep(&self, d: Duration) -> Result<(), Stopped> {
@@ -425,98 +436,5 @@ impl Worker {
             _ = self.cancel.cancelled() => Err(Stopped),
             _ = tokio::time::sleep(d) => Ok(()),
         }
-    }
-}
-
-/// How long a failed checkpoint write waits before it is retried when no newer position comes.
-const CHECKPOINT_RETRY: Duration = Duration::from_secs(1);
-
-/// Persists the newest ACKed position in the background, at most one write per checkpoint interval
-/// while positions keep coming.
-///
-/// A checkpoint write is two fsyncs (temporary file, then its directory after the rename), as
-/// costly as a commit of the log itself; writing one per delivery round made a consumer that keeps
-/// up with its producers double the broker's disk syncs. Batched (50 ms by default), a busy
-/// (dispatcher, topic) costs at most 20 checkpoint writes a second, and a crash redelivers at most
-/// what was ACKed in the last interval plus one write (at-least-once; a clean stop writes the
-/// final position at once). An interval of 0 writes after every delivery round again.
-struct CheckpointSaver {
-    tx: watch::Sender<u64>,
-    /// Ends the wait between writes at a stop. (Waiting for the watch to close instead would wake
-    /// the task on every position set, one cross-thread wake-up per ACK.)
-    stop: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl CheckpointSaver {
-    fn spawn(topic: Arc<TopicLog>, spec: Arc<DispatcherSpec>, start: u64) -> Self {
-        let (tx, mut rx) = watch::channel(start);
-        let stop = CancellationToken::new();
-        let stopping = stop.clone();
-        let task = tokio::spawn(
-            async move {
-                let mut written = None;
-                let mut failed = false;
-                loop {
-                    // After a failure the write is retried on its own, so that a consumer that
-                    // has gone quiet still gets its position persisted once the disk recovers.
-                    let mut closed = if failed {
-                        tokio::select! {
-                            r = rx.changed() => r.is_err(),
-                            _ = tokio::time::sleep(CHECKPOINT_RETRY) => false,
-                        }
-                    } else {
-                        rx.changed().await.is_err()
-                    };
-                    loop {
-                        let value = *rx.borrow_and_update();
-                        if written == Some(value) {
-                            break;
-                        }
-                        let topic = topic.clone();
-                        let id = spec.consumer_id.clone();
-                        let r = tokio::task::spawn_blocking(move || {
-                            topic.checkpoints.write(&id, value)
-                        })
-                        .await
-                        .expect("checkpoint write panicked");
-                        failed = r.is_err();
-                        match r {
-                            Ok(()) => written = Some(value),
-                            Err(e) => {
-                                tracing::error!(error = %e, "checkpoint write failed; retrying")
-                            }
-                        }
-                        if failed || closed {
-                            break;
-                        }
-                        // Let positions accumulate; a stop ends the wait so that the final
-                        // position is written at once.
-                        if !spec.checkpoint_interval.is_zero() {
-                            tokio::select! {
-                                _ = tokio::time::sleep(spec.checkpoint_interval) => {}
-                                _ = stopping.cancelled() => closed = true,
-                            }
-                        }
-                    }
-                    if closed {
-                        return;
-                    }
-                }
-            }
-            .in_current_span(),
-        );
-        Self { tx, stop, task }
-    }
-
-    fn set(&self, next: u64) {
-        self.tx.send_replace(next);
-    }
-
-    /// Waits for the final position to be on disk.
-    async fn finish(self) {
-        self.stop.cancel();
-        drop(self.tx);
-        let _ = self.task.await;
     }
 }

@@ -1,4 +1,4 @@
-//! The HTTP API (contract §2), on axum. Every answer is JSON, errors included: `{"error": "…"}`
+//! The HTTP API (README, "HTTP API"), on axum. Every answer is JSON, errors included: `{"error": "…"}`
 //! with 4xx for the client's fault and 5xx for the broker's.
 //!
 //! # Layout
@@ -65,7 +65,7 @@ impl AppState {
     }
 }
 
-/// Every route of contract §2.
+/// Every route of README, "HTTP API".
 pub fn router(state: AppState) -> Router {
     let api = Router::new()
         .route("/mmmq/messages", post(produce::produce))

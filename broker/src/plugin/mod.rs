@@ -1,15 +1,16 @@
-//! WebAssembly handlers (contract §5).
+//! WebAssembly handlers (README, "WebAssembly handlers").
 //!
 //! # Layout
 //! - [`runtime`]: the engine, compilation, the sandboxed instance and its limits.
-//! - [`target`]: the `plugin` dispatcher target, instance reuse, and hot reload.
 //! - [`tools`]: `mmmq plugin check` and `mmmq plugin new`.
 //! - `guest_log`: a guest's log lines and stdout/stderr into `tracing`, rate-limited.
+//!
+//! The dispatcher target that runs plugins, with instance reuse and hot reload, is
+//! [`crate::dispatch::targets::wasm`]: this module knows nothing of dispatchers.
 
-pub(crate) mod guest_log;
+mod guest_log;
 pub mod runtime;
-pub mod target;
 pub mod tools;
 
+pub use guest_log::GuestLog;
 pub use runtime::{Compiled, PluginEngine, PluginError};
-pub use target::PluginTarget;

@@ -7,7 +7,7 @@
 //!   for its consecutive messages and thrown away after any fault (trap, timeout, memory cap), so
 //!   a broken instance never serves again. The price, and a feature: state a guest keeps in
 //!   statics survives from one message of its topic to the next (the SDK documents it). A
-//!   dispatcher keeps at most [`super::target::MAX_IDLE_INSTANCES`] of them between calls.
+//!   dispatcher keeps at most [`crate::dispatch::targets::wasm::MAX_IDLE_INSTANCES`] of them between calls.
 //! - **One memory budget per instance**: `maxMemoryBytes` caps all linear memories and tables of
 //!   an instance together.
 //! - **No pooling allocator.** With reuse, instantiation is rare (start, reload, after a fault), so

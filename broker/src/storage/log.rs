@@ -205,7 +205,7 @@ impl std::fmt::Debug for Log {
 }
 
 impl Log {
-    /// Opens (or creates) the log in `dir`, recovering it as contract §6 says: the index is the
+    /// Opens (or creates) the log in `dir`, recovering it as the README's "Storage" says: the index is the
     /// truth, uncommitted data is cut, an index that points past its data is an error.
     ///
     /// Blocking; must be called from within a Tokio runtime (the log's stages run on its blocking

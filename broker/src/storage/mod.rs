@@ -1,4 +1,4 @@
-//! The durable segment store (contract §6).
+//! The durable segment store (README, "Storage").
 //!
 //! # Layout
 //! - [`frame`]: `[u32 length][u32 CRC32C][payload]`, pure encode/decode.

@@ -70,7 +70,12 @@ pub fn reconcile(index: &[u64], data: &[u8]) -> Result<Repair, String> {
         positions.push(is);
     }
     let beyond = &index[frames.len()..];
-    let kept = beyond.iter().rposition(|&p| p != 0).map_or(0, |i| i + 1);
+    // Zeros are a lost sector, except entry 0, whose position is 0: it stays and must be there.
+    let kept = beyond
+        .iter()
+        .rposition(|&p| p != 0)
+        .map_or(0, |i| i + 1)
+        .max(usize::from(frames.is_empty() && !index.is_empty()));
     let cut = beyond.len() - kept;
     for (i, &p) in beyond[..kept].iter().enumerate() {
         let k = frames.len() + i;
@@ -194,6 +199,14 @@ mod tests {
         let r = reconcile(&idx, &d).unwrap();
         assert_eq!(r.positions, p);
         assert_eq!(r.rewritten.len(), 3);
+    }
+
+    #[test]
+    fn entry_zero_is_never_taken_for_a_lost_sector() {
+        let (mut d, p) = data(1);
+        d.truncate(d.len() - 3);
+        let e = reconcile(&p, &d).unwrap_err();
+        assert!(e.contains("past the end of the data file"), "{e}");
     }
 
     #[test]

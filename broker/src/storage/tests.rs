@@ -1,4 +1,4 @@
-//! Storage tests at the byte level: recovery of every damaged shape contract §6 names, rotation,
+//! Storage tests at the byte level: recovery of every damaged shape the README's "Storage" names, rotation,
 //! concurrency, checkpoints and I/O faults.
 
 use std::path::Path;
@@ -66,7 +66,7 @@ fn append_bytes(path: &Path, bytes: &[u8]) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn files_are_laid_out_as_the_contract_says() {
+async fn files_are_laid_out_as_the_readme_says() {
     let tmp = tempfile::tempdir().unwrap();
     let log = open(tmp.path(), 1 << 20).unwrap();
     assert_eq!(log.append(b"{\"a\":1}").await.unwrap(), 0);

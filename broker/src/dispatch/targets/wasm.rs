@@ -1,5 +1,5 @@
-//! The `plugin` dispatcher target: delivers each message to a WebAssembly component, and swaps in
-//! a new version of the component when its file changes.
+//! The plugin target: delivers each message to a WebAssembly component (run by
+//! [`crate::plugin::runtime`]), and swaps in a new version of the component when its file changes.
 //!
 //! Hot reload: a debounced watcher on the file's directory (so in-place writes, a rename over the
 //! file and an editor's temporary files are all seen, and only the plugin's own name counts) and
@@ -19,14 +19,16 @@ use notify_debouncer_mini::{DebounceEventResult, DebouncedEvent, Debouncer, new_
 use parking_lot::Mutex;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::guest_log::GuestLog;
-use super::runtime::{
-    Compiled, Instance, Limits, PluginEngine, PluginError, WitAck, WitMessage, version_of,
-};
 use mmmq_core::Topic;
 
 use crate::config::PluginSpec;
-use crate::dispatch::{BoxFuture, Delivery, Outcome, Target, TargetStatus};
+use crate::dispatch::target::{
+    BoxFuture, Delivery, Outcome, RunAnswer, Target, TargetError, TargetStatus,
+};
+use crate::plugin::GuestLog;
+use crate::plugin::runtime::{
+    Compiled, Instance, Limits, PluginEngine, PluginError, WitAck, WitMessage, version_of,
+};
 
 /// How long a file must be quiet before it is reloaded (editors write in several steps).
 const DEBOUNCE: Duration = Duration::from_millis(150);
@@ -247,17 +249,14 @@ impl Shared {
 
     /// Calls `handle` for each message in order on one blocking thread, stopping at the first that
     /// is not ACKed: how many were, and the outcome of the next.
-    async fn call_run(self: &Arc<Self>, batch: &[Delivery]) -> (usize, Option<Outcome>) {
+    async fn call_run(self: &Arc<Self>, batch: &[Delivery]) -> RunAnswer {
         let Some(compiled) = self.current.load_full() else {
             let why = self
                 .load_error
                 .lock()
                 .clone()
-                .unwrap_or_else(|| "not loaded".into());
-            return (
-                0,
-                Some(Outcome::Failed(format!("plugin not loaded: {why}"))),
-            );
+                .unwrap_or_else(|| "no file loaded yet".into());
+            return RunAnswer::stopped(0, Outcome::Failed(TargetError::NotLoaded(why)));
         };
         let messages: Vec<WitMessage> = batch
             .iter()
@@ -329,7 +328,10 @@ impl Shared {
                 Some(Outcome::Nack(format!("plugin cannot be instantiated: {e}")))
             }
         };
-        (acked, outcome)
+        RunAnswer {
+            acked,
+            stopped: outcome,
+        }
     }
 }
 
@@ -338,10 +340,7 @@ impl Target for PluginTarget {
         true
     }
 
-    fn deliver_prefix<'a>(
-        &'a self,
-        batch: &'a [Delivery],
-    ) -> BoxFuture<'a, (usize, Option<Outcome>)> {
+    fn deliver_run<'a>(&'a self, batch: &'a [Delivery]) -> BoxFuture<'a, RunAnswer> {
         Box::pin(self.shared.call_run(batch))
     }
 

@@ -1,6 +1,7 @@
-//! In-process handlers: Rust closures registered by an application that embeds the broker
-//! (seed 001's in-app queue), delivered by the same drain workers as remote and plugin targets,
-//! with the same order, retries, dead letters and checkpoints, and no HTTP.
+//! In-process handlers: Rust closures registered by an application that embeds the broker (an
+//! in-application queue with the broker's retry tolerance), delivered by the same drain workers as
+//! remote and plugin targets, with the same order, retries, dead letters and checkpoints, and no
+//! HTTP.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 use mmmq_core::Envelope;
 
-use super::target::{BoxFuture, Delivery, Outcome, Target, TargetStatus};
+use crate::dispatch::target::{BoxFuture, Delivery, Outcome, RunAnswer, Target, TargetStatus};
 
 /// A handler: `Ok` is an ACK, `Err(reason)` a NACK.
 pub type Handler = Arc<dyn Fn(Envelope) -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
@@ -46,18 +47,15 @@ impl Target for InProcessTarget {
         true
     }
 
-    fn deliver_prefix<'a>(
-        &'a self,
-        batch: &'a [Delivery],
-    ) -> BoxFuture<'a, (usize, Option<Outcome>)> {
+    fn deliver_run<'a>(&'a self, batch: &'a [Delivery]) -> BoxFuture<'a, RunAnswer> {
         Box::pin(async move {
             for (i, d) in batch.iter().enumerate() {
                 match self.call(d).await {
                     Outcome::Ack => {}
-                    other => return (i, Some(other)),
+                    other => return RunAnswer::stopped(i, other),
                 }
             }
-            (batch.len(), None)
+            RunAnswer::all(batch.len())
         })
     }
 }

@@ -1,0 +1,67 @@
+//! The kinds of target, and the factory that builds them from `dispatchers.json` specs.
+//!
+//! - `http`: a remote consumer over HTTP.
+//! - [`wasm`]: a WebAssembly component, hot-reloaded when its file changes.
+//! - `in_process`: a Rust closure of an application that embeds the broker.
+
+mod http;
+mod in_process;
+pub mod wasm;
+
+use std::sync::Arc;
+
+use crate::config::{DispatcherSpec, TargetSpec};
+use crate::dispatch::target::{BoxFuture, Target};
+use crate::plugin::PluginEngine;
+pub use http::HttpTarget;
+pub use in_process::{Handler, InProcessTarget};
+pub use wasm::PluginTarget;
+
+/// Builds targets from specs: the seam where the kinds of target plug in.
+pub trait TargetFactory: Send + Sync {
+    /// A target for `spec`, or why it cannot be built.
+    fn build<'a>(
+        &'a self,
+        spec: &'a DispatcherSpec,
+    ) -> BoxFuture<'a, Result<Arc<dyn Target>, String>>;
+}
+
+/// Host targets (HTTP consumers) and plugin targets (WebAssembly components). The WebAssembly
+/// engine is created with the first plugin dispatcher, so a broker without plugins runs none.
+#[derive(Default)]
+pub struct Targets {
+    engine: tokio::sync::OnceCell<Arc<PluginEngine>>,
+}
+
+impl TargetFactory for Targets {
+    fn build<'a>(
+        &'a self,
+        spec: &'a DispatcherSpec,
+    ) -> BoxFuture<'a, Result<Arc<dyn Target>, String>> {
+        Box::pin(async move {
+            match &spec.target {
+                TargetSpec::Host(h) => HttpTarget::new(h, spec.batch_max_messages > 1)
+                    .map(|t| Arc::new(t) as Arc<dyn Target>)
+                    .map_err(|e| e.to_string()),
+                TargetSpec::Plugin(p) => {
+                    let engine = self
+                        .engine
+                        .get_or_try_init(|| async {
+                            tokio::task::spawn_blocking(PluginEngine::new)
+                                .await
+                                .expect("engine task panicked")
+                        })
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let target =
+                        PluginTarget::start(engine.clone(), p.clone(), spec.consumer_id.as_str())
+                            .await;
+                    Ok(Arc::new(target) as Arc<dyn Target>)
+                }
+                TargetSpec::InProcess => {
+                    Err("in-process handlers are registered by the embedding application".into())
+                }
+            }
+        })
+    }
+}
