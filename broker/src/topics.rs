@@ -14,6 +14,7 @@ use parking_lot::RwLock;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
+use crate::storage::vfs::create_dir_durably;
 use crate::storage::{Checkpoints, Log, LogConfig, StorageError, Vfs};
 
 /// A topic's storage: its log and its consumers' checkpoints.
@@ -199,12 +200,7 @@ fn restore_all(
 ) -> Result<BTreeMap<Topic, Arc<TopicLog>>, StorageError> {
     let mut out = BTreeMap::new();
     if !vfs.is_dir(dir) {
-        vfs.create_dir_all(dir)
-            .map_err(|e| StorageError::io(dir, e))?;
-        if let Some(parent) = dir.parent() {
-            vfs.sync_dir(parent)
-                .map_err(|e| StorageError::io(parent, e))?;
-        }
+        create_dir_durably(vfs, dir)?;
         return Ok(out);
     }
     let mut names = vfs.read_dir(dir).map_err(|e| StorageError::io(dir, e))?;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use mmmq_core::ConsumerId;
 
 use super::error::{IoContext, StorageError};
-use super::vfs::{OpenMode, Vfs};
+use super::vfs::{OpenMode, Vfs, create_dir_durably};
 
 /// File extension of a checkpoint.
 pub const CHECKPOINT_EXT: &str = "checkpoint";
@@ -53,12 +53,7 @@ impl Checkpoints {
 
     /// Durably replaces the next offset of `id`. Blocking (two fsyncs).
     pub fn write(&self, id: &ConsumerId, next_offset: u64) -> Result<(), StorageError> {
-        if !self.vfs.is_dir(&self.dir) {
-            self.vfs.create_dir_all(&self.dir).at(&self.dir)?;
-            if let Some(parent) = self.dir.parent() {
-                self.vfs.sync_dir(parent).at(parent)?;
-            }
-        }
+        create_dir_durably(&*self.vfs, &self.dir)?;
         let path = self.path(id);
         let tmp = self.dir.join(format!("{id}.{CHECKPOINT_EXT}{TMP_SUFFIX}"));
         let file = self.vfs.open(&tmp, OpenMode::CreateTruncate).at(&tmp)?;

@@ -2,13 +2,15 @@
 //!
 //! # Layout
 //! - [`frame`]: `[u32 length][u32 CRC32C][payload]`, pure encode/decode.
+//! - [`index`]: the offset index encoding, pure.
 //! - [`vfs`]: the file abstraction every byte goes through (fault injection lives behind it).
 //! - [`scan`]: read-only reading of a log directory: segments, indexes, inconsistencies. Recovery
 //!   and `mmmq inspect` share it.
 //! - [`repair`]: reconciling the tail's index with its CRC-valid frames at recovery, so that a
 //!   torn unsynced write is cut and a flipped bit in acknowledged entries is repaired, never cut.
 //! - `segment`: one data file and its index, with committed positions in memory.
-//! - [`log`]: a chain of segments with a pipelined group-commit writer and lock-light readers.
+//! - [`log`]: a chain of segments with a pipelined group-commit writer and lock-light readers;
+//!   its configuration, writer and poison-and-heal each in a file of their own.
 //! - [`checkpoint`]: per-consumer next offsets, replaced atomically.
 //! - [`error`]: [`StorageError`], and [`CorruptEntry`] for isolated, skippable corruption.
 //!
@@ -24,6 +26,7 @@ pub mod checkpoint;
 pub mod error;
 pub mod files;
 pub mod frame;
+pub mod index;
 pub mod log;
 pub mod repair;
 pub mod scan;

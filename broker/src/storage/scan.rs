@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::error::{IoContext, StorageError};
 use super::frame::{HEADER_LEN, Header};
+use super::index;
 use super::repair::{self, Repair};
 use super::vfs::{OpenMode, Vfs};
 
@@ -13,8 +14,8 @@ use super::vfs::{OpenMode, Vfs};
 pub const DATA_EXT: &str = "mmm";
 /// Extension of offset index files.
 pub const INDEX_EXT: &str = "idx";
-/// Bytes per index entry: one big-endian u64 position.
-pub const INDEX_ENTRY_LEN: u64 = 8;
+/// Bytes per index entry: one big-endian u64 position (see [`super::index`]).
+pub const INDEX_ENTRY_LEN: u64 = index::ENTRY_LEN;
 
 /// The file name of a segment file: its start offset in 19 digits (the width of `i64::MAX`, as in
 /// MMMQ), so that names sort in offset order.
@@ -165,16 +166,12 @@ fn reconcile_tail(vfs: &dyn Vfs, scan: &mut SegmentScan) -> Result<(), StorageEr
         .at(&scan.files.data)?;
     let mut bytes = vec![0u8; scan.data_len as usize];
     data.read_exact_at(&mut bytes, 0).at(&scan.files.data)?;
-    let whole = scan.index_len / INDEX_ENTRY_LEN;
     let index = vfs
         .open(&scan.files.index, OpenMode::ReadOnly)
         .at(&scan.files.index)?;
-    let mut raw = vec![0u8; (whole * INDEX_ENTRY_LEN) as usize];
+    let mut raw = vec![0u8; index::whole_len(scan.index_len) as usize];
     index.read_exact_at(&mut raw, 0).at(&scan.files.index)?;
-    let entries: Vec<u64> = raw
-        .chunks_exact(INDEX_ENTRY_LEN as usize)
-        .map(|c| u64::from_be_bytes(c.try_into().expect("8-byte chunk")))
-        .collect();
+    let entries = index::decode(&raw);
     match repair::reconcile(&entries, &bytes) {
         Ok(r) => {
             scan.positions = r.positions.clone();
@@ -209,13 +206,9 @@ pub fn scan_segment(vfs: &dyn Vfs, files: &SegmentFiles) -> Result<SegmentScan, 
             .open(&files.index, OpenMode::ReadOnly)
             .at(&files.index)?;
         index_len = index.len().at(&files.index)?;
-        let whole = index_len - index_len % INDEX_ENTRY_LEN;
-        let mut raw = vec![0u8; whole as usize];
+        let mut raw = vec![0u8; index::whole_len(index_len) as usize];
         index.read_exact_at(&mut raw, 0).at(&files.index)?;
-        positions = raw
-            .chunks_exact(INDEX_ENTRY_LEN as usize)
-            .map(|c| u64::from_be_bytes(c.try_into().expect("8-byte chunk")))
-            .collect();
+        positions = index::decode(&raw);
     }
     let mut scan = SegmentScan {
         files: files.clone(),

@@ -10,7 +10,8 @@ use parking_lot::RwLock;
 use super::error::{CorruptEntry, IoContext, StorageError};
 use super::files::{CachedFile, FileCache};
 use super::frame::{self, FrameFault, HEADER_LEN, MAX_PAYLOAD_LEN};
-use super::scan::{INDEX_ENTRY_LEN, SegmentFiles, SegmentScan};
+use super::index;
+use super::scan::{SegmentFiles, SegmentScan};
 use super::vfs::{OpenMode, Vfs, VfsFile};
 
 /// One entry read back: its offset, and its payload or why it cannot be trusted.
@@ -101,7 +102,7 @@ impl Segment {
             for &(entry, said, is) in &repair.rewritten {
                 tracing::warn!(file = %files.index.display(), entry, said, frames_say = is, "index entry contradicts its CRC-valid frame; rewritten from the frame");
                 index
-                    .write_all_at(&is.to_be_bytes(), entry as u64 * INDEX_ENTRY_LEN)
+                    .write_all_at(&index::encode(&[is]), index::entry_pos(entry as u64))
                     .at(&files.index)?;
             }
             if !repair.rewritten.is_empty() {
@@ -170,12 +171,10 @@ impl Segment {
             })?
             .get()
             .at(&self.files.index)?;
-        let mut raw = Vec::with_capacity(positions.len() * INDEX_ENTRY_LEN as usize);
-        for p in positions {
-            raw.extend_from_slice(&p.to_be_bytes());
-        }
-        let at = self.indexed.load(Ordering::Relaxed) * INDEX_ENTRY_LEN;
-        index.write_all_at(&raw, at).at(&self.files.index)?;
+        let at = index::entry_pos(self.indexed.load(Ordering::Relaxed));
+        index
+            .write_all_at(&index::encode(positions), at)
+            .at(&self.files.index)?;
         self.indexed
             .fetch_add(positions.len() as u64, Ordering::Relaxed);
         Ok(index)
@@ -191,7 +190,7 @@ impl Segment {
         if let Some(index) = &self.index {
             let index = index.get().at(&self.files.index)?;
             index
-                .set_len(count * INDEX_ENTRY_LEN)
+                .set_len(index::entry_pos(count))
                 .at(&self.files.index)?;
             index.sync_data().at(&self.files.index)?;
         }

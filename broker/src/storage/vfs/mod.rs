@@ -13,6 +13,8 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
+use super::error::{IoContext, StorageError};
+
 /// How to open a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpenMode {
@@ -127,6 +129,26 @@ impl VfsFile for OsFile {
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.0.set_len(len)
     }
+}
+
+/// Creates `dir` and any missing parents, and makes each new name durable by syncing the directory
+/// that holds it, top down: a power cut after this returns never loses the directory. (A
+/// `create_dir_all` alone leaves the new names in the page cache.)
+pub fn create_dir_durably(vfs: &dyn Vfs, dir: &Path) -> Result<(), StorageError> {
+    if vfs.is_dir(dir) {
+        return Ok(());
+    }
+    let missing: Vec<&Path> = dir
+        .ancestors()
+        .take_while(|a| !a.as_os_str().is_empty() && !vfs.is_dir(a))
+        .collect();
+    vfs.create_dir_all(dir).at(dir)?;
+    for created in missing.iter().rev() {
+        if let Some(parent) = created.parent().filter(|p| !p.as_os_str().is_empty()) {
+            vfs.sync_dir(parent).at(parent)?;
+        }
+    }
+    Ok(())
 }
 
 /// A file system that fails chosen operations, for tests of what the storage does when the disk

@@ -1,0 +1,112 @@
+//! Poison and heal: after a failed write or fsync the log refuses appends for a while, then cuts
+//! back to its commit point in place, as a reopen would, and takes appends again.
+
+use std::time::Instant;
+
+use super::Inner;
+use super::writer::{Reply, Tail, Writer};
+use crate::storage::error::{IoContext, StorageError};
+use crate::storage::scan;
+
+/// Why a log refuses appends, and from when it will try to recover.
+pub(super) struct Poison {
+    pub(super) cause: String,
+    pub(super) retry_at: Instant,
+}
+
+impl Inner {
+    pub(super) fn poisoned_error(&self, cause: &str) -> StorageError {
+        StorageError::Poisoned {
+            dir: self.dir.clone(),
+            cause: cause.to_owned(),
+        }
+    }
+
+    /// Cuts everything after the commit point, as recovery at open would, so that appends can
+    /// resume without a restart. Runs on the data stage with the index stage idle.
+    pub(super) fn heal(&self) -> Result<(), StorageError> {
+        let mut tail = self.tail.lock();
+        let committed = *self.committed.borrow();
+        let last = {
+            let mut segments = self.segments.write();
+            // Segments that a failed batch rotated into hold nothing committed; the one before
+            // them becomes the tail again. A segment sealed before this process started is never
+            // written, so an empty tail after it was not created by a failed batch: it stays.
+            while segments.len() > 1
+                && segments.last().is_some_and(|s| s.committed_count() == 0)
+                && segments[segments.len() - 2].writable()
+            {
+                segments.pop();
+            }
+            segments.last().expect("never empty").clone()
+        };
+        // Files of every segment after the tail: the ones just dropped, and any half-created by a
+        // rotation that failed between its two files.
+        let mut stale = false;
+        for files in scan::list_segments(&*self.vfs, &self.dir)?.segments {
+            if files.start <= last.start() {
+                continue;
+            }
+            for path in [&files.data, &files.index] {
+                if self.vfs.exists(path) {
+                    self.vfs.remove_file(path).at(path)?;
+                    stale = true;
+                }
+            }
+        }
+        if stale {
+            self.vfs.sync_dir(&self.dir).at(&self.dir)?;
+        }
+        last.cut_uncommitted()?;
+        *tail = Tail {
+            write_pos: last.committed_bytes(),
+            segment: last,
+            next_offset: committed,
+        };
+        Ok(())
+    }
+
+    /// Stops the log taking appends after `error`, failing `replies` and everything queued.
+    pub(super) fn poison(&self, error: &StorageError, replies: impl IntoIterator<Item = Reply>) {
+        self.poison_and(error, replies, |_| {});
+    }
+
+    /// [`Inner::poison`], also changing the writer state under the same lock.
+    pub(super) fn poison_and(
+        &self,
+        error: &StorageError,
+        replies: impl IntoIterator<Item = Reply>,
+        also: impl FnOnce(&mut Writer),
+    ) {
+        tracing::error!(dir = %self.dir.display(), %error, retry_after_ms = self.config.retry_after.as_millis() as u64, "log write failed; refusing appends, then recovering in place");
+        let (cause, queued) = {
+            let mut w = self.writer.lock();
+            let retry_at = Instant::now() + self.config.retry_after;
+            let cause = match &mut w.poisoned {
+                Some(p) => {
+                    p.retry_at = retry_at;
+                    p.cause.clone()
+                }
+                None => {
+                    let cause = error.to_string();
+                    w.poisoned = Some(Poison {
+                        cause: cause.clone(),
+                        retry_at,
+                    });
+                    cause
+                }
+            };
+            let mut queued: Vec<Reply> = w.pending.drain(..).map(|p| p.reply).collect();
+            queued.extend(w.indexing.drain(..).flat_map(|s| s.replies).map(|r| r.0));
+            also(&mut w);
+            (cause, queued)
+        };
+        self.fail(&cause, replies.into_iter().chain(queued));
+    }
+
+    pub(super) fn fail(&self, cause: &str, replies: impl IntoIterator<Item = Reply>) {
+        for reply in replies {
+            let _ = reply.send(Err(self.poisoned_error(cause)));
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! A log: a chain of segments with one writer and any number of readers. A topic is one log today;
+//! when topics become partitions, each partition is one log. Nothing here knows about topics.
+//!
+//! # Group commit, pipelined
+//! Appends queue up in [`Writer::pending`]. The *data stage* takes everything queued, gives it
+//! consecutive offsets, writes it to the tail segment's data file (rotating as needed) and fsyncs
+//! the data. It hands the batch to the *index stage*, which appends the positions to the index,
+//! fsyncs the index — the commit point — then makes the entries visible to readers and answers the
+//! waiting appends. The two stages run on separate blocking threads, so the data fsync of one batch
+//! overlaps the index fsync of the batch before: a closed loop of appenders keeps both files' syncs
+//! in flight. Neither stage exists while a log is idle: each is a `spawn_blocking` task started when
+//! work arrives and finished when the queue is empty, so ten thousand idle logs cost no thread.
+//!
+//! # Failure
+//! An error from a write or an fsync means the state of the file is unknown (after a failed fsync
+//! Linux may already have dropped the dirty pages). The batch's appends fail, every queued append
+//! fails, and the log is *poisoned*: it refuses appends for [`LogConfig::retry_after`]. The next
+//! append after that first recovers in place, as a reopen would: segments created for batches that
+//! never committed are removed, the tail's data and index are cut back to the commit point and
+//! synced. If that works the log takes appends again; if the disk still fails, it stays poisoned
+//! for another `retry_after`. Reads of what was committed go on working throughout.
+
+//!
+//! # Layout
+//! - [`config`]: how a log writes ([`LogConfig`], [`FlushMode`]).
+//! - `writer`: the group-commit writer, its two stages and the commit.
+//! - `heal`: poison after a failure, and recovery in place.
+//! - this module: [`Log`], its recovery at open, and the segment chain readers go through.
+
+mod config;
+mod heal;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use tokio::sync::{oneshot, watch};
+
+use super::error::{IoContext, StorageError};
+use super::frame::{self, MAX_PAYLOAD_LEN};
+use super::scan::{self, ChainGap};
+use super::segment::{Entry, Segment};
+use super::vfs::{Vfs, create_dir_durably};
+pub use config::{CommitObserver, DEFAULT_FD_RESERVE, FlushMode, LogConfig};
+use writer::{Pending, Tail, Writer};
+
+/// Sizes for the topic list and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogStats {
+    /// The offset the next append will get, counting only committed entries.
+    pub next_offset: u64,
+    /// Segment files (pairs).
+    pub segments: usize,
+    /// Committed bytes in the data files.
+    pub bytes: u64,
+}
+
+struct Inner {
+    dir: PathBuf,
+    vfs: Arc<dyn Vfs>,
+    config: LogConfig,
+    runtime: tokio::runtime::Handle,
+    segments: RwLock<Vec<Arc<Segment>>>,
+    /// The next offset past the last committed entry; readers and subscribers watch it.
+    committed: watch::Sender<u64>,
+    writer: Mutex<Writer>,
+    /// Signalled when the index stage finishes (recovery in place waits for it).
+    index_idle: Condvar,
+    tail: Mutex<Tail>,
+}
+
+/// A durable, append-only log of payloads addressed by offset. Cheap to clone.
+#[derive(Clone)]
+pub struct Log {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Log {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Log")
+            .field("dir", &self.inner.dir)
+            .field("next_offset", &self.next_offset())
+            .finish()
+    }
+}
+
+impl Log {
+    /// Opens (or creates) the log in `dir`, recovering it as the README's "Storage" says: the index is the
+    /// truth, uncommitted data is cut, an index that points past its data is an error.
+    ///
+    /// Blocking; must be called from within a Tokio runtime (the log's stages run on its blocking
+    /// pool), typically inside `spawn_blocking`.
+    pub fn open(dir: &Path, vfs: Arc<dyn Vfs>, config: LogConfig) -> Result<Self, StorageError> {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|e| StorageError::io(dir, std::io::Error::other(e)))?;
+        create_dir_durably(&*vfs, dir)?;
+        let listing = scan::list_segments(&*vfs, dir)?;
+        for stray in &listing.strays {
+            tracing::warn!(dir = %dir.display(), file = %stray, "ignoring a file that is not named like a segment");
+        }
+        let mut scans = scan::scan_log(&*vfs, &listing)?;
+        if let Some(bad) = scans.iter().find(|s| s.inconsistency.is_some()) {
+            return Err(StorageError::Inconsistent {
+                path: bad.files.index.clone(),
+                reason: bad.inconsistency.clone().unwrap_or_default(),
+            });
+        }
+        match scan::check_chain(&scans) {
+            None => {}
+            Some(ChainGap::EmptyTail { index }) => {
+                for s in scans.drain(index..) {
+                    tracing::warn!(file = %s.files.data.display(), "removing an empty segment left by an interrupted rotation");
+                    for path in [&s.files.data, &s.files.index] {
+                        if vfs.exists(path) {
+                            vfs.remove_file(path).at(path)?;
+                        }
+                    }
+                }
+                vfs.sync_dir(dir).at(dir)?;
+            }
+            Some(ChainGap::Broken { index, reason }) => {
+                return Err(StorageError::Inconsistent {
+                    path: scans[index].files.index.clone(),
+                    reason,
+                });
+            }
+        }
+        let mut segments = Vec::with_capacity(scans.len().max(1));
+        let last = scans.len().saturating_sub(1);
+        for (i, scan) in scans.into_iter().enumerate() {
+            segments.push(Arc::new(Segment::recover(
+                &vfs,
+                &config.files,
+                scan,
+                i == last,
+            )?));
+        }
+        if segments.is_empty() {
+            segments.push(Arc::new(Segment::create(&vfs, &config.files, dir, 0)?));
+        }
+        let tail_segment = segments.last().expect("at least one segment").clone();
+        let next_offset = tail_segment.start() + tail_segment.committed_count();
+        let tail = Tail {
+            write_pos: tail_segment.committed_bytes(),
+            segment: tail_segment,
+            next_offset,
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                dir: dir.to_owned(),
+                vfs,
+                config,
+                runtime,
+                segments: RwLock::new(segments),
+                committed: watch::Sender::new(next_offset),
+                writer: Mutex::new(Writer::default()),
+                index_idle: Condvar::new(),
+                tail: Mutex::new(tail),
+            }),
+        })
+    }
+
+    /// The log's directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// Appends one payload; resolves with its offset once it is durable (per the flush mode).
+    pub async fn append(&self, payload: &[u8]) -> Result<u64, StorageError> {
+        self.append_batch(&[payload]).await
+    }
+
+    /// Appends payloads at consecutive offsets, all in the same commit; resolves with the first
+    /// offset. An empty batch resolves at once with the next offset.
+    pub async fn append_batch<P: AsRef<[u8]>>(&self, payloads: &[P]) -> Result<u64, StorageError> {
+        if payloads.is_empty() {
+            return Ok(self.next_offset());
+        }
+        let mut frames = Vec::with_capacity(
+            payloads
+                .iter()
+                .map(|p| p.as_ref().len() + frame::HEADER_LEN)
+                .sum(),
+        );
+        let mut lens = Vec::with_capacity(payloads.len());
+        for p in payloads {
+            let p = p.as_ref();
+            if p.len() > MAX_PAYLOAD_LEN {
+                return Err(StorageError::PayloadTooLarge {
+                    len: p.len(),
+                    max: MAX_PAYLOAD_LEN,
+                });
+            }
+            frame::encode_into(p, &mut frames);
+            lens.push((p.len() + frame::HEADER_LEN) as u32);
+        }
+        let (reply, rx) = oneshot::channel();
+        self.inner.submit(Pending {
+            frames,
+            lens,
+            reply,
+        })?;
+        rx.await.map_err(|_| StorageError::Closed)?
+    }
+
+    /// The offset after the last committed entry: entries below it can be read.
+    pub fn next_offset(&self) -> u64 {
+        *self.inner.committed.borrow()
+    }
+
+    /// A receiver of the committed next offset, for subscribers that wait for new entries without
+    /// polling (`changed().await`, `wait_for(|&n| n > offset)`).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.committed.subscribe()
+    }
+
+    /// Waits until the entry at `offset` is committed.
+    pub async fn wait_for(&self, offset: u64) {
+        let mut rx = self.subscribe();
+        // The sender lives as long as `self`, so this cannot fail while we hold `self`.
+        let _ = rx.wait_for(|&next| next > offset).await;
+    }
+
+    /// Whether an earlier failure stopped this log taking appends.
+    pub fn poisoned(&self) -> Option<String> {
+        self.inner
+            .writer
+            .lock()
+            .poisoned
+            .as_ref()
+            .map(|p| p.cause.clone())
+    }
+
+    /// Reads the committed entry at `offset`: `Ok(None)` if it is not committed yet, a
+    /// [`StorageError::Corrupt`] if its checksum fails. Blocking (one `pread`).
+    pub fn read(&self, offset: u64) -> Result<Option<Vec<u8>>, StorageError> {
+        match self.read_from(offset, 1, usize::MAX)?.pop() {
+            Some(entry) => Ok(Some(entry.payload?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Reads up to `max_count` consecutive committed entries from `offset`, stopping early after
+    /// about `max_bytes` (at least one entry is returned when there is one). A corrupt entry is
+    /// returned as such, in place, so it never hides its neighbours. Blocking.
+    pub fn read_from(
+        &self,
+        offset: u64,
+        max_count: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Entry>, StorageError> {
+        let committed = self.next_offset();
+        let mut out = Vec::new();
+        let mut at = offset;
+        let mut budget = max_bytes;
+        while at < committed && out.len() < max_count && budget > 0 {
+            let Some(segment) = self.inner.segment_for(at) else {
+                break;
+            };
+            let want = (max_count - out.len()).min((committed - at) as usize);
+            let got = segment.read_from(at, want, budget)?;
+            if got.is_empty() {
+                break;
+            }
+            at = got.last().expect("non-empty").offset + 1;
+            let bytes: usize = got
+                .iter()
+                .map(|e| e.payload.as_ref().map_or(0, Vec::len))
+                .sum();
+            budget = budget.saturating_sub(bytes.max(1));
+            out.extend(got);
+        }
+        Ok(out)
+    }
+
+    /// Sizes for listings.
+    pub fn stats(&self) -> LogStats {
+        let segments = self.inner.segments.read();
+        LogStats {
+            next_offset: self.next_offset(),
+            segments: segments.len(),
+            bytes: segments.iter().map(|s| s.committed_bytes()).sum(),
+        }
+    }
+
+    /// The offset of the first entry still stored (0 until retention exists).
+    pub fn first_offset(&self) -> u64 {
+        self.inner.segments.read().first().map_or(0, |s| s.start())
+    }
+}
+
+impl Inner {
+    pub(super) fn segment_for(&self, offset: u64) -> Option<Arc<Segment>> {
+        let segments = self.segments.read();
+        let i = segments.partition_point(|s| s.start() <= offset);
+        i.checked_sub(1).map(|i| segments[i].clone())
+    }
+}
