@@ -2,9 +2,9 @@
 //! over it, and it is what an application embeds.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use mmmq_core::{ConsumerId, StoredMessage, Topic, TopicPattern};
+use mmmq_core::{ConsumerId, PullPage, StoredMessage, Topic, TopicInfo, TopicPattern};
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
@@ -14,8 +14,9 @@ use crate::dispatch::{
     TargetFactory, Targets,
 };
 use crate::metrics::{Metrics, TopicLabel};
-use crate::storage::{OsFs, StorageError, Vfs};
-use crate::topics::{Registry, TopicLog};
+pub use crate::produce::{ProduceError, ProduceItem};
+use crate::storage::{FileCache, OsFs, StorageError, Vfs};
+use crate::topics::Registry;
 
 /// Errors of the broker layer.
 #[derive(Debug, thiserror::Error)]
@@ -29,9 +30,19 @@ pub enum BrokerError {
     /// The disk said no.
     #[error(transparent)]
     Storage(#[from] StorageError),
-    /// A name that is not a valid topic, consumerId or pattern.
+    /// A name that is not a valid consumerId or pattern.
     #[error("{0}")]
     InvalidName(String),
+    /// A message that cannot be produced (bad topic, content or key).
+    #[error(transparent)]
+    Invalid(#[from] ProduceError),
+    /// No such topic (pull).
+    #[error("no topic {0:?}")]
+    UnknownTopic(String),
+    /// Stored messages could not be read (a disk error; corruption of single entries is not an
+    /// error: those are left out).
+    #[error("cannot read: {0}")]
+    Read(#[source] StorageError),
     /// A batch over several topics of which some were stored and some were not (a disk error on
     /// one topic's log does not undo another topic's commit): `offsets` says which, per element
     /// in request order, so a client retries exactly the elements that are `None`.
@@ -44,27 +55,20 @@ pub enum BrokerError {
         /// Per element: its offset when it was stored.
         offsets: Vec<Option<u64>>,
     },
-    /// Producers may not write to `__` topics.
-    #[error(
-        "topic {0:?} is internal (names starting with \"__\" hold dead letters); producers cannot write to it"
-    )]
-    InternalTopic(String),
 }
 
-/// One message to produce.
-#[derive(Debug)]
-pub struct ProduceItem {
-    /// Where.
-    pub topic: Topic,
-    /// Optional key.
-    pub key: Option<String>,
-    /// Content, verbatim JSON.
-    pub content: Box<RawValue>,
-}
+/// Most messages one pull answers.
+pub const MAX_PULL_MESSAGES: usize = 1000;
+/// Longest a pull waits for a message.
+pub const MAX_PULL_WAIT: Duration = Duration::from_secs(30);
+/// Payload bytes one pull answer carries at most (at least one message is always returned).
+pub const MAX_PULL_BYTES: usize = 8 << 20;
 
 /// A running broker.
 pub struct Broker {
     config: ServeConfig,
+    /// The segment-file cache every log shares.
+    files: Arc<FileCache>,
     registry: Arc<Registry>,
     dispatch: Arc<Dispatch>,
     metrics: Arc<Metrics>,
@@ -95,20 +99,24 @@ impl Broker {
     /// requested while a large root dir is still being recovered), and the answer is then
     /// [`StorageError::Interrupted`].
     pub async fn open_until(
-        mut config: ServeConfig,
+        config: ServeConfig,
         vfs: Arc<dyn Vfs>,
         factory: Arc<dyn TargetFactory>,
         interrupt: CancellationToken,
     ) -> Result<Self, BrokerError> {
+        config.validate()?;
         let root = config.root_dir.clone();
         let specs = tokio::task::spawn_blocking(move || config::load_dispatchers(&root))
             .await
             .expect("config task panicked")?;
         let metrics = Arc::new(Metrics::new());
         let m = metrics.clone();
-        config.log.on_commit = Some(Arc::new(move |n| m.observe_commit(n)));
+        let files = config.file_cache();
+        tracing::debug!(max_open_files = files.capacity(), "segment file cache");
+        let log_config =
+            config.log_config(files.clone(), Some(Arc::new(move |n| m.observe_commit(n))));
         let registry = Arc::new(
-            Registry::restore(config.topics_dir(), vfs, config.log.clone(), interrupt)
+            Registry::restore(config.topics_dir(), vfs, log_config, interrupt)
                 .await?
                 .with_max_topics(config.max_topics),
         );
@@ -121,6 +129,7 @@ impl Broker {
         );
         Ok(Self {
             config,
+            files,
             registry,
             dispatch,
             metrics,
@@ -130,6 +139,11 @@ impl Broker {
     /// The settings it runs with.
     pub fn config(&self) -> &ServeConfig {
         &self.config
+    }
+
+    /// The segment-file cache every log shares (its cap and how many are open).
+    pub fn file_cache(&self) -> &Arc<FileCache> {
+        &self.files
     }
 
     /// The topics.
@@ -144,10 +158,10 @@ impl Broker {
 
     /// Appends one message; resolves with its offset once it is durable.
     pub async fn produce(&self, item: ProduceItem) -> Result<u64, BrokerError> {
-        let topic = self.writable(&item.topic).await?;
+        let topic = self.registry.get_or_create(item.topic()).await?;
         let payload = stored_payload(&item);
         let offset = topic.log.append(&payload).await?;
-        self.count_in(&item.topic, 1, payload.len());
+        self.count_in(item.topic(), 1, payload.len());
         Ok(offset)
     }
 
@@ -158,16 +172,11 @@ impl Broker {
     /// When a topic's commit fails the answer is exact: [`BrokerError::PartialBatch`] names the
     /// offset of every element that was stored, so a retry of the others duplicates nothing.
     pub async fn produce_batch(&self, items: Vec<ProduceItem>) -> Result<Vec<u64>, BrokerError> {
-        for item in &items {
-            if item.topic.is_internal() {
-                return Err(BrokerError::InternalTopic(item.topic.to_string()));
-            }
-        }
         let mut by_topic: Vec<(Topic, Vec<usize>)> = Vec::new();
         for (i, item) in items.iter().enumerate() {
-            match by_topic.iter_mut().find(|(t, _)| *t == item.topic) {
+            match by_topic.iter_mut().find(|(t, _)| t == item.topic()) {
                 Some((_, v)) => v.push(i),
-                None => by_topic.push((item.topic.clone(), vec![i])),
+                None => by_topic.push((item.topic().clone(), vec![i])),
             }
         }
         // Every topic exists (or the batch is refused, e.g. past the topic cap) before anything
@@ -213,13 +222,6 @@ impl Broker {
         }
     }
 
-    async fn writable(&self, topic: &Topic) -> Result<Arc<TopicLog>, BrokerError> {
-        if topic.is_internal() {
-            return Err(BrokerError::InternalTopic(topic.to_string()));
-        }
-        Ok(self.registry.get_or_create(topic).await?)
-    }
-
     fn count_in(&self, topic: &Topic, messages: u64, bytes: usize) {
         let label = TopicLabel {
             topic: topic.to_string(),
@@ -234,6 +236,66 @@ impl Broker {
             .inc_by(bytes as u64);
     }
 
+    /// Every topic with its sizes, by name (`GET /mmmq/topics`).
+    pub fn topics(&self) -> Vec<TopicInfo> {
+        self.registry
+            .all()
+            .into_iter()
+            .map(|t| {
+                let s = t.log.stats();
+                TopicInfo {
+                    name: t.topic.to_string(),
+                    next_offset: s.next_offset,
+                    segments: s.segments as u64,
+                    bytes: s.bytes,
+                }
+            })
+            .collect()
+    }
+
+    /// Up to `max` (1–1000) messages of `topic` from offset `from` (clamped to the first stored),
+    /// at most [`MAX_PULL_BYTES`] of payload; when there is nothing at `from` yet, waits up to
+    /// `wait` (at most [`MAX_PULL_WAIT`]) for it, or until `stop` is cancelled.
+    pub async fn pull(
+        &self,
+        topic: &str,
+        from: u64,
+        max: usize,
+        wait: Duration,
+        stop: &CancellationToken,
+    ) -> Result<PullPage, BrokerError> {
+        let topic = Topic::new(topic).map_err(|e| BrokerError::InvalidName(e.to_string()))?;
+        let t = self
+            .registry
+            .get(&topic)
+            .ok_or_else(|| BrokerError::UnknownTopic(topic.to_string()))?;
+        let max = max.clamp(1, MAX_PULL_MESSAGES);
+        let wait = wait.min(MAX_PULL_WAIT);
+        let from = from.max(t.log.first_offset());
+        if from >= t.log.next_offset() && !wait.is_zero() {
+            tokio::select! {
+                _ = t.log.wait_for(from) => {}
+                _ = tokio::time::sleep(wait) => {}
+                _ = stop.cancelled() => {}
+            }
+        }
+        let log = t.log.clone();
+        let entries = tokio::task::spawn_blocking(move || log.read_from(from, max, MAX_PULL_BYTES))
+            .await
+            .expect("read task panicked")
+            .map_err(BrokerError::Read)?;
+        let next = entries.last().map_or(from, |e| e.offset + 1);
+        let mut messages = Vec::with_capacity(entries.len());
+        for e in entries {
+            // A corrupt entry is left out; the gap in offsets shows it.
+            let Ok(bytes) = e.payload else { continue };
+            if let Ok(msg) = StoredMessage::from_payload(&bytes) {
+                messages.push(msg.into_envelope(topic.clone(), e.offset));
+            }
+        }
+        Ok(PullPage { messages, next })
+    }
+
     /// Re-reads `dispatchers.json` and applies it; a bad file changes nothing.
     pub async fn reload(&self) -> Result<ReloadReport, BrokerError> {
         let root = self.config.root_dir.clone();
@@ -245,29 +307,44 @@ impl Broker {
         Ok(report)
     }
 
+    /// The metrics in Prometheus text format, with the gauges that are read rather than counted
+    /// (lag, open segment files) refreshed first.
+    pub async fn metrics_text(&self) -> String {
+        self.dispatch.status().await;
+        let files = &self.files;
+        self.metrics
+            .open_segment_files
+            .set(files.open_files().min(i64::MAX as usize) as i64);
+        self.metrics
+            .max_open_segment_files
+            .set(files.capacity().min(i64::MAX as usize) as i64);
+        self.metrics.encode()
+    }
+
     /// Status of every dispatcher.
     pub async fn dispatchers(&self) -> Vec<DispatcherStatus> {
         self.dispatch.status().await
     }
 
-    /// Produces `content` to `topic` from inside the application (the embedded use): validated,
-    /// durable when it returns.
+    /// Produces `content` to `topic` from inside the application (the embedded use): checked by
+    /// the same rules as a produce over HTTP ([`ProduceItem::new`]), durable when it returns.
     pub async fn produce_json<T: serde::Serialize + ?Sized>(
         &self,
         topic: &str,
         key: Option<&str>,
         content: &T,
     ) -> Result<u64, BrokerError> {
-        let topic = Topic::new(topic).map_err(|e| BrokerError::InvalidName(e.to_string()))?;
-        let json = serde_json::to_string(content)
-            .map_err(|e| BrokerError::InvalidName(format!("content: {e}")))?;
+        let json = serde_json::to_string(content).map_err(|e| {
+            ProduceError::Unparseable(format!("the content does not serialize as JSON: {e}"))
+        })?;
         let content = RawValue::from_string(json).expect("serde_json output is JSON");
-        self.produce(ProduceItem {
+        let item = ProduceItem::new(
             topic,
-            key: key.map(str::to_owned),
+            key.map(str::to_owned),
             content,
-        })
-        .await
+            self.config.max_body_bytes,
+        )?;
+        self.produce(item).await
     }
 
     /// Registers an in-process handler as a dispatcher: every topic matching `pattern`, from the
@@ -282,7 +359,7 @@ impl Broker {
     ) -> Result<(), BrokerError>
     where
         T: serde::de::DeserializeOwned + Send + 'static,
-        F: Fn(mmmq_client::Message<T>) -> Fut + Send + Sync + 'static,
+        F: Fn(mmmq_core::Message<T>) -> Fut + Send + Sync + 'static,
         Fut: std::future::Future<Output = Result<(), E>> + Send + 'static,
         E: std::fmt::Display + 'static,
     {
@@ -305,7 +382,7 @@ impl Broker {
     ) -> Result<(), BrokerError>
     where
         T: serde::de::DeserializeOwned + Send + 'static,
-        F: Fn(mmmq_client::Message<T>) -> Fut + Send + Sync + 'static,
+        F: Fn(mmmq_core::Message<T>) -> Fut + Send + Sync + 'static,
         Fut: std::future::Future<Output = Result<(), E>> + Send + 'static,
         E: std::fmt::Display + 'static,
     {
@@ -313,7 +390,7 @@ impl Broker {
             ConsumerId::new(consumer_id).map_err(|e| BrokerError::InvalidName(e.to_string()))?;
         let pattern =
             TopicPattern::new(pattern).map_err(|e| BrokerError::InvalidName(e.to_string()))?;
-        let erased: Handler = mmmq_client::erase(handler);
+        let erased: Handler = mmmq_core::erase(handler);
         let spec = DispatcherSpec {
             consumer_id,
             pattern,
@@ -339,8 +416,8 @@ impl Broker {
 fn stored_payload(item: &ProduceItem) -> Vec<u8> {
     StoredMessage {
         timestamp: now_ms(),
-        key: item.key.clone(),
-        content: item.content.clone(),
+        key: item.key().map(str::to_owned),
+        content: item.content().to_owned(),
     }
     .to_payload()
 }

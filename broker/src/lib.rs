@@ -1,25 +1,34 @@
 //! mmmq: a durable message broker in one binary.
 //!
 //! # Layout
-//! - [`storage`]: the segment store: framing, segments and indexes, the group-commit log,
-//!   recovery, checkpoints, and the file abstraction under all of it.
+//! Each module imports only modules listed after it, so there are no import cycles:
+//! - [`server`]: `run(listener, config, shutdown)`: the HTTP API over a broker, signals at boot.
+//! - [`http`]: the HTTP API on axum, a thin skin over [`broker::Broker`].
+//! - [`broker`]: [`broker::Broker`], the composition root and the one API the HTTP layer, an
+//!   embedding application and the binary use: produce, pull, topics, dispatcher status, reload,
+//!   in-process handlers, metrics.
+//! - [`produce`]: [`produce::ProduceItem`], what a produce may carry, checked in one place.
+//! - [`dispatch`]: dispatchers, their drain workers (`worker`, `backoff`, `checkpoint_saver`) and
+//!   their targets (`dispatch::targets::{http, wasm, in_process}`).
+//! - [`plugin`]: the WebAssembly runtime (engine, limits, sandbox) and the plugin tools; it knows
+//!   nothing of dispatchers.
 //! - [`topics`]: the registry of topics (one log and its checkpoints each), created on first use.
-//! - [`config`]: `serve` settings and the strict `dispatchers.json` loader.
-//! - [`dispatch`]: dispatchers, their drain workers and their targets (remote HTTP consumers).
-//! - [`broker`]: [`broker::Broker`], the handle that ties topics, dispatchers and metrics together.
-//! - [`http`]: the HTTP API on axum; [`server`]: `run(listener, config, shutdown)`.
-//! - [`plugin`]: WebAssembly handlers: the sandboxed runtime and the hot-reloading plugin target.
+//! - [`config`]: `serve` settings with their defaults and validation, and the strict
+//!   `dispatchers.json` loader.
 //! - [`metrics`]: Prometheus metrics.
-//! - [`cli`]: the client commands `produce`, `tail`, `topics`, `dispatchers`.
 //! - [`inspect`]: `mmmq inspect`, an offline reader of a topic directory for when a disk misbehaves.
-//! - [`bench`]: `mmmq bench`, benchmarks that print JSON lines.
+//! - [`storage`]: the segment store: framing, the index, segments, the group-commit log,
+//!   recovery and repair, checkpoints, and the file abstraction under all of it.
+//!
+//! The binary's own commands (flags, the client commands, `mmmq bench`) live in `src/cmd/`, next
+//! to `main.rs`, outside the library.
 //!
 //! # Embedding
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use mmmq::broker::Broker;
 //! use mmmq::config::ServeConfig;
-//! use mmmq_client::Message;
+//! use mmmq_core::Message;
 //!
 //! #[derive(serde::Serialize, serde::Deserialize)]
 //! struct Notice { to: String }
@@ -37,15 +46,14 @@
 //! ```
 #![deny(missing_docs)]
 
-pub mod bench;
 pub mod broker;
-pub mod cli;
 pub mod config;
 pub mod dispatch;
 pub mod http;
 pub mod inspect;
 pub mod metrics;
 pub mod plugin;
+pub mod produce;
 pub mod server;
 pub mod storage;
 pub mod topics;

@@ -1,65 +1,13 @@
 use std::fmt::Display;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::http::StatusCode;
-use mmmq_core::{Envelope, PatternError, Topic, TopicPattern};
+use mmmq_core::{Envelope, ErasedHandler, Message, PatternError, TopicPattern, erase};
 use serde::de::DeserializeOwned;
 
-/// A message as a handler gets it: the envelope with typed content.
-#[derive(Debug, Clone)]
-pub struct Message<T> {
-    /// The topic.
-    pub topic: Topic,
-    /// Its offset.
-    pub offset: u64,
-    /// Milliseconds since the Unix epoch, set by the broker at append.
-    pub timestamp: u64,
-    /// The producer's key.
-    pub key: Option<String>,
-    /// The content.
-    pub content: T,
-}
-
-type BoxFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 type HandlerFn = ErasedHandler;
-
-/// A handler with its content type erased: it takes an envelope and answers `Ok` (ACK) or
-/// `Err(reason)` (NACK). What [`Consumer`] keeps, and what the embedded broker registers.
-pub type ErasedHandler = Arc<dyn Fn(Envelope) -> BoxFuture + Send + Sync>;
-
-/// Wraps a typed handler: the content is deserialized into `T` (a failure is an `Err` naming the
-/// offset and topic), and the handler's error becomes the reason.
-pub fn erase<T, F, Fut, E>(handler: F) -> ErasedHandler
-where
-    T: DeserializeOwned + Send + 'static,
-    F: Fn(Message<T>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<(), E>> + Send + 'static,
-    E: Display + 'static,
-{
-    let handler = Arc::new(handler);
-    Arc::new(move |env: Envelope| {
-        let handler = handler.clone();
-        Box::pin(async move {
-            let content: T = serde_json::from_str(env.content.get()).map_err(|e| {
-                format!(
-                    "offset {} of {}: content does not fit the handler's type: {e}",
-                    env.offset, env.topic
-                )
-            })?;
-            let msg = Message {
-                topic: env.topic,
-                offset: env.offset,
-                timestamp: env.timestamp,
-                key: env.key,
-                content,
-            };
-            handler(msg).await.map_err(|e| e.to_string())
-        })
-    })
-}
 
 /// One envelope, or an array of consecutive envelopes of one topic (`batchMaxMessages` > 1).
 fn parse_envelopes(body: &[u8]) -> Result<Vec<Envelope>, serde_json::Error> {
@@ -69,7 +17,8 @@ fn parse_envelopes(body: &[u8]) -> Result<Vec<Envelope>, serde_json::Error> {
     }
 }
 
-/// The consumer side of the README's "Remote HTTP consumers": an HTTP server that the broker's dispatchers POST to.
+/// The consumer side of the README's "Dispatchers": an HTTP server that the broker's
+/// dispatchers POST to.
 ///
 /// Each handler is registered with a topic pattern and a content type. For every message, every
 /// handler whose pattern matches runs in registration order; the answer is ACK if all of them

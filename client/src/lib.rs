@@ -29,11 +29,14 @@ mod error;
 mod producer;
 mod pull;
 
-pub use admin::{Admin, DispatcherInfo, TopicInfo};
-pub use consumer::{Consumer, ErasedHandler, Message, erase};
+pub use admin::Admin;
+pub use consumer::Consumer;
 pub use error::ClientError;
 pub use mmmq_core::error_chain;
-pub use mmmq_core::{Ack, Envelope};
+pub use mmmq_core::{
+    Ack, DispatcherStatus, Envelope, ErasedHandler, Message, PullPage, ReloadReport, TargetStatus,
+    TopicInfo, TopicStatus, erase,
+};
 pub use producer::{Producer, Receipt, Record};
 pub use pull::PullConsumer;
 

@@ -1,17 +1,10 @@
 use std::time::Duration;
 
 use futures_util::Stream;
-use mmmq_core::Envelope;
-use serde::Deserialize;
+use mmmq_core::{Envelope, PullPage};
 
 use crate::conn::{Conn, decode, error_text, status_error};
 use crate::error::{ClientError, backoff};
-
-#[derive(Deserialize)]
-struct PullAnswer {
-    messages: Vec<Envelope>,
-    next: u64,
-}
 
 /// Reads a topic from an offset with long polling (`GET /mmmq/topics/{topic}/messages`).
 ///
@@ -81,7 +74,7 @@ impl PullConsumer {
         );
         match self.conn.send(reqwest::Method::GET, &path, None).await? {
             (200, bytes) => {
-                let answer: PullAnswer = decode(&bytes)?;
+                let answer: PullPage = decode(&bytes)?;
                 self.next = answer.next;
                 Ok(answer.messages)
             }

@@ -6,18 +6,26 @@
 //! - [`pattern`]: [`TopicPattern`], the word-wise wildcard a dispatcher subscribes with.
 //! - [`message`]: [`StoredMessage`] (the payload of a log entry) and [`Envelope`] (what consumers see).
 //! - [`ack`]: [`Ack`], the one-bit answer of a broker or a consumer.
+//! - [`status`]: what the broker reports about itself (topic list, dispatcher status, reloads).
+//! - [`handler`]: [`Message`], a typed envelope, and the handler shape shared by the push
+//!   consumer of `mmmq-client` and the broker's in-process handlers.
 //!
-//! The crate has no I/O and no async: the broker, the clients and the plugin SDK all depend on it.
+//! The crate has no I/O and no runtime: the broker, the clients and the plugin SDK all depend on
+//! it.
 #![deny(missing_docs)]
 
 pub mod ack;
+pub mod handler;
 pub mod message;
 pub mod pattern;
+pub mod status;
 pub mod topic;
 
 pub use ack::Ack;
+pub use handler::{ErasedHandler, HandlerFuture, Message, erase};
 pub use message::{ContentShape, Envelope, MAX_CONTENT_DEPTH, StoredMessage, content_shape};
 pub use pattern::{PatternError, TopicPattern};
+pub use status::{DispatcherStatus, PullPage, ReloadReport, TargetStatus, TopicInfo, TopicStatus};
 pub use topic::{ConsumerId, NameError, Topic};
 
 /// An error and its causes on one line ("error sending request: connection refused …"): an HTTP

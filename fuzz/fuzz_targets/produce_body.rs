@@ -9,10 +9,10 @@ use mmmq::http::produce::{parse_batch, parse_message};
 const MAX: usize = 1 << 20;
 
 fn check(item: &mmmq::broker::ProduceItem) {
-    assert!(!item.topic.is_internal());
+    assert!(!item.topic().is_internal());
     // serde_json refuses nesting past 128 and numbers beyond a float: what a consumer parsing
     // the content into a tree would hit.
-    let parsed = serde_json::from_str::<serde_json::Value>(item.content.get());
+    let parsed = serde_json::from_str::<serde_json::Value>(item.content().get());
     assert!(parsed.is_ok(), "accepted content a consumer cannot parse: {parsed:?}");
 }
 

@@ -271,6 +271,28 @@ async fn a_broken_dispatchers_json_stops_serve_with_a_message_naming_the_entry()
     }
 }
 
+/// A setting out of range stops `serve` before it listens, naming the flag (it used to be raised
+/// to 1 silently).
+#[test]
+fn serve_refuses_settings_out_of_range() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (flag, value) in [("--max-connections", "0"), ("--header-timeout-ms", "0")] {
+        let out = Command::new(mmmq_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--root-dir"])
+            .arg(tmp.path())
+            .args([flag, value])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} {value}: serve started");
+        assert!(
+            stderr.contains(&format!("{flag}: must be at least 1")),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("listening"), "{stderr}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn reload_adds_changes_and_removes_dispatchers_without_a_restart() {
     let tmp = tempfile::tempdir().unwrap();

@@ -27,7 +27,7 @@ struct InProcess {
 impl InProcess {
     async fn start(root: &Path, vfs: Arc<dyn Vfs>) -> Self {
         let mut config = ServeConfig::new(root);
-        config.log.retry_after = Duration::from_millis(200);
+        config.retry_after = Duration::from_millis(200);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();

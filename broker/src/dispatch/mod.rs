@@ -26,13 +26,13 @@ use std::sync::atomic::Ordering;
 
 use mmmq_core::{ConsumerId, Topic};
 use parking_lot::Mutex;
-use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::DispatcherSpec;
 use crate::metrics::{DispatchLabel, Metrics};
 use crate::topics::{Registry, TopicLog};
-pub use target::{BoxFuture, Delivery, Outcome, RunAnswer, Target, TargetError, TargetStatus};
+pub use mmmq_core::{DispatcherStatus, ReloadReport, TargetStatus, TopicStatus};
+pub use target::{BoxFuture, Delivery, Outcome, RunAnswer, Target, TargetError};
 pub use targets::{Handler, InProcessTarget, TargetFactory, Targets};
 pub use worker::WorkerStats;
 
@@ -72,79 +72,6 @@ struct Snapshot {
     spec: Arc<DispatcherSpec>,
     target: Arc<dyn Target>,
     pinned: bool,
-}
-
-/// What a reload changed.
-#[derive(Debug, Default, Clone, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct ReloadReport {
-    /// New dispatchers.
-    pub added: Vec<String>,
-    /// Dispatchers that are gone (their checkpoints stay).
-    pub removed: Vec<String>,
-    /// Dispatchers whose definition changed (restarted from their checkpoints).
-    pub changed: Vec<String>,
-    /// Dispatchers left running as they were.
-    pub unchanged: Vec<String>,
-    /// Plugin dispatchers whose component file changed and now run the new version.
-    pub reloaded: Vec<String>,
-    /// Plugin dispatchers whose changed component file could not be loaded (the old version
-    /// keeps serving).
-    pub reload_errors: Vec<String>,
-}
-
-/// Status of one dispatcher on one topic.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TopicStatus {
-    /// The topic.
-    pub topic: String,
-    /// Next offset to deliver.
-    pub next_offset: u64,
-    /// Committed messages not yet delivered.
-    pub lag: u64,
-    /// Messages ACKed.
-    pub delivered: u64,
-    /// NACK answers.
-    pub nacked: u64,
-    /// Messages dead-lettered.
-    pub dead_lettered: u64,
-    /// Corrupt entries skipped.
-    pub corrupt_skipped: u64,
-    /// Communication failures retried.
-    pub retries: u64,
-    /// The last problem on this topic.
-    pub last_error: Option<String>,
-}
-
-/// Status of one dispatcher (`GET /mmmq/dispatchers`).
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DispatcherStatus {
-    /// Its id.
-    pub consumer_id: String,
-    /// Its pattern.
-    pub pattern: String,
-    /// Where it delivers.
-    pub target: TargetStatus,
-    /// NACK resends before dead-lettering.
-    pub max_nack_retries: u32,
-    /// Messages per delivery.
-    pub batch_max_messages: usize,
-    /// Most time between checkpoint writes while positions keep coming.
-    pub checkpoint_interval_ms: u64,
-    /// Sum over topics.
-    pub delivered: u64,
-    /// Sum over topics.
-    pub nacked: u64,
-    /// Sum over topics.
-    pub dead_lettered: u64,
-    /// Sum over topics.
-    pub lag: u64,
-    /// The most recent problem on any topic.
-    pub last_error: Option<String>,
-    /// Per topic.
-    pub topics: Vec<TopicStatus>,
 }
 
 /// All running dispatchers.

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use mmmq_core::Envelope;
-use serde::Serialize;
+pub use mmmq_core::TargetStatus;
 
 /// A boxed future, so that targets can be trait objects.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -78,29 +78,6 @@ impl RunAnswer {
             stopped: Some(outcome),
         }
     }
-}
-
-/// What `GET /mmmq/dispatchers` shows of a target.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-#[serde(tag = "type", rename_all = "kebab-case")]
-pub enum TargetStatus {
-    /// A remote consumer.
-    Host {
-        /// Where it POSTs.
-        url: String,
-    },
-    /// A Rust handler inside the embedding application.
-    InProcess,
-    /// A WebAssembly component.
-    Plugin {
-        /// The component file.
-        path: String,
-        /// Hash of the version serving now.
-        version: Option<String>,
-        /// Why the newest file is not serving, if it is not.
-        #[serde(rename = "loadError")]
-        load_error: Option<String>,
-    },
 }
 
 /// A way to deliver.

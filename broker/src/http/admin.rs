@@ -33,22 +33,12 @@ pub(super) async fn healthz(State(state): State<AppState>) -> Result<impl IntoRe
 }
 
 pub(super) async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
-    let broker = state.broker()?;
-    // Refreshes the lag gauges, and the open-file ones.
-    broker.dispatchers().await;
-    let files = &broker.config().log.files;
-    let metrics = broker.metrics();
-    metrics
-        .open_segment_files
-        .set(files.open_files().min(i64::MAX as usize) as i64);
-    metrics
-        .max_open_segment_files
-        .set(files.capacity().min(i64::MAX as usize) as i64);
+    let text = state.broker()?.metrics_text().await;
     Ok((
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        broker.metrics().encode(),
+        text,
     ))
 }

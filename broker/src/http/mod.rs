@@ -164,12 +164,15 @@ pub enum ApiError {
 impl From<BrokerError> for ApiError {
     fn from(e: BrokerError) -> Self {
         match e {
-            BrokerError::InternalTopic(_) => Self::BadRequest(e.to_string()),
+            BrokerError::Invalid(_) | BrokerError::InvalidName(_) => {
+                Self::BadRequest(e.to_string())
+            }
             BrokerError::Storage(StorageError::PayloadTooLarge { max, .. }) => Self::TooLarge(max),
             BrokerError::Storage(e @ StorageError::TopicLimit { .. }) => {
                 Self::TopicLimit(e.to_string())
             }
             BrokerError::Storage(s) => Self::NotDurable(s.to_string()),
+            BrokerError::UnknownTopic(_) => Self::NotFound(e.to_string()),
             other => Self::Internal(other.to_string()),
         }
     }

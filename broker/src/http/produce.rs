@@ -8,11 +8,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::{ApiError, AppState, parse_json, read_json_body};
-use crate::broker::{BrokerError, ProduceItem};
+use crate::broker::BrokerError;
 use crate::config::BATCH_BODY_FACTOR;
-
-/// Keys are for partitioning later; a key this long is a mistake.
-const MAX_KEY_BYTES: usize = 1024;
+use crate::produce::ProduceItem;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -63,49 +61,7 @@ pub fn parse_batch(body: &[u8], max_content: usize) -> Result<Vec<ProduceItem>, 
 }
 
 fn validate(req: ProduceRequest, max_content: usize) -> Result<ProduceItem, String> {
-    let topic = Topic::new(req.topic).map_err(|e| e.to_string())?;
-    if topic.is_internal() {
-        return Err(format!(
-            "topic {:?} is internal (names starting with \"__\" hold dead letters); producers cannot write to it",
-            topic.as_str()
-        ));
-    }
-    if req.content.get().len() > max_content {
-        return Err(format!(
-            "content is {} bytes; the limit is {max_content}",
-            req.content.get().len()
-        ));
-    }
-    let raw = req.content.get();
-    let shape = mmmq_core::content_shape(raw);
-    if shape.depth > mmmq_core::MAX_CONTENT_DEPTH {
-        return Err(format!(
-            "content nests {} levels deep; at most {} are allowed",
-            shape.depth,
-            mmmq_core::MAX_CONTENT_DEPTH
-        ));
-    }
-    // Valid JSON syntax that JSON parsers still refuse (found by fuzzing): numbers beyond a float
-    // (`1e999`) and lone UTF-16 surrogates (`"\ud800"`). Consumers would NACK it forever. Both are
-    // rare, so the full parse runs only when the scan saw one may be there.
-    if shape.suspect
-        && let Err(e) = serde_json::from_str::<serde_json::Value>(raw)
-    {
-        return Err(format!("content is JSON that consumers cannot parse: {e}"));
-    }
-    if let Some(k) = &req.key
-        && k.len() > MAX_KEY_BYTES
-    {
-        return Err(format!(
-            "key is {} bytes; the limit is {MAX_KEY_BYTES}",
-            k.len()
-        ));
-    }
-    Ok(ProduceItem {
-        topic,
-        key: req.key,
-        content: req.content,
-    })
+    ProduceItem::new(req.topic, req.key, req.content, max_content).map_err(|e| e.to_string())
 }
 
 #[tracing::instrument(level = "debug", skip_all)]
@@ -117,7 +73,7 @@ pub(super) async fn produce(
     let broker = state.broker()?;
     let bytes = read_json_body(&headers, body, state.max_body_bytes).await?;
     let item = parse_message(&bytes, state.max_body_bytes)?;
-    let topic = item.topic.clone();
+    let topic = item.topic().clone();
     let offset = broker.produce(item).await?;
     Ok(Json(ProduceAck {
         ack: Ack::Ack,
@@ -137,7 +93,7 @@ pub(super) async fn produce_batch(
     let bytes = read_json_body(&headers, body, limit).await?;
     // All or nothing: every element is checked before anything is appended.
     let items = parse_batch(&bytes, state.max_body_bytes)?;
-    let topics: Vec<Topic> = items.iter().map(|i| i.topic.clone()).collect();
+    let topics: Vec<Topic> = items.iter().map(|i| i.topic().clone()).collect();
     let offsets = match broker.produce_batch(items).await {
         Ok(offsets) => offsets,
         Err(BrokerError::PartialBatch { error, offsets }) => {

@@ -22,36 +22,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::ApiError;
-
-/// Limits on what one client can hold.
-#[derive(Debug, Clone)]
-pub struct HttpLimits {
-    /// Concurrent connections; more wait in the listen backlog.
-    pub max_connections: usize,
-    /// Time to receive a request's headers, and how long a kept-alive connection may sit idle.
-    pub header_read_timeout: Duration,
-    /// Largest request head (request line and headers); larger gets 431.
-    pub max_header_bytes: usize,
-    /// Most header fields in one request.
-    pub max_headers: usize,
-    /// Time to read the body and answer (above the 30 s a long poll may wait).
-    pub request_timeout: Duration,
-    /// How long a graceful shutdown waits for requests in flight.
-    pub shutdown_grace: Duration,
-}
-
-impl Default for HttpLimits {
-    fn default() -> Self {
-        Self {
-            max_connections: 4096,
-            header_read_timeout: Duration::from_secs(10),
-            max_header_bytes: 64 * 1024,
-            max_headers: 100,
-            request_timeout: Duration::from_secs(60),
-            shutdown_grace: Duration::from_secs(35),
-        }
-    }
-}
+pub use crate::config::HttpLimits;
 
 /// Serves `app` on `listener` until `stop` is cancelled, then stops accepting and waits (up to
 /// [`HttpLimits::shutdown_grace`]) for the connections in flight to finish their requests.

@@ -375,12 +375,6 @@ fn ticks(timeout: Duration) -> u64 {
     (timeout.as_micros() / TICK.as_micros()).max(1) as u64 + 1
 }
 
-/// A guest log for benchmarks.
-#[doc(hidden)]
-pub fn bench_log() -> GuestLog {
-    GuestLog::new("bench")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

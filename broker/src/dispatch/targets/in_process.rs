@@ -4,15 +4,13 @@
 //! HTTP.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
 
 use futures_util::FutureExt;
-use mmmq_core::Envelope;
 
 use crate::dispatch::target::{BoxFuture, Delivery, Outcome, RunAnswer, Target, TargetStatus};
 
 /// A handler: `Ok` is an ACK, `Err(reason)` a NACK.
-pub type Handler = Arc<dyn Fn(Envelope) -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
+pub type Handler = mmmq_core::ErasedHandler;
 
 /// The target of an in-process handler.
 pub struct InProcessTarget {

@@ -4,7 +4,7 @@
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use mmmq_client::{Admin, ClientError, Producer, PullConsumer, Record};
+use mmmq_client::{Admin, ClientError, Producer, PullConsumer, Record, TargetStatus};
 use serde_json::value::RawValue;
 
 /// Why a client command failed.
@@ -212,18 +212,19 @@ pub async fn dispatchers(broker: &Conn, json: bool, out: &mut dyn Write) -> Resu
     let rows: Vec<Vec<String>> = all
         .iter()
         .map(|d| {
-            let t = &d.target;
-            let target = match t["type"].as_str() {
-                Some("host") => t["url"].as_str().unwrap_or("?").to_owned(),
-                Some("plugin") => {
-                    let path = t["path"].as_str().unwrap_or("?");
-                    match (t["version"].as_str(), t["loadError"].as_str()) {
-                        (Some(v), None) => format!("{path} @{v}"),
-                        (Some(v), Some(_)) => format!("{path} @{v} (newer file failed)"),
-                        (None, _) => format!("{path} (not loaded)"),
-                    }
-                }
-                _ => t.to_string(),
+            let target = match &d.target {
+                TargetStatus::Host { url } => url.clone(),
+                TargetStatus::InProcess => "in-process handler".to_owned(),
+                TargetStatus::Plugin {
+                    path,
+                    version,
+                    load_error,
+                } => match (version, load_error) {
+                    (Some(v), None) => format!("{path} @{v}"),
+                    (Some(v), Some(_)) => format!("{path} @{v} (newer file failed)"),
+                    (None, _) => format!("{path} (not loaded)"),
+                },
+                TargetStatus::Other => "?".to_owned(),
             };
             vec![
                 d.consumer_id.clone(),

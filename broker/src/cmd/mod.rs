@@ -1,0 +1,375 @@
+//! The commands of the `mmmq` binary: their flags, and what each one runs.
+//!
+//! # Layout
+//! - this module: the command line ([`Cli`]), `serve`, `inspect` and `plugin`, which hand over to
+//!   the library at once.
+//! - `client`: `produce`, `tail`, `topics`, `dispatchers`, over `mmmq-client`.
+//! - `bench`: `mmmq bench`, one file per benchmark.
+
+mod bench;
+mod client;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use mmmq::config::{ServeConfig, defaults};
+use mmmq::storage::{FlushMode, OsFs, Vfs};
+#[derive(Parser)]
+#[command(
+    name = "mmmq",
+    version,
+    about = "A durable message broker with WebAssembly handlers"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the broker.
+    Serve(ServeArgs),
+    /// Produce one message (JSON from the argument, or one per line of stdin); prints receipts.
+    Produce {
+        /// The topic.
+        #[arg(long)]
+        topic: String,
+        /// An optional key.
+        #[arg(long)]
+        key: Option<String>,
+        /// The content as JSON; without it, one message per line of stdin.
+        json: Option<String>,
+        #[command(flatten)]
+        broker: BrokerArg,
+    },
+    /// Print a topic's messages as JSON lines (pull API).
+    Tail {
+        /// The topic.
+        #[arg(long)]
+        topic: String,
+        /// First offset.
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        /// Keep waiting for new messages.
+        #[arg(long)]
+        follow: bool,
+        #[command(flatten)]
+        broker: BrokerArg,
+    },
+    /// The broker's topics as a table.
+    Topics {
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        broker: BrokerArg,
+    },
+    /// The broker's dispatchers and their status as a table.
+    Dispatchers {
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        broker: BrokerArg,
+    },
+    /// Read a topic directory offline and print every entry and a summary; exits 1 on corruption.
+    Inspect {
+        /// A topic directory (`{root}/topics/{topic}`), a `topics/` directory or a root dir.
+        dir: PathBuf,
+        /// Print offsets, sizes and CRC status but not payloads.
+        #[arg(long)]
+        no_payload: bool,
+    },
+    /// Tools for WebAssembly handlers.
+    Plugin {
+        #[command(subcommand)]
+        what: PluginCommand,
+    },
+    /// Benchmarks that print JSON lines.
+    Bench {
+        #[command(subcommand)]
+        what: BenchCommand,
+    },
+}
+
+#[derive(clap::Args)]
+struct BrokerArg {
+    /// The broker's URL.
+    #[arg(long = "broker", env = "MMMQ_BROKER", default_value = mmmq_client::DEFAULT_BROKER)]
+    url: String,
+    /// Bearer token, when the broker requires one.
+    #[arg(long, env = "MMMQ_AUTH_TOKEN", hide_env_values = true)]
+    auth_token: Option<String>,
+}
+
+impl BrokerArg {
+    fn conn(&self) -> client::Conn {
+        client::Conn {
+            url: self.url.clone(),
+            token: self.auth_token.clone(),
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum PluginCommand {
+    /// Is FILE a component mmmq can run? Prints its world, version and imports; exits 1 if not.
+    Check {
+        /// The `.wasm` file.
+        file: PathBuf,
+    },
+    /// Writes a new plugin crate NAME that builds as it is.
+    New {
+        /// Crate name (lower case, digits, '-', '_').
+        name: String,
+        /// Where to create it.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// The plugin-sdk directory of an mmmq checkout (default: the one this binary was built from).
+        #[arg(long)]
+        sdk_path: Option<PathBuf>,
+    },
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Where topics, checkpoints and dispatchers.json live.
+    #[arg(long, env = "MMMQ_ROOT_DIR", default_value = defaults::ROOT_DIR)]
+    root_dir: PathBuf,
+    /// Address to listen on (port 0 picks a free port; the log says which).
+    #[arg(long, env = "MMMQ_LISTEN", default_value = defaults::LISTEN)]
+    listen: String,
+    /// A new segment starts when the tail has reached this size (a soft cap).
+    #[arg(long, env = "MMMQ_SEGMENT_MAX_BYTES", default_value_t = defaults::SEGMENT_MAX_BYTES)]
+    segment_max_bytes: u64,
+    /// Largest message body accepted; a batch may be 32 times this.
+    #[arg(long, env = "MMMQ_MAX_BODY_BYTES", default_value_t = defaults::MAX_BODY_BYTES)]
+    max_body_bytes: usize,
+    /// When a produce is acknowledged: group (group commit, durable), per-append (durable, slow),
+    /// none (no fsync: survives a crash of mmmq, not of the machine).
+    #[arg(long, env = "MMMQ_FLUSH", default_value = defaults::FLUSH)]
+    flush: FlushMode,
+    /// Require `Authorization: Bearer <token>` on every endpoint but /healthz.
+    #[arg(long, env = "MMMQ_AUTH_TOKEN", hide_env_values = true)]
+    auth_token: Option<String>,
+    /// Most topics producers may create; producing to a new topic past it is refused with 403.
+    #[arg(long, env = "MMMQ_MAX_TOPICS", default_value_t = defaults::MAX_TOPICS)]
+    max_topics: usize,
+    /// Most concurrent client connections; more wait to be accepted.
+    #[arg(long, env = "MMMQ_MAX_CONNECTIONS", default_value_t = defaults::MAX_CONNECTIONS)]
+    max_connections: usize,
+    /// Time a client has to send a request's headers, and to start its next request on a
+    /// kept-alive connection (slow or idle connections are closed).
+    #[arg(long, env = "MMMQ_HEADER_TIMEOUT_MS", default_value_t = defaults::HEADER_TIMEOUT_MS)]
+    header_timeout_ms: u64,
+    /// Time a request has to send its body and be answered (408 past it).
+    #[arg(long, env = "MMMQ_REQUEST_TIMEOUT_MS", default_value_t = defaults::REQUEST_TIMEOUT_MS)]
+    request_timeout_ms: u64,
+    /// Most segment files held open at once, over all topics (the least recently used are closed
+    /// and reopened on their next use). Default: the descriptor limit minus --max-connections
+    /// and 512 more for everything else, but at least a quarter of the limit.
+    #[arg(long, env = "MMMQ_MAX_OPEN_FILES")]
+    max_open_files: Option<usize>,
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// The broker embedded in-process: produce without HTTP, a backlog drained by a no-op Rust
+    /// handler, and produce-to-handler latency.
+    Embedded(bench::embedded::EmbeddedBench),
+    /// WebAssembly handlers: the cost of one call (reused instance and instance per message) and a
+    /// backlog drained through a no-op plugin next to a no-op HTTP consumer. Build the plugin
+    /// first: cargo build --profile plugin --target wasm32-wasip2 -p noop
+    Plugin(bench::plugin::PluginBench),
+    /// The broker over HTTP: durable produce, batch produce, and end to end through a no-op HTTP
+    /// consumer, next to the storage engine alone.
+    Http(bench::http::HttpBench),
+    /// The segment store alone: appends/s under each flush mode and appender count, with the raw
+    /// disk measured in the same run.
+    Storage(bench::storage::StorageBench),
+    /// A boot with a large stored log: time until the broker is ready.
+    Boot(bench::boot::BootBench),
+    /// Many idle topics, each with a dispatcher: resident memory and threads.
+    Topics(bench::topics::TopicsBench),
+}
+
+/// Runs the command.
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Serve(args) => {
+            raise_fd_limit();
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(serve(args))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Inspect { dir, no_payload } => {
+            let vfs: Arc<dyn Vfs> = Arc::new(OsFs);
+            let options = mmmq::inspect::InspectOptions { no_payload };
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            let summary = match mmmq::inspect::run(&vfs, &dir, &options, &mut out) {
+                Ok(summary) => summary,
+                // `mmmq inspect … | head` is normal use, not an error.
+                Err(mmmq::inspect::InspectError::Output(e))
+                    if e.kind() == std::io::ErrorKind::BrokenPipe =>
+                {
+                    return Ok(ExitCode::SUCCESS);
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("cannot inspect {}", dir.display()));
+                }
+            };
+            Ok(if summary.is_clean() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Command::Produce {
+            topic,
+            key,
+            json,
+            broker,
+        } => {
+            let rt = tokio::runtime::Runtime::new()?;
+            let mut out = std::io::stdout();
+            rt.block_on(client::produce(
+                &broker.conn(),
+                &topic,
+                key.as_deref(),
+                json.as_deref(),
+                &mut out,
+            ))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Tail {
+            topic,
+            from,
+            follow,
+            broker,
+        } => {
+            let rt = tokio::runtime::Runtime::new()?;
+            let mut out = std::io::stdout();
+            match rt.block_on(client::tail(&broker.conn(), &topic, from, follow, &mut out)) {
+                Err(client::CliError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+                other => other?,
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Topics { json, broker } => {
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(client::topics(&broker.conn(), json, &mut std::io::stdout()))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Dispatchers { json, broker } => {
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(client::dispatchers(
+                &broker.conn(),
+                json,
+                &mut std::io::stdout(),
+            ))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Plugin { what } => match what {
+            PluginCommand::Check { file } => {
+                let ok = mmmq::plugin::tools::check(&file, &mut std::io::stdout())?;
+                Ok(if ok {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                })
+            }
+            PluginCommand::New {
+                name,
+                dir,
+                sdk_path,
+            } => {
+                let root = mmmq::plugin::tools::new(&name, &dir, sdk_path.as_deref())?;
+                println!("created {}", root.display());
+                println!(
+                    "  cd {} && cargo test && cargo build --release --target wasm32-wasip2",
+                    root.display()
+                );
+                Ok(ExitCode::SUCCESS)
+            }
+        },
+        Command::Bench { what } => {
+            raise_fd_limit();
+            let rt = tokio::runtime::Runtime::new()?;
+            let out = &mut std::io::stdout();
+            rt.block_on(async {
+                match what {
+                    BenchCommand::Embedded(cfg) => bench::embedded::run(cfg, out).await,
+                    BenchCommand::Plugin(cfg) => bench::plugin::run(cfg, out).await,
+                    BenchCommand::Http(cfg) => bench::http::run(cfg, out).await,
+                    BenchCommand::Storage(cfg) => bench::storage::run(cfg, out).await,
+                    BenchCommand::Boot(cfg) => bench::boot::run(cfg, out).await,
+                    BenchCommand::Topics(cfg) => bench::topics::run(cfg, out).await,
+                }
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+impl ServeArgs {
+    /// The settings these flags ask for (checked by [`ServeConfig::validate`] when the broker
+    /// opens).
+    fn config(&self) -> ServeConfig {
+        let mut config = ServeConfig::new(&self.root_dir).with_flush(self.flush);
+        config.segment_max_bytes = self.segment_max_bytes;
+        config.max_body_bytes = self.max_body_bytes;
+        config.auth_token = self.auth_token.clone().filter(|t| !t.is_empty());
+        config.max_topics = self.max_topics;
+        config.max_open_files = self.max_open_files;
+        config.http.max_connections = self.max_connections;
+        config.http.header_read_timeout = Duration::from_millis(self.header_timeout_ms);
+        config.http.request_timeout = Duration::from_millis(self.request_timeout_ms);
+        config
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let config = args.config();
+    // Refused before the port is taken, so a typo is one clear line, not a half-started broker.
+    config.validate()?;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, root_dir = %args.root_dir.display(), "listening");
+    mmmq::server::run(listener, config, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// Each topic holds a few files open; the default soft limit (often 1,024) is too low for many
+/// topics. Raising the soft limit to the hard limit needs no privilege; a privileged process (root
+/// in a container, CAP_SYS_RESOURCE) may also raise the hard limit, up to the kernel's `nr_open`.
+fn raise_fd_limit() {
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    if nr_open > 0 && rlimit::setrlimit(rlimit::Resource::NOFILE, nr_open, nr_open).is_ok() {
+        tracing::debug!(limit = nr_open, "file descriptor limit");
+        return;
+    }
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) => tracing::debug!(limit = n, "file descriptor limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the file descriptor limit"),
+    }
+}
