@@ -7,6 +7,7 @@ use std::pin::Pin;
 
 use mmmq_core::Envelope;
 pub use mmmq_core::TargetStatus;
+use tokio_util::sync::CancellationToken;
 
 /// A boxed future, so that targets can be trait objects.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -39,6 +40,9 @@ pub enum TargetError {
     /// A plugin with no version that loads (missing or broken file): its messages wait.
     #[error("plugin not loaded: {0}")]
     NotLoaded(String),
+    /// The dispatcher is stopping: the message was not tried (it is delivered after the restart).
+    #[error("not delivered: the dispatcher is stopping")]
+    Stopping,
 }
 
 /// What came back from one delivery attempt.
@@ -84,8 +88,14 @@ impl RunAnswer {
 pub trait Target: Send + Sync {
     /// Delivers `batch` in order and reports how many messages were ACKed and, if not all were,
     /// the outcome of the next one. A target that takes the batch as one request (HTTP) answers all
-    /// or nothing; one that answers per message stops at the first message not ACKed.
-    fn deliver_run<'a>(&'a self, batch: &'a [Delivery]) -> BoxFuture<'a, RunAnswer>;
+    /// or nothing; one that answers per message stops at the first message not ACKed, and before
+    /// the next message once `stop` is cancelled ([`TargetError::Stopping`]), so that stopping a
+    /// dispatcher waits for one message, not a whole run.
+    fn deliver_run<'a>(
+        &'a self,
+        batch: &'a [Delivery],
+        stop: &'a CancellationToken,
+    ) -> BoxFuture<'a, RunAnswer>;
     /// For status.
     fn status(&self) -> TargetStatus;
     /// Whether a NACK from [`Target::deliver_run`] is the answer of that one message (true), or
@@ -95,9 +105,13 @@ pub trait Target: Send + Sync {
         false
     }
     /// Delivers `batch` and reports the first answer that is not an ACK (or ACK).
-    fn deliver<'a>(&'a self, batch: &'a [Delivery]) -> BoxFuture<'a, Outcome> {
+    fn deliver<'a>(
+        &'a self,
+        batch: &'a [Delivery],
+        stop: &'a CancellationToken,
+    ) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
-            self.deliver_run(batch)
+            self.deliver_run(batch, stop)
                 .await
                 .stopped
                 .unwrap_or(Outcome::Ack)

@@ -284,7 +284,7 @@ impl Worker {
     async fn deliver_run_with_backoff(&self, batch: &[Delivery]) -> Result<RunAnswer, Stopped> {
         let mut backoff = Backoff::new();
         loop {
-            match self.target.deliver_run(batch).await {
+            match self.target.deliver_run(batch, &self.cancel).await {
                 RunAnswer {
                     acked: 0,
                     stopped: Some(Outcome::Failed(why)),
@@ -306,6 +306,10 @@ impl Worker {
         why: TargetError,
         backoff: &mut Backoff,
     ) -> Result<(), Stopped> {
+        // Not a failure of the consumer: the worker is stopping (and the target said so).
+        if self.cancel.is_cancelled() {
+            return Err(Stopped);
+        }
         let wait = backoff.failed();
         self.stats.retries.fetch_add(1, Ordering::Relaxed);
         self.metrics.retries.get_or_create(&self.label()).inc();
@@ -354,7 +358,7 @@ impl Worker {
     async fn deliver_with_backoff(&self, batch: &[Delivery]) -> Result<Outcome, Stopped> {
         let mut backoff = Backoff::new();
         loop {
-            match self.target.deliver(batch).await {
+            match self.target.deliver(batch, &self.cancel).await {
                 Outcome::Failed(why) => self.failed(&batch[0], why, &mut backoff).await?,
                 answer => {
                     if backoff.failures() > 0 {

@@ -34,6 +34,8 @@ enum Say {
 struct Scripted {
     script: Mutex<VecDeque<Say>>,
     calls: Mutex<Vec<(Duration, Vec<u64>)>>,
+    /// Messages answered so far (per-message targets).
+    answered: std::sync::atomic::AtomicUsize,
     per_message: bool,
     work: Duration,
     epoch: Instant,
@@ -44,6 +46,7 @@ impl Scripted {
         Arc::new(Self {
             script: Mutex::new(script.iter().copied().collect()),
             calls: Mutex::default(),
+            answered: Default::default(),
             per_message: false,
             work: Duration::ZERO,
             epoch: Instant::now(),
@@ -68,18 +71,29 @@ impl Scripted {
 }
 
 impl Target for Scripted {
-    fn deliver_run<'a>(&'a self, batch: &'a [Delivery]) -> BoxFuture<'a, RunAnswer> {
+    fn deliver_run<'a>(
+        &'a self,
+        batch: &'a [Delivery],
+        stop: &'a CancellationToken,
+    ) -> BoxFuture<'a, RunAnswer> {
         Box::pin(async move {
             let offsets = batch.iter().map(|d| d.envelope.offset).collect();
             self.calls.lock().push((self.epoch.elapsed(), offsets));
-            tokio::time::sleep(self.work).await;
             if !self.per_message {
+                tokio::time::sleep(self.work).await;
                 return match self.next() {
                     Say::Ack => RunAnswer::all(batch.len()),
                     other => RunAnswer::stopped(0, Self::outcome(other)),
                 };
             }
+            // Like the plugin and in-process targets: `work` per message, and a stop is
+            // honoured between messages.
             for i in 0..batch.len() {
+                if stop.is_cancelled() {
+                    return RunAnswer::stopped(i, Outcome::Failed(TargetError::Stopping));
+                }
+                tokio::time::sleep(self.work).await;
+                self.answered.fetch_add(1, Ordering::Relaxed);
                 match self.next() {
                     Say::Ack => {}
                     other => return RunAnswer::stopped(i, Self::outcome(other)),
@@ -335,4 +349,53 @@ async fn checkpoints_are_written_at_most_once_per_interval_and_at_the_stop() {
             .unwrap();
         assert_eq!(stored, Some(100), "interval {interval} ms");
     }
+}
+
+/// A stop during a long run of a per-message target waits for the message in progress, not for
+/// the rest of the run, and the position written is exactly what was ACKed.
+#[tokio::test(start_paused = true)]
+async fn a_stop_waits_for_one_message_not_a_whole_run() {
+    let s = setup(60).await;
+    let target = Arc::new(Scripted {
+        per_message: true,
+        work: Duration::from_millis(10),
+        ..Arc::into_inner(Scripted::new(&[])).unwrap()
+    });
+    let stats = Arc::new(WorkerStats::default());
+    let cancel = CancellationToken::new();
+    let worker = Worker {
+        topic: s.topic.clone(),
+        spec: spec(3, 1, 50),
+        target: target.clone(),
+        stats: stats.clone(),
+        cancel: cancel.clone(),
+        registry: s.registry.clone(),
+        metrics: Arc::new(Metrics::new()),
+    };
+    let task = tokio::spawn(worker.run());
+    while target.answered.load(Ordering::Relaxed) < 3 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let stopped_at = Instant::now();
+    cancel.cancel();
+    task.await.unwrap();
+    assert!(
+        stopped_at.elapsed() <= Duration::from_millis(10),
+        "the stop took {:?}",
+        stopped_at.elapsed()
+    );
+    let acked = stats.delivered.load(Ordering::Relaxed);
+    assert!((3..=5).contains(&acked), "{acked} delivered of a run of 60");
+    assert_eq!(target.offsets().len(), 1, "one run, cut short");
+    assert_eq!(
+        stats.retries.load(Ordering::Relaxed),
+        0,
+        "a stop is no failure"
+    );
+    let stored = s
+        .topic
+        .checkpoints
+        .read(&ConsumerId::new("w").unwrap())
+        .unwrap();
+    assert_eq!(stored, Some(acked));
 }

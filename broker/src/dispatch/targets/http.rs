@@ -6,6 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use mmmq_core::{Ack, error_chain};
 use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::HostSpec;
 use crate::dispatch::target::{
@@ -83,7 +84,13 @@ impl HttpTarget {
 }
 
 impl Target for HttpTarget {
-    fn deliver_run<'a>(&'a self, batch: &'a [Delivery]) -> BoxFuture<'a, RunAnswer> {
+    /// One request for the whole batch; a stop lets it finish (it is bounded by `timeoutMs`), so
+    /// a consumer's ACK is never lost to a shutdown.
+    fn deliver_run<'a>(
+        &'a self,
+        batch: &'a [Delivery],
+        _stop: &'a CancellationToken,
+    ) -> BoxFuture<'a, RunAnswer> {
         let body = match batch {
             [one] if !self.arrays => serde_json::to_vec(&one.envelope),
             many => serde_json::to_vec(&many.iter().map(|d| &d.envelope).collect::<Vec<_>>()),

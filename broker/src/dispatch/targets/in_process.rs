@@ -7,7 +7,11 @@ use std::panic::AssertUnwindSafe;
 
 use futures_util::FutureExt;
 
-use crate::dispatch::target::{BoxFuture, Delivery, Outcome, RunAnswer, Target, TargetStatus};
+use tokio_util::sync::CancellationToken;
+
+use crate::dispatch::target::{
+    BoxFuture, Delivery, Outcome, RunAnswer, Target, TargetError, TargetStatus,
+};
 
 /// A handler: `Ok` is an ACK, `Err(reason)` a NACK.
 pub type Handler = mmmq_core::ErasedHandler;
@@ -45,9 +49,16 @@ impl Target for InProcessTarget {
         true
     }
 
-    fn deliver_run<'a>(&'a self, batch: &'a [Delivery]) -> BoxFuture<'a, RunAnswer> {
+    fn deliver_run<'a>(
+        &'a self,
+        batch: &'a [Delivery],
+        stop: &'a CancellationToken,
+    ) -> BoxFuture<'a, RunAnswer> {
         Box::pin(async move {
             for (i, d) in batch.iter().enumerate() {
+                if stop.is_cancelled() {
+                    return RunAnswer::stopped(i, Outcome::Failed(TargetError::Stopping));
+                }
                 match self.call(d).await {
                     Outcome::Ack => {}
                     other => return RunAnswer::stopped(i, other),

@@ -92,6 +92,7 @@ pub struct PluginTarget {
 
 enum CallResult {
     Answered(Instance, WitAck),
+    Stopped(Instance),
     Faulted(PluginError),
     NoInstance(PluginError),
 }
@@ -201,6 +202,18 @@ fn start_watcher(
 }
 
 impl Shared {
+    /// Keeps `instance` for its topic's next message, unless a newer version serves by now.
+    fn keep_idle(&self, topic: Topic, instance: Instance) {
+        if self
+            .current
+            .load()
+            .as_ref()
+            .is_some_and(|c| c.version == instance.version)
+        {
+            self.idle.lock().put(topic, instance);
+        }
+    }
+
     /// Reads and, if it changed, compiles the file. `Ok(true)` when a new version now serves.
     async fn reload(self: &Arc<Self>) -> Result<bool, String> {
         let _one_at_a_time = self.reloading.lock().await;
@@ -249,7 +262,7 @@ impl Shared {
 
     /// Calls `handle` for each message in order on one blocking thread, stopping at the first that
     /// is not ACKed: how many were, and the outcome of the next.
-    async fn call_run(self: &Arc<Self>, batch: &[Delivery]) -> RunAnswer {
+    async fn call_run(self: &Arc<Self>, batch: &[Delivery], stop: CancellationToken) -> RunAnswer {
         let Some(compiled) = self.current.load_full() else {
             let why = self
                 .load_error
@@ -288,6 +301,10 @@ impl Shared {
                 },
             };
             for (i, m) in messages.iter().enumerate() {
+                // A stop waits for the call in progress, not for the rest of the run.
+                if stop.is_cancelled() {
+                    return (i, CallResult::Stopped(instance));
+                }
                 match instance.handle(m) {
                     Ok(WitAck::Ack) => {}
                     Ok(ack) => return (i, CallResult::Answered(instance, ack)),
@@ -300,18 +317,15 @@ impl Shared {
         .expect("plugin call task panicked");
         let outcome = match result {
             CallResult::Answered(instance, ack) => {
-                if self
-                    .current
-                    .load()
-                    .as_ref()
-                    .is_some_and(|c| c.version == instance.version)
-                {
-                    self.idle.lock().put(topic, instance);
-                }
+                self.keep_idle(topic, instance);
                 match ack {
                     WitAck::Ack => None,
                     WitAck::Nack => Some(Outcome::Nack("plugin answered nack".into())),
                 }
+            }
+            CallResult::Stopped(instance) => {
+                self.keep_idle(topic, instance);
+                Some(Outcome::Failed(TargetError::Stopping))
             }
             CallResult::Faulted(e) => {
                 let env = &batch[acked].envelope;
@@ -340,8 +354,12 @@ impl Target for PluginTarget {
         true
     }
 
-    fn deliver_run<'a>(&'a self, batch: &'a [Delivery]) -> BoxFuture<'a, RunAnswer> {
-        Box::pin(self.shared.call_run(batch))
+    fn deliver_run<'a>(
+        &'a self,
+        batch: &'a [Delivery],
+        stop: &'a CancellationToken,
+    ) -> BoxFuture<'a, RunAnswer> {
+        Box::pin(self.shared.call_run(batch, stop.clone()))
     }
 
     fn status(&self) -> TargetStatus {
