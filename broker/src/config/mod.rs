@@ -1,0 +1,55 @@
+//! Configuration: the `serve` settings (README, "`mmmq serve`") and `dispatchers.json` (README,
+//! "Dispatchers").
+//!
+//! # Layout
+//! - [`serve`]: [`ServeConfig`], its defaults (which the flags point at) and its validation.
+//! - [`dispatchers`]: the strict `dispatchers.json` loader and the specs it yields.
+
+pub mod dispatchers;
+pub mod serve;
+
+use std::path::PathBuf;
+
+pub use dispatchers::*;
+pub use serve::*;
+
+/// Why `dispatchers.json` or a `serve` setting was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A `serve` setting is out of range.
+    #[error("{name}: {reason}")]
+    Setting {
+        /// The flag.
+        name: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The file could not be read or created.
+    #[error("{path}: {error}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        error: std::io::Error,
+    },
+    /// The file is not a JSON array.
+    #[error("{path}: {reason}")]
+    Syntax {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said.
+        reason: String,
+    },
+    /// One entry is wrong.
+    #[error("{path}: entry {index}{id}: {reason}")]
+    Entry {
+        /// The file.
+        path: PathBuf,
+        /// Position of the entry in the array, from 0.
+        index: usize,
+        /// ` (consumerId "…")` when the entry has a readable id.
+        id: String,
+        /// What is wrong.
+        reason: String,
+    },
+}

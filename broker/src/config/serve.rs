@@ -1,0 +1,219 @@
+//! The settings of `mmmq serve`: plain values with one source of defaults, checked as a whole.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::ConfigError;
+use crate::storage::{FileCache, FlushMode, LogConfig};
+
+/// Defaults of `mmmq serve` (README, "`mmmq serve`"): the flags point at these, and
+/// [`ServeConfig::new`] uses them, so the two cannot disagree.
+pub mod defaults {
+    /// `--root-dir`.
+    pub const ROOT_DIR: &str = "./mmmq";
+    /// `--listen`.
+    pub const LISTEN: &str = "127.0.0.1:8080";
+    /// `--segment-max-bytes` (64 MiB).
+    pub const SEGMENT_MAX_BYTES: u64 = 64 * 1024 * 1024;
+    /// `--max-body-bytes` (1 MiB).
+    pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+    /// `--flush`.
+    pub const FLUSH: &str = "group";
+    /// `--max-topics`.
+    pub const MAX_TOPICS: usize = 100_000;
+    /// `--max-connections`.
+    pub const MAX_CONNECTIONS: usize = 4096;
+    /// `--header-timeout-ms`.
+    pub const HEADER_TIMEOUT_MS: u64 = 10_000;
+    /// `--request-timeout-ms`.
+    pub const REQUEST_TIMEOUT_MS: u64 = 60_000;
+    /// After a failed write, how long appends are refused before the log recovers in place.
+    pub const RETRY_AFTER_MS: u64 = 1_000;
+}
+
+/// The settings of `mmmq serve`: plain values. What runs (the open-file cache, the metrics
+/// observer) is built from them by [`crate::broker::Broker::open`].
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Root of everything on disk.
+    pub root_dir: PathBuf,
+    /// A new segment starts when the tail has reached this many bytes (a soft cap).
+    pub segment_max_bytes: u64,
+    /// When an append counts as durable.
+    pub flush: FlushMode,
+    /// After a failed write, how long a log refuses appends before it recovers in place.
+    pub retry_after: Duration,
+    /// Most segment files held open at once over all topics; `None`: the descriptor limit minus
+    /// one per allowed connection and [`FD_RESERVE_BESIDES_CONNECTIONS`] (at least a quarter of
+    /// the limit).
+    pub max_open_files: Option<usize>,
+    /// Largest accepted message body (a batch may carry up to [`BATCH_BODY_FACTOR`] of them).
+    pub max_body_bytes: usize,
+    /// When set, every endpoint but `/healthz` needs `Authorization: Bearer <token>`.
+    pub auth_token: Option<String>,
+    /// Cap on the topics producers can create.
+    pub max_topics: usize,
+    /// Connection and request limits of the HTTP server.
+    pub http: HttpLimits,
+}
+
+/// A batch request may be this many times the single-message body limit.
+pub const BATCH_BODY_FACTOR: usize = 32;
+
+/// Limits on what one HTTP client can hold.
+#[derive(Debug, Clone)]
+pub struct HttpLimits {
+    /// Concurrent connections; more wait in the listen backlog.
+    pub max_connections: usize,
+    /// Time to receive a request's headers, and how long a kept-alive connection may sit idle.
+    pub header_read_timeout: Duration,
+    /// Largest request head (request line and headers); larger gets 431.
+    pub max_header_bytes: usize,
+    /// Most header fields in one request.
+    pub max_headers: usize,
+    /// Time to read the body and answer (above the 30 s a long poll may wait).
+    pub request_timeout: Duration,
+    /// How long a graceful shutdown waits for requests in flight.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: defaults::MAX_CONNECTIONS,
+            header_read_timeout: Duration::from_millis(defaults::HEADER_TIMEOUT_MS),
+            max_header_bytes: 64 * 1024,
+            max_headers: 100,
+            request_timeout: Duration::from_millis(defaults::REQUEST_TIMEOUT_MS),
+            shutdown_grace: Duration::from_secs(35),
+        }
+    }
+}
+
+impl ServeConfig {
+    /// Defaults (README, "`mmmq serve`"), rooted at `root_dir`.
+    pub fn new(root_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            root_dir: root_dir.into(),
+            segment_max_bytes: defaults::SEGMENT_MAX_BYTES,
+            flush: FlushMode::GroupCommit,
+            retry_after: Duration::from_millis(defaults::RETRY_AFTER_MS),
+            max_open_files: None,
+            max_body_bytes: defaults::MAX_BODY_BYTES,
+            auth_token: None,
+            max_topics: defaults::MAX_TOPICS,
+            http: HttpLimits::default(),
+        }
+    }
+
+    /// Whether the settings make sense together: every count and time at least 1. The error
+    /// names the setting as the command line spells it.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let positive = [
+            ("--segment-max-bytes", self.segment_max_bytes),
+            ("--max-body-bytes", self.max_body_bytes as u64),
+            ("--max-connections", self.http.max_connections as u64),
+            (
+                "--header-timeout-ms",
+                self.http.header_read_timeout.as_millis() as u64,
+            ),
+            (
+                "--request-timeout-ms",
+                self.http.request_timeout.as_millis() as u64,
+            ),
+            ("--max-open-files", self.max_open_files.unwrap_or(1) as u64),
+        ];
+        for (name, value) in positive {
+            if value == 0 {
+                return Err(ConfigError::Setting {
+                    name,
+                    reason: "must be at least 1".into(),
+                });
+            }
+        }
+        if self.max_body_bytes > crate::storage::frame::MAX_PAYLOAD_LEN / 2 {
+            return Err(ConfigError::Setting {
+                name: "--max-body-bytes",
+                reason: format!(
+                    "must be at most {} (half the largest stored entry)",
+                    crate::storage::frame::MAX_PAYLOAD_LEN / 2
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// `{root-dir}/dispatchers.json`.
+    pub fn dispatchers_file(&self) -> PathBuf {
+        self.root_dir.join("dispatchers.json")
+    }
+
+    /// `{root-dir}/topics`.
+    pub fn topics_dir(&self) -> PathBuf {
+        self.root_dir.join("topics")
+    }
+
+    /// Uses `flush` for every log.
+    pub fn with_flush(mut self, flush: FlushMode) -> Self {
+        self.flush = flush;
+        self
+    }
+
+    /// The segment-file cache these settings ask for (one per broker, shared by every log).
+    pub fn file_cache(&self) -> Arc<FileCache> {
+        match self.max_open_files {
+            Some(n) => FileCache::new(n),
+            None => FileCache::for_process(
+                self.http.max_connections as u64 + FD_RESERVE_BESIDES_CONNECTIONS,
+            ),
+        }
+    }
+
+    /// How every log writes, with the broker's file cache and commit observer.
+    pub fn log_config(
+        &self,
+        files: Arc<FileCache>,
+        on_commit: Option<crate::storage::log::CommitObserver>,
+    ) -> LogConfig {
+        LogConfig {
+            segment_max_bytes: self.segment_max_bytes,
+            flush: self.flush,
+            retry_after: self.retry_after,
+            files,
+            on_commit,
+            ..LogConfig::default()
+        }
+    }
+}
+
+/// Descriptors `serve` leaves outside the segment-file cache besides one per connection:
+/// checkpoints being written, plugin files, the runtime's own.
+pub const FD_RESERVE_BESIDES_CONNECTIONS: u64 = 512;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serve_settings_out_of_range_are_refused_by_their_flag() {
+        assert!(ServeConfig::new("/x").validate().is_ok());
+        let mut c = ServeConfig::new("/x");
+        c.http.max_connections = 0;
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "--max-connections: must be at least 1"
+        );
+        let mut c = ServeConfig::new("/x");
+        c.max_open_files = Some(0);
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .starts_with("--max-open-files")
+        );
+        let mut c = ServeConfig::new("/x");
+        c.max_body_bytes = 64 << 20;
+        assert!(c.validate().unwrap_err().to_string().contains("at most"));
+    }
+}

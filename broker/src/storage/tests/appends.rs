@@ -1,0 +1,177 @@
+//! Appends: rotation over segment sizes, concurrency, batches, flush modes, waiting for offsets.
+
+use std::sync::Arc;
+
+use super::super::scan::segment_file_name;
+use super::super::*;
+use super::*;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rotation_across_segment_sizes() {
+    // 1 byte forces a rotation on every append; the others every few entries or never.
+    for max in [1u64, 10, 100, 1_000, 1 << 20] {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = open(tmp.path(), max).unwrap();
+        fill(&log, 60).await;
+        let segs = log.stats().segments;
+        if max <= 10 {
+            assert_eq!(segs, 60, "max {max}");
+        }
+        let all = read_all(&log);
+        assert_eq!(all, (0..60).map(payload).collect::<Vec<_>>(), "max {max}");
+        // Reads that start in the middle of a segment and span several.
+        let mid = log.read_from(17, 20, usize::MAX).unwrap();
+        assert_eq!(mid.first().unwrap().offset, 17);
+        assert_eq!(mid.len(), 20);
+        drop(log);
+
+        let mut names: Vec<String> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names.len(), segs * 2);
+        for n in &names {
+            let (stem, ext) = n.split_once('.').unwrap();
+            assert_eq!(stem.len(), 19, "{n}");
+            assert!(stem.bytes().all(|b| b.is_ascii_digit()), "{n}");
+            assert!(ext == "mmm" || ext == "idx");
+        }
+        if max == 1 {
+            assert_eq!(names[2], segment_file_name(1, "idx"));
+            assert_eq!(names[names.len() - 1], "0000000000000000059.mmm");
+        }
+
+        let log = open(tmp.path(), max).unwrap();
+        assert_eq!(log.next_offset(), 60);
+        assert_eq!(log.stats().segments, segs);
+        assert_eq!(log.append(&payload(60)).await.unwrap(), 60);
+        assert_eq!(read_all(&log).len(), 61, "max {max}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_appends_get_consecutive_offsets_while_readers_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path(), 256 * 1024).unwrap();
+    const TASKS: u64 = 8;
+    const EACH: u64 = 10_000;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut readers = Vec::new();
+    for _ in 0..2 {
+        let log = log.clone();
+        let done = done.clone();
+        readers.push(tokio::task::spawn_blocking(move || {
+            // Everything visible must be complete and intact, at every moment.
+            let mut seen = 0u64;
+            while !done.load(std::sync::atomic::Ordering::Acquire) || seen < log.next_offset() {
+                for e in log.read_from(seen, 500, usize::MAX).unwrap() {
+                    assert_eq!(e.offset, seen);
+                    let p = e.payload.unwrap();
+                    let v: serde_json::Value = serde_json::from_slice(&p).unwrap();
+                    assert!(v["task"].is_u64() && v["i"].is_u64());
+                    seen += 1;
+                }
+            }
+            seen
+        }));
+    }
+    let mut tasks = Vec::new();
+    for t in 0..TASKS {
+        let log = log.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut offsets = Vec::new();
+            for i in 0..EACH {
+                let p = format!(r#"{{"task":{t},"i":{i}}}"#);
+                offsets.push((log.append(p.as_bytes()).await.unwrap(), i));
+            }
+            offsets
+        }));
+    }
+    let mut all = Vec::new();
+    for (t, task) in tasks.into_iter().enumerate() {
+        for (offset, i) in task.await.unwrap() {
+            all.push((offset, t as u64, i));
+        }
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    for r in readers {
+        assert_eq!(r.await.unwrap(), TASKS * EACH);
+    }
+    all.sort();
+    for (k, (offset, t, i)) in all.iter().enumerate() {
+        assert_eq!(*offset, k as u64, "no gaps, no duplicates");
+        let p = log.read(*offset).unwrap().unwrap();
+        assert_eq!(p, format!(r#"{{"task":{t},"i":{i}}}"#).into_bytes());
+    }
+    // Each task's own appends keep their order.
+    for t in 0..TASKS {
+        let mine: Vec<u64> = all.iter().filter(|a| a.1 == t).map(|a| a.2).collect();
+        assert_eq!(mine, (0..EACH).collect::<Vec<_>>());
+    }
+    assert!(log.stats().segments > 1, "rotation happened under load");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn batches_get_consecutive_offsets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path(), 64).unwrap();
+    assert_eq!(log.append(b"a").await.unwrap(), 0);
+    let batch: Vec<Vec<u8>> = (0..10).map(payload).collect();
+    assert_eq!(log.append_batch(&batch).await.unwrap(), 1);
+    assert_eq!(log.append(b"z").await.unwrap(), 11);
+    assert_eq!(read_all(&log)[1..11], batch[..]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_flush_mode_stores_and_recovers() {
+    for flush in [
+        FlushMode::GroupCommit,
+        FlushMode::PerAppend,
+        FlushMode::NoSync,
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = LogConfig {
+            flush,
+            segment_max_bytes: 500,
+            ..LogConfig::default()
+        };
+        let log = Log::open(tmp.path(), Arc::new(OsFs), config.clone()).unwrap();
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let log = log.clone();
+                tokio::spawn(async move {
+                    for i in 0..50 {
+                        log.append(&payload(i)).await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        drop(log);
+        let log = Log::open(tmp.path(), Arc::new(OsFs), config).unwrap();
+        assert_eq!(log.next_offset(), 200, "{flush:?}");
+        assert_eq!(read_all(&log).len(), 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn waiting_for_an_offset_wakes_on_commit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path(), 1 << 20).unwrap();
+    let waiter = {
+        let log = log.clone();
+        tokio::spawn(async move {
+            log.wait_for(1).await;
+            log.read(1).unwrap().unwrap()
+        })
+    };
+    log.append(b"0").await.unwrap();
+    tokio::task::yield_now().await;
+    assert!(!waiter.is_finished());
+    log.append(b"1").await.unwrap();
+    assert_eq!(waiter.await.unwrap(), b"1");
+    assert_eq!(log.read(2).unwrap(), None, "nothing past the commit point");
+}
