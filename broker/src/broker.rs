@@ -15,7 +15,7 @@ use crate::dispatch::{
 };
 use crate::metrics::{Metrics, TopicLabel};
 pub use crate::produce::{ProduceError, ProduceItem};
-use crate::storage::{FileCache, OsFs, StorageError, Vfs};
+use crate::storage::{FileCache, OsFs, StorageError, Vfs, clean};
 use crate::topics::Registry;
 
 /// Errors of the broker layer.
@@ -67,6 +67,7 @@ pub const MAX_PULL_BYTES: usize = 8 << 20;
 /// A running broker.
 pub struct Broker {
     config: ServeConfig,
+    vfs: Arc<dyn Vfs>,
     /// The segment-file cache every log shares.
     files: Arc<FileCache>,
     registry: Arc<Registry>,
@@ -113,10 +114,16 @@ impl Broker {
         let m = metrics.clone();
         let files = config.file_cache();
         tracing::debug!(max_open_files = files.capacity(), "segment file cache");
-        let log_config =
+        let mut log_config =
             config.log_config(files.clone(), Some(Arc::new(move |n| m.observe_commit(n))));
+        let (root, marker_vfs) = (config.root_dir.clone(), vfs.clone());
+        log_config.tail_check =
+            tokio::task::spawn_blocking(move || clean::take(&*marker_vfs, &root))
+                .await
+                .expect("marker task panicked")?;
+        tracing::info!(tail_check = ?log_config.tail_check, "recovering topics");
         let registry = Arc::new(
-            Registry::restore(config.topics_dir(), vfs, log_config, interrupt)
+            Registry::restore(config.topics_dir(), vfs.clone(), log_config, interrupt)
                 .await?
                 .with_max_topics(config.max_topics),
         );
@@ -129,6 +136,7 @@ impl Broker {
         );
         Ok(Self {
             config,
+            vfs,
             files,
             registry,
             dispatch,
@@ -408,8 +416,19 @@ impl Broker {
     }
 
     /// Stops delivery cleanly: in-flight deliveries finish, checkpoints are written.
+    ///
+    /// Then it leaves the clean-shutdown marker, which spares the next boot the full check of each
+    /// tail segment. Call it when nothing produces any more (`serve` does, after the HTTP server
+    /// has finished its requests); if the marker cannot be written, the next boot checks fully.
     pub async fn shutdown(&self) {
         self.dispatch.shutdown().await;
+        let (vfs, root) = (self.vfs.clone(), self.config.root_dir.clone());
+        let marked = tokio::task::spawn_blocking(move || clean::mark(&*vfs, &root))
+            .await
+            .expect("marker task panicked");
+        if let Err(e) = marked {
+            tracing::warn!(error = %e, "cannot leave the clean-shutdown marker; the next boot checks every tail segment");
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::storage::Checkpoints;
 use crate::storage::error::StorageError;
 use crate::storage::frame::{self, FrameFault};
-use crate::storage::scan::{self, ChainGap, SegmentScan};
+use crate::storage::scan::{self, ChainGap, SegmentScan, TailCheck};
 use crate::storage::vfs::{OpenMode, Vfs};
 
 /// Options of the command.
@@ -156,7 +156,7 @@ fn inspect_topic(
     if listing.segments.is_empty() {
         writeln!(out, "  (no segments)")?;
     }
-    let scans = scan::scan_log(&**vfs, &listing)?;
+    let scans = scan::scan_log(&**vfs, &listing, TailCheck::Full)?;
     for scan in &scans {
         summary.segments += 1;
         inspect_segment(&**vfs, scan, options, out, summary)?;

@@ -32,14 +32,22 @@ async fn a_clean_restart_neither_loses_nor_redelivers() {
         broker.produce("t", json!(i)).await;
     }
     consumer.wait_for(10, WAIT).await;
+    let marker = tmp.path().join(".clean-shutdown");
+    assert!(!marker.exists(), "no marker while running");
     assert!(broker.terminate().success(), "SIGTERM exits 0");
     assert_eq!(
         checkpoint(tmp.path(), "t", "c"),
         Some(10),
         "checkpoint persisted at shutdown"
     );
+    assert!(marker.exists(), "a clean stop leaves the marker");
 
     let broker = Broker::start(tmp.path()).await;
+    assert!(!marker.exists(), "the boot takes the marker");
+    assert!(
+        broker.log.lock().contains("tail_check=Quick"),
+        "a quick check after a clean stop"
+    );
     assert_eq!(broker.pull_all("t").await.len(), 10, "nothing lost");
     broker.produce("t", json!(10)).await;
     // A fence: delivery is in order, so a redelivery from an old checkpoint would come before 10.

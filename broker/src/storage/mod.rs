@@ -12,6 +12,7 @@
 //! - [`log`]: a chain of segments with a pipelined group-commit writer and lock-light readers;
 //!   its configuration, writer and poison-and-heal each in a file of their own.
 //! - [`checkpoint`]: per-consumer next offsets, replaced atomically.
+//! - [`clean`]: the clean-shutdown marker that spares the next boot a full check of the tails.
 //! - [`error`]: [`StorageError`], and [`CorruptEntry`] for isolated, skippable corruption.
 //!
 //! # File descriptors
@@ -23,6 +24,7 @@
 //! and sizes the cache to that limit minus what sockets need.
 
 pub mod checkpoint;
+pub mod clean;
 pub mod error;
 pub mod files;
 pub mod frame;

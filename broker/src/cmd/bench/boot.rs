@@ -69,7 +69,7 @@ pub async fn run(cfg: BootBench, out: &mut (dyn Write + Send)) -> anyhow::Result
         json!({
             "bench": "boot", "stored_bytes": bytes, "entries": entries, "segments": segments,
             "fill_s": fill_s, "boot_ms": boot_ms,
-            "note": "page cache warm from the fill: the index is read, not the data (only each log's last entry is checked)",
+            "note": "page cache warm from the fill: sealed segments' indexes are read, not their data; the tail segment's data is read whole and reconciled with its index",
         })
     )?;
     broker.shutdown().await;

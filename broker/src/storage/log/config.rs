@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::storage::files::FileCache;
+pub use crate::storage::scan::TailCheck;
 
 /// When an append counts as durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -56,6 +57,8 @@ pub struct LogConfig {
     /// The open-file cap shared by every log of a broker (each segment's files are closed when
     /// unused for longest and the cap is reached, and reopened on the next use).
     pub files: Arc<FileCache>,
+    /// How closely recovery checks the tail segment (see [`TailCheck`]).
+    pub tail_check: TailCheck,
 }
 
 impl std::fmt::Debug for LogConfig {
@@ -79,6 +82,7 @@ impl Default for LogConfig {
             on_commit: None,
             retry_after: Duration::from_secs(1),
             files: FileCache::for_process(DEFAULT_FD_RESERVE),
+            tail_check: TailCheck::Full,
         }
     }
 }

@@ -42,7 +42,7 @@ use super::frame::{self, MAX_PAYLOAD_LEN};
 use super::scan::{self, ChainGap};
 use super::segment::{Entry, Segment};
 use super::vfs::{Vfs, create_dir_durably};
-pub use config::{CommitObserver, DEFAULT_FD_RESERVE, FlushMode, LogConfig};
+pub use config::{CommitObserver, DEFAULT_FD_RESERVE, FlushMode, LogConfig, TailCheck};
 use writer::{Pending, Tail, Writer};
 
 /// Sizes for the topic list and metrics.
@@ -99,7 +99,7 @@ impl Log {
         for stray in &listing.strays {
             tracing::warn!(dir = %dir.display(), file = %stray, "ignoring a file that is not named like a segment");
         }
-        let mut scans = scan::scan_log(&*vfs, &listing)?;
+        let mut scans = scan::scan_log(&*vfs, &listing, config.tail_check)?;
         if let Some(bad) = scans.iter().find(|s| s.inconsistency.is_some()) {
             return Err(StorageError::Inconsistent {
                 path: bad.files.index.clone(),
