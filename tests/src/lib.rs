@@ -203,6 +203,29 @@ impl Broker {
         }
     }
 
+    /// The status of dispatcher `id` once `ready` holds, polled (panics after 60 s). Counters are
+    /// updated after the consumer's answer arrives, so a test that saw a message arrive waits on
+    /// the count rather than reading it at once.
+    pub async fn dispatcher_when(&self, id: &str, ready: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (_, all) = self.get("/mmmq/dispatchers").await;
+            let s = all
+                .as_array()
+                .and_then(|a| a.iter().find(|d| d["consumerId"] == id))
+                .cloned()
+                .unwrap_or(Value::Null);
+            if ready(&s) {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "dispatcher {id} never got there: {s}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()

@@ -133,8 +133,16 @@ async fn an_err_is_retried_then_dead_lettered_and_the_next_job_flows() {
     assert_eq!(content["reason"], "job 1 failed");
     assert_eq!(content["envelope"]["content"], serde_json::json!({"n": 1}));
     assert_eq!(letter.key.as_deref(), Some("key-1"));
-    let status = broker.dispatchers().await;
-    assert_eq!(status[0].dead_lettered, 1);
+    // The count follows the dead letter's commit: wait on it.
+    let deadline = std::time::Instant::now() + WAIT;
+    let status = loop {
+        let status = broker.dispatchers().await;
+        if status[0].dead_lettered == 1 {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "{status:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!(
         serde_json::to_value(&status[0].target).unwrap()["type"],
         "in-process"
