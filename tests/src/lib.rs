@@ -124,6 +124,21 @@ impl Broker {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
+    /// POSTs `body` as it is (JSON the test wrote by hand, byte for byte); returns the status and
+    /// the answer's text.
+    pub async fn post_raw(&self, path: &str, body: String) -> (u16, String) {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.url))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("request");
+        let status = r.status().as_u16();
+        (status, r.text().await.unwrap_or_default())
+    }
+
     /// GETs a path; returns the status and the JSON answer.
     pub async fn get(&self, path: &str) -> (u16, Value) {
         let r = self

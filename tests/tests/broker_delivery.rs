@@ -78,15 +78,13 @@ async fn eight_producers_four_topics_each_message_once_in_order() {
     }
     // The content's bytes are kept as produced: numbers are not reformatted.
     let content = r#"{"n":1.50,"big":18446744073709551616,"e":1e3}"#;
-    let r = broker
-        .http
-        .post(format!("{}/mmmq/messages", broker.url))
-        .header("content-type", "application/json")
-        .body(format!(r#"{{"topic":"raw","content":{content}}}"#))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    let (status, body) = broker
+        .post_raw(
+            "/mmmq/messages",
+            format!(r#"{{"topic":"raw","content":{content}}}"#),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
     let raw = broker.get_text("/mmmq/topics/raw/messages").await;
     assert!(raw.contains(&format!(r#""content":{content}"#)), "{raw}");
     // Status shows the work.

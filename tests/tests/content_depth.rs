@@ -40,10 +40,6 @@ fn parses_everywhere(text: &str) -> Result<(), String> {
     }
 }
 
-async fn raw_get(broker: &Broker, path: &str) -> String {
-    broker.get_text(path).await
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn content_at_the_depth_limit_parses_in_every_wrapper() {
     let tmp = tempfile::tempdir().unwrap();
@@ -64,36 +60,22 @@ async fn content_at_the_depth_limit_parses_in_every_wrapper() {
     let broker = Broker::start(tmp.path()).await;
     let limit = mmmq_core::MAX_CONTENT_DEPTH;
     let deepest = nested(limit);
-    let r = broker
-        .http
-        .post(format!("{}/mmmq/messages", broker.url))
-        .header("content-type", "application/json")
-        .body(format!(r#"{{"topic":"deep","content":{deepest}}}"#))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
-    let r = broker
-        .http
-        .post(format!("{}/mmmq/messages", broker.url))
-        .header("content-type", "application/json")
-        .body(format!(
-            r#"{{"topic":"deep","content":{}}}"#,
-            nested(limit + 1)
-        ))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400, "one level more is refused");
+    let message = |content: String| format!(r#"{{"topic":"deep","content":{content}}}"#);
+    let (status, body) = broker.post_raw("/mmmq/messages", message(deepest)).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = broker
+        .post_raw("/mmmq/messages", message(nested(limit + 1)))
+        .await;
+    assert_eq!(status, 400, "one level more is refused: {body}");
 
     // A pull page.
-    let page = raw_get(&broker, "/mmmq/topics/deep/messages").await;
+    let page = broker.get_text("/mmmq/topics/deep/messages").await;
     parses_everywhere(&page).unwrap_or_else(|e| panic!("pull page: {e}"));
     // A batched delivery (the consumer's raw body).
     batched.wait_for(1, WAIT).await;
     // A dead letter, pulled, and delivered in a batch to a dispatcher of dead letters.
     broker.pull_until("__dlq.refuser", 1).await;
-    let page = raw_get(&broker, "/mmmq/topics/__dlq.refuser/messages").await;
+    let page = broker.get_text("/mmmq/topics/__dlq.refuser/messages").await;
     parses_everywhere(&page).unwrap_or_else(|e| panic!("dead letter pull page: {e}"));
     dlq.wait_for(1, WAIT).await;
     for (what, consumer) in [("batched delivery", &batched), ("dead letters", &dlq)] {

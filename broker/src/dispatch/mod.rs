@@ -315,10 +315,18 @@ impl Dispatch {
         running
             .values()
             .map(|r| {
+                // The dispatcher's last error is its most recent over all topics.
+                let mut latest: Option<(u64, String)> = None;
                 let topics: Vec<TopicStatus> = r
                     .workers
                     .values()
                     .map(|w| {
+                        let last_error = w.stats.last_error.lock().clone();
+                        if let Some((at, e)) = &last_error
+                            && latest.as_ref().is_none_or(|(l, _)| at >= l)
+                        {
+                            latest = Some((*at, e.clone()));
+                        }
                         let next = w.stats.next_offset.load(Ordering::Relaxed);
                         let lag = w.topic.log.next_offset().saturating_sub(next);
                         self.metrics
@@ -337,7 +345,7 @@ impl Dispatch {
                             dead_lettered: w.stats.dead_lettered.load(Ordering::Relaxed),
                             corrupt_skipped: w.stats.corrupt_skipped.load(Ordering::Relaxed),
                             retries: w.stats.retries.load(Ordering::Relaxed),
-                            last_error: w.stats.last_error.lock().clone().map(|(_, e)| e),
+                            last_error: last_error.map(|(_, e)| e),
                         }
                     })
                     .collect();
@@ -352,12 +360,7 @@ impl Dispatch {
                     nacked: topics.iter().map(|t| t.nacked).sum(),
                     dead_lettered: topics.iter().map(|t| t.dead_lettered).sum(),
                     lag: topics.iter().map(|t| t.lag).sum(),
-                    last_error: r
-                        .workers
-                        .values()
-                        .filter_map(|w| w.stats.last_error.lock().clone())
-                        .max_by_key(|(at, _)| *at)
-                        .map(|(_, e)| e),
+                    last_error: latest.map(|(_, e)| e),
                     topics,
                 }
             })

@@ -165,14 +165,15 @@ fn spec(retries: u32, batch: usize, interval_ms: u64) -> Arc<DispatcherSpec> {
     })
 }
 
-/// Runs a worker until `done` says so (checked after each step of virtual time), then stops it
-/// cleanly; returns its counters.
-async fn run_until(
-    s: &Setup,
-    spec: Arc<DispatcherSpec>,
-    target: Arc<Scripted>,
-    mut done: impl FnMut(&WorkerStats) -> bool,
-) -> Arc<WorkerStats> {
+/// A running worker: its task, counters and stop token.
+struct Running {
+    task: tokio::task::JoinHandle<()>,
+    stats: Arc<WorkerStats>,
+    cancel: CancellationToken,
+}
+
+/// Starts a worker for topic `t` of `s`.
+fn spawn_worker(s: &Setup, spec: Arc<DispatcherSpec>, target: Arc<Scripted>) -> Running {
     let stats = Arc::new(WorkerStats::default());
     let cancel = CancellationToken::new();
     let worker = Worker {
@@ -184,7 +185,26 @@ async fn run_until(
         registry: s.registry.clone(),
         metrics: Arc::new(Metrics::new()),
     };
-    let task = tokio::spawn(worker.run());
+    Running {
+        task: tokio::spawn(worker.run()),
+        stats,
+        cancel,
+    }
+}
+
+/// Runs a worker until `done` says so (checked after each step of virtual time), then stops it
+/// cleanly; returns its counters.
+async fn run_until(
+    s: &Setup,
+    spec: Arc<DispatcherSpec>,
+    target: Arc<Scripted>,
+    mut done: impl FnMut(&WorkerStats) -> bool,
+) -> Arc<WorkerStats> {
+    let Running {
+        task,
+        stats,
+        cancel,
+    } = spawn_worker(s, spec, target);
     let deadline = Instant::now() + Duration::from_secs(3600);
     while !done(&stats) {
         assert!(Instant::now() < deadline, "the worker never got there");
@@ -361,18 +381,11 @@ async fn a_stop_waits_for_one_message_not_a_whole_run() {
         work: Duration::from_millis(10),
         ..Arc::into_inner(Scripted::new(&[])).unwrap()
     });
-    let stats = Arc::new(WorkerStats::default());
-    let cancel = CancellationToken::new();
-    let worker = Worker {
-        topic: s.topic.clone(),
-        spec: spec(3, 1, 50),
-        target: target.clone(),
-        stats: stats.clone(),
-        cancel: cancel.clone(),
-        registry: s.registry.clone(),
-        metrics: Arc::new(Metrics::new()),
-    };
-    let task = tokio::spawn(worker.run());
+    let Running {
+        task,
+        stats,
+        cancel,
+    } = spawn_worker(&s, spec(3, 1, 50), target.clone());
     while target.answered.load(Ordering::Relaxed) < 3 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }

@@ -19,7 +19,7 @@
 //!   isolated corrupt entry (a CRC mismatch isolates one entry) when it follows its predecessor
 //!   and fits in the data, and otherwise the boot stops with an error naming the index file.
 
-use super::frame::{HEADER_LEN, Header};
+use super::frame::{self, HEADER_LEN, Header};
 
 /// How a tail index was reconciled with its data.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,18 +41,14 @@ fn valid_frames(data: &[u8], limit: usize) -> Vec<u64> {
     let mut out = Vec::new();
     let mut pos = 0usize;
     while out.len() < limit {
-        let Some(h) = data.get(pos..).and_then(Header::parse) else {
-            break;
-        };
-        let end = pos + h.frame_len() as usize;
-        if h.len == 0 || end > data.len() {
-            break;
+        // An empty payload with a zero CRC is what a zero-filled tail decodes to: not an entry.
+        match frame::decode(&data[pos..]) {
+            Ok(payload) if !payload.is_empty() => {
+                out.push(pos as u64);
+                pos += HEADER_LEN + payload.len();
+            }
+            _ => break,
         }
-        if crc32c::crc32c(&data[pos + HEADER_LEN..end]) != h.crc {
-            break;
-        }
-        out.push(pos as u64);
-        pos = end;
     }
     out
 }

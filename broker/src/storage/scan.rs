@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use super::error::{IoContext, StorageError};
-use super::frame::{HEADER_LEN, Header};
+use super::frame::{self, HEADER_LEN, Header};
 use super::index;
 use super::repair::{self, Repair};
 use super::vfs::{OpenMode, Vfs};
@@ -200,10 +200,9 @@ fn last_frame_verifies(vfs: &dyn Vfs, scan: &SegmentScan) -> Result<bool, Storag
     if h.len == 0 || pos.saturating_add(h.frame_len()) > scan.data_len {
         return Ok(false);
     }
-    let mut payload = vec![0u8; h.len as usize];
-    data.read_exact_at(&mut payload, pos + HEADER_LEN as u64)
-        .at(&scan.files.data)?;
-    Ok(crc32c::crc32c(&payload) == h.crc)
+    let mut frame = vec![0u8; h.frame_len() as usize];
+    data.read_exact_at(&mut frame, pos).at(&scan.files.data)?;
+    Ok(frame::decode(&frame).is_ok())
 }
 
 /// Reads the tail's whole data file and reconciles its index with the frames.
@@ -213,13 +212,9 @@ fn reconcile_tail(vfs: &dyn Vfs, scan: &mut SegmentScan) -> Result<(), StorageEr
         .at(&scan.files.data)?;
     let mut bytes = vec![0u8; scan.data_len as usize];
     data.read_exact_at(&mut bytes, 0).at(&scan.files.data)?;
-    let index = vfs
-        .open(&scan.files.index, OpenMode::ReadOnly)
-        .at(&scan.files.index)?;
-    let mut raw = vec![0u8; index::whole_len(scan.index_len) as usize];
-    index.read_exact_at(&mut raw, 0).at(&scan.files.index)?;
-    let entries = index::decode(&raw);
-    match repair::reconcile(&entries, &bytes) {
+    // The scan holds every whole index entry as read (it never cuts them), so the index is not
+    // read again.
+    match repair::reconcile(&scan.positions, &bytes) {
         Ok(r) => {
             scan.positions = r.positions.clone();
             scan.committed_end = r.committed_end;

@@ -46,6 +46,15 @@ pub(super) fn seg0(dir: &Path) -> SegmentFiles {
     SegmentFiles::new(dir, 0)
 }
 
+/// A fresh copy of the first segment's two files of the log in `from`, in a new directory `to`,
+/// for a test to damage.
+pub(super) fn copy_segment(from: &Path, to: &Path) {
+    std::fs::create_dir(to).unwrap();
+    let (from, to) = (seg0(from), seg0(to));
+    std::fs::copy(from.data, to.data).unwrap();
+    std::fs::copy(from.index, to.index).unwrap();
+}
+
 pub(super) fn len(path: &Path) -> u64 {
     std::fs::metadata(path).unwrap().len()
 }

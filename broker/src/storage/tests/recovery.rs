@@ -98,10 +98,7 @@ async fn a_torn_tail_cut_at_every_byte_of_the_last_entry() {
     let last = frame::encode(&payload(3));
     for cut in 0..=last.len() {
         let dir = tmp.path().join(format!("cut-{cut}"));
-        std::fs::create_dir(&dir).unwrap();
-        for f in [&files.data, &files.index] {
-            std::fs::copy(f, dir.join(f.file_name().unwrap())).unwrap();
-        }
+        copy_segment(&pristine, &dir);
         append_bytes(&seg0(&dir).data, &last[..cut]);
         let log = open(&dir, 1 << 20).unwrap();
         assert_eq!(log.next_offset(), 3, "cut {cut}");
@@ -126,10 +123,7 @@ async fn an_indexed_entry_cut_at_every_byte_is_refused() {
     let last_start = full - frame::encode(&payload(2)).len() as u64;
     for cut in last_start..full {
         let dir = tmp.path().join(format!("cut-{cut}"));
-        std::fs::create_dir(&dir).unwrap();
-        for f in [&files.data, &files.index] {
-            std::fs::copy(f, dir.join(f.file_name().unwrap())).unwrap();
-        }
+        copy_segment(&pristine, &dir);
         truncate(&seg0(&dir).data, cut);
         let err = open(&dir, 1 << 20).unwrap_err();
         assert!(
@@ -283,8 +277,7 @@ async fn a_flipped_bit_in_the_tail_index_is_repaired_from_the_frames() {
     for entry in [0usize, 1, 7, 20, 38, 39] {
         for bit in [0u32, 3, 5, 9, 30, 62] {
             let dir = tmp.path().join(format!("flip-{entry}-{bit}"));
-            std::fs::create_dir(&dir).unwrap();
-            std::fs::copy(&files.data, seg0(&dir).data).unwrap();
+            copy_segment(&pristine, &dir);
             let mut flipped = index.clone();
             flipped[entry * 8 + 7 - (bit / 8) as usize] ^= 1 << (bit % 8);
             std::fs::write(seg0(&dir).index, &flipped).unwrap();
@@ -347,8 +340,7 @@ async fn a_quick_tail_check_repairs_what_it_sees_and_leaves_an_ordered_flip_to_t
     ] {
         for check in [TailCheck::Quick, TailCheck::Full] {
             let dir = tmp.path().join(format!("{check:?}-{keeps_order}"));
-            std::fs::create_dir(&dir).unwrap();
-            std::fs::copy(seg0(&pristine).data, seg0(&dir).data).unwrap();
+            copy_segment(&pristine, &dir);
             let mut flipped = positions.clone();
             flipped[20] = p20;
             std::fs::write(seg0(&dir).index, index::encode(&flipped)).unwrap();
