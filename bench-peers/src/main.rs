@@ -19,6 +19,12 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::json;
 
+mod consumers;
+
+use consumers::{
+    Received, http_consumer, nats_consumer, now_us, rabbit_consumer, redis_consumer, stamped,
+};
+
 #[derive(Parser)]
 struct Cli {
     #[command(subcommand)]
@@ -203,44 +209,6 @@ impl Conn {
     }
 }
 
-/// The clock that producers stamp messages with and consumers read them by (one process).
-static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-
-fn now_us() -> u64 {
-    ORIGIN.get_or_init(Instant::now).elapsed().as_micros() as u64
-}
-
-/// Width of the send time at the start of every payload.
-const STAMP: usize = 20;
-
-/// A payload of `len` bytes that starts with its send time.
-fn stamped(len: usize) -> String {
-    let mut p = format!("{:0width$}", now_us(), width = STAMP);
-    p.extend(std::iter::repeat_n('x', len.saturating_sub(STAMP)));
-    p
-}
-
-/// What a consumer received of the messages sent inside the measured window: (sent, received)
-/// times in µs.
-#[derive(Default)]
-struct Received {
-    window: std::sync::Mutex<(u64, u64)>,
-    times: std::sync::Mutex<Vec<(u64, u64)>>,
-}
-
-impl Received {
-    fn record(&self, payload: &str) {
-        let Some(sent) = payload.get(..STAMP).and_then(|s| s.parse::<u64>().ok()) else {
-            return;
-        };
-        let now = now_us();
-        let (from, to) = *self.window.lock().unwrap();
-        if (from..to).contains(&sent) {
-            self.times.lock().unwrap().push((sent, now));
-        }
-    }
-}
-
 /// The system as named on the command line (`mmmq-plugin`, `rabbitmq`, …).
 fn system_name(system: System) -> String {
     system
@@ -412,103 +380,6 @@ async fn produce(
     Ok(line)
 }
 
-/// The no-op HTTP consumer mmmq delivers to: answers ACK to a single envelope or an array.
-async fn http_consumer(port: u16, received: std::sync::Arc<Received>) -> anyhow::Result<()> {
-    let app = axum::Router::new().route(
-        "/mmmq/messages",
-        axum::routing::post(move |body: axum::body::Bytes| {
-            let received = received.clone();
-            async move {
-                let record = |v: &serde_json::Value| {
-                    if let Some(pad) = v["content"]["pad"].as_str() {
-                        received.record(pad);
-                    }
-                };
-                match serde_json::from_slice::<serde_json::Value>(&body) {
-                    Ok(serde_json::Value::Array(items)) => items.iter().for_each(record),
-                    Ok(one) => record(&one),
-                    Err(_) => return (axum::http::StatusCode::BAD_REQUEST, "bad JSON"),
-                }
-                (axum::http::StatusCode::OK, r#"{"ack":"ACK"}"#)
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
-    axum::serve(listener, app).await?;
-    Ok(())
-}
-
-/// A Redis consumer group member: reads, records, acknowledges.
-async fn redis_consumer(url: &str, received: std::sync::Arc<Received>) -> anyhow::Result<()> {
-    let mut con = redis::Client::open(url)?
-        .get_multiplexed_async_connection()
-        .await?;
-    let _: Result<String, _> = redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg("bench")
-        .arg("g")
-        .arg("$")
-        .arg("MKSTREAM")
-        .query_async(&mut con)
-        .await;
-    loop {
-        let reply: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
-            .arg("GROUP")
-            .arg("g")
-            .arg("c")
-            .arg("COUNT")
-            .arg(1000)
-            .arg("BLOCK")
-            .arg(1000)
-            .arg("STREAMS")
-            .arg("bench")
-            .arg(">")
-            .query_async(&mut con)
-            .await?;
-        let mut ack = redis::cmd("XACK");
-        ack.arg("bench").arg("g");
-        let mut any = false;
-        for entry in reply.keys.iter().flat_map(|k| &k.ids) {
-            if let Some(redis::Value::BulkString(pad)) = entry.map.get("pad") {
-                received.record(std::str::from_utf8(pad).unwrap_or(""));
-            }
-            ack.arg(&entry.id);
-            any = true;
-        }
-        if any {
-            let _: i64 = ack.query_async(&mut con).await?;
-        }
-    }
-}
-
-/// A JetStream pull consumer with explicit acknowledgements.
-async fn nats_consumer(url: &str, received: std::sync::Arc<Received>) -> anyhow::Result<()> {
-    use futures::StreamExt;
-    let stream = nats_stream(url).await?;
-    let consumer = stream
-        .create_consumer(async_nats::jetstream::consumer::pull::Config {
-            durable_name: Some("bench".into()),
-            ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
-            deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::New,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| anyhow::anyhow!("creating the consumer: {e}"))?;
-    let mut messages = consumer
-        .messages()
-        .await
-        .map_err(|e| anyhow::anyhow!("consuming: {e}"))?;
-    while let Some(message) = messages.next().await {
-        let message = message.map_err(|e| anyhow::anyhow!("consuming: {e}"))?;
-        received.record(std::str::from_utf8(&message.payload).unwrap_or(""));
-        message
-            .ack()
-            .await
-            .map_err(|e| anyhow::anyhow!("acking: {e}"))?;
-    }
-    Ok(())
-}
-
 /// Messages the plugin dispatcher `bench-plugin` has acknowledged, from `GET /mmmq/dispatchers`.
 async fn plugin_delivered(http: &reqwest::Client, url: &str) -> anyhow::Result<u64> {
     let status: serde_json::Value = http
@@ -562,31 +433,6 @@ async fn plugin_e2e(
         "behind_when_producers_stopped": total - at_end.min(total),
         "caught_up_ms": (stopped.elapsed().as_secs_f64() * 1e3).round(),
     }))
-}
-
-/// A RabbitMQ consumer with manual acks and a prefetch of 1,000.
-async fn rabbit_consumer(url: &str, received: std::sync::Arc<Received>) -> anyhow::Result<()> {
-    use futures::StreamExt;
-    let channel = rabbit_channel(url).await?;
-    channel
-        .basic_qos(1000, lapin::options::BasicQosOptions::default())
-        .await?;
-    let mut deliveries = channel
-        .basic_consume(
-            RABBIT_QUEUE,
-            "bench",
-            lapin::options::BasicConsumeOptions::default(),
-            lapin::types::FieldTable::default(),
-        )
-        .await?;
-    while let Some(delivery) = deliveries.next().await {
-        let delivery = delivery?;
-        received.record(std::str::from_utf8(&delivery.data).unwrap_or(""));
-        delivery
-            .ack(lapin::options::BasicAckOptions::default())
-            .await?;
-    }
-    Ok(())
 }
 
 /// Produce with a consumer attached: the consumer's rate and latency inside the window.
