@@ -417,11 +417,16 @@ impl Broker {
 
     /// Stops delivery cleanly: in-flight deliveries finish, checkpoints are written.
     ///
-    /// Then it leaves the clean-shutdown marker, which spares the next boot the full check of each
+    /// Then it closes every log (each tail's index synced, its preallocated zeros cut: the exact
+    /// layout) and leaves the clean-shutdown marker, which spares the next boot the full check of each
     /// tail segment. Call it when nothing produces any more (`serve` does, after the HTTP server
     /// has finished its requests); if the marker cannot be written, the next boot checks fully.
     pub async fn shutdown(&self) {
         self.dispatch.shutdown().await;
+        if !self.registry.close_all().await {
+            tracing::warn!("a log did not close cleanly; the next boot checks every tail segment");
+            return;
+        }
         let (vfs, root) = (self.vfs.clone(), self.config.root_dir.clone());
         let marked = tokio::task::spawn_blocking(move || clean::mark(&*vfs, &root))
             .await

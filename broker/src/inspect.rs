@@ -156,7 +156,7 @@ fn inspect_topic(
     if listing.segments.is_empty() {
         writeln!(out, "  (no segments)")?;
     }
-    let scans = scan::scan_log(&**vfs, &listing, TailCheck::Full)?;
+    let scans = scan::scan_log(&**vfs, &listing, TailCheck::Full, true)?;
     for scan in &scans {
         summary.segments += 1;
         inspect_segment(&**vfs, scan, options, out, summary)?;
@@ -295,13 +295,29 @@ fn inspect_segment(
             )?;
         }
     }
-    if scan.uncommitted_bytes() > 0 && scan.inconsistency.is_none() {
-        summary.uncommitted_bytes += scan.uncommitted_bytes();
+    if let Some(repair) = scan.repair.as_ref().filter(|r| r.reindexed() > 0) {
         writeln!(
             out,
-            "  note: {} byte(s) after the last indexed entry were never committed (recovery cuts them)",
-            scan.uncommitted_bytes()
+            "  note: {} complete entr(ies) past the last index entry (the index lags the data; recovery indexes them)",
+            repair.reindexed()
         )?;
+    }
+    if scan.uncommitted_bytes() > 0 && scan.inconsistency.is_none() {
+        let torn = scan.repair.as_ref().is_none_or(|r| r.torn_data);
+        if torn {
+            summary.uncommitted_bytes += scan.uncommitted_bytes();
+            writeln!(
+                out,
+                "  note: {} byte(s) after the last complete entry were never committed (recovery cuts them)",
+                scan.uncommitted_bytes()
+            )?;
+        } else {
+            writeln!(
+                out,
+                "  note: {} zero byte(s) preallocated past the last entry (a running or crashed tail; recovery cuts them)",
+                scan.uncommitted_bytes()
+            )?;
+        }
     }
     Ok(())
 }

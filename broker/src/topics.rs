@@ -175,6 +175,19 @@ impl Registry {
             .collect())
     }
 
+    /// Closes every log, leaving the exact on-disk layout (see [`Log::close`]); `false` if one
+    /// failed (it is logged), in which case the next boot must check every tail.
+    pub async fn close_all(&self) -> bool {
+        let mut ok = true;
+        for t in self.all() {
+            if let Err(e) = t.log.close().await {
+                tracing::warn!(topic = %t.topic, error = %e, "closing the log failed");
+                ok = false;
+            }
+        }
+        ok
+    }
+
     /// New topics as they are created. A receiver that lags must rescan [`Registry::all`].
     pub fn subscribe_created(&self) -> broadcast::Receiver<Arc<TopicLog>> {
         self.created.subscribe()

@@ -36,6 +36,8 @@ async fn make_topic(dir: &std::path::Path, n: u64) {
         let p = format!(r#"{{"timestamp":1,"key":null,"content":{{"n":{i}}}}}"#);
         log.append(p.as_bytes()).await.unwrap();
     }
+    // A clean close, so that the files have the exact layout (no preallocated zeros).
+    log.close().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -99,19 +99,30 @@ impl FileCache {
         }
     }
 
+    /// A file that is opened on its first use (a sealed segment's files, until a reader needs
+    /// them).
+    pub fn lazy(self: &Arc<Self>, vfs: Arc<dyn Vfs>, path: &Path) -> CachedFile {
+        CachedFile {
+            slot: Arc::new(Slot {
+                path: path.to_owned(),
+                vfs,
+                file: Mutex::new(None),
+                last_use: AtomicU64::new(self.tick()),
+            }),
+            cache: self.clone(),
+        }
+    }
+
     fn tick(&self) -> u64 {
         self.clock.fetch_add(1, Ordering::Relaxed)
     }
 
     fn register(&self, slot: &Arc<Slot>) {
-        let over = {
-            let mut open = self.open.lock();
-            open.push(Arc::downgrade(slot));
-            open.len() > self.capacity
-        };
-        if over {
+        // Room is made before the new file joins, so the list never holds more than the cap.
+        if self.open.lock().len() >= self.capacity {
             self.evict();
         }
+        self.open.lock().push(Arc::downgrade(slot));
     }
 
     /// Closes the least recently used files until a tenth of the capacity is free (so that a
@@ -121,7 +132,7 @@ impl FileCache {
             let mut open = self.open.lock();
             // Dead entries (dropped segments) go here too.
             let mut live: Vec<Arc<Slot>> = open.drain(..).filter_map(|w| w.upgrade()).collect();
-            let target = self.capacity - self.capacity / 10;
+            let target = self.capacity - (self.capacity / 10).max(1);
             if live.len() <= target {
                 open.extend(live.iter().map(Arc::downgrade));
                 return;

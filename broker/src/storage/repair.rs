@@ -1,23 +1,24 @@
-//! Repairing the tail segment's index from its data frames, so that recovery never cuts an entry
-//! that may have been acknowledged (README, "On-disk layout").
+//! Reconciling the tail segment's index with its data frames at recovery (README, "Storage"):
+//! the data fsync is the commit point, so every acknowledged entry has a complete, CRC-valid frame,
+//! while the index may lag behind the data (it is written after the commit and synced lazily) or be
+//! damaged. The frames decide.
 //!
-//! The index of the tail segment can disagree with its data for two reasons that look alike to a
-//! simple check: a torn, never-synced index write (a lost sector reads as zeros) and a flipped bit
-//! in the synced, acknowledged part. Cutting at the first entry that does not follow the one before
-//! it handles the first and silently deletes up to a whole segment of acknowledged messages in the
-//! second. Both are told apart, and both are handled without loss, by the frames themselves: every
-//! entry of the data file is `[length][CRC32C][payload]`, and the data is synced before its index
-//! entries are written, so every entry the index vouches for has a complete, CRC-valid frame at a
-//! position the frames alone determine.
+//! The index of the tail segment can disagree with its data for three reasons: entries never
+//! written or never synced (the index lags), a torn index write (a lost sector reads as zeros), and
+//! a flipped bit at rest. Entries are CRC-framed and self-describing — `[length][CRC32C][payload]`
+//! from byte 0, an entry's length is never 0 — so the frames alone say where every entry is.
 //!
 //! The rule, for an index of `n` entries and the `f` CRC-valid frames that follow each other from
 //! byte 0:
 //! - entries `0..min(n, f)` are taken from the frames (an entry that said something else is
 //!   rewritten, and the repair is logged with what it said);
-//! - entries past the valid frames that are all zero are a torn, never-synced tail: cut;
+//! - entries past the valid frames that are all zero are a torn, never-synced index write: cut;
 //! - a non-zero entry past the valid frames names an entry whose frame is damaged: kept as an
 //!   isolated corrupt entry (a CRC mismatch isolates one entry) when it follows its predecessor
-//!   and fits in the data, and otherwise the boot stops with an error naming the index file.
+//!   and fits in the data, and otherwise the boot stops with an error naming the index file;
+//! - after the last entry kept, every further complete, CRC-valid frame is re-indexed (entries the
+//!   index had not caught up with), and the data is cut at the first byte that is not one (zeros
+//!   of the preallocated tail, or the torn write of a batch whose fsync never returned).
 
 use super::frame::{self, HEADER_LEN, Header};
 
@@ -30,17 +31,34 @@ pub struct Repair {
     pub committed_end: u64,
     /// Entries rewritten: (entry, what the index said, what the frames say).
     pub rewritten: Vec<(usize, u64, u64)>,
-    /// Zero entries cut from the end (a torn, never-synced write).
+    /// Zero entries cut from the end of the index (a torn, never-synced write).
     pub cut: usize,
+    /// Entries of the index file that recovery keeps (`positions[..indexed]`); the rest were found
+    /// in the data past the last index entry and are appended to the index.
+    pub indexed: usize,
+    /// Whether non-zero bytes follow the last entry kept (a torn write of a batch that was never
+    /// acknowledged, as opposed to the zeros of preallocation).
+    pub torn_data: bool,
 }
 
-/// The positions of the CRC-valid frames that follow each other from byte 0 of `data`, stopping
-/// at the first that is not one (a zero length, a frame past the end, a CRC mismatch), and at
-/// `limit` frames.
-fn valid_frames(data: &[u8], limit: usize) -> Vec<u64> {
+impl Repair {
+    /// Entries found in the data past the last index entry.
+    pub fn reindexed(&self) -> usize {
+        self.positions.len() - self.indexed
+    }
+
+    /// Whether the index file needs writing (anything but an index that agreed and was complete).
+    pub fn changes_index(&self) -> bool {
+        !self.rewritten.is_empty() || self.cut > 0 || self.reindexed() > 0
+    }
+}
+
+/// The CRC-valid frames that follow each other from byte `from` of `data`, stopping at the first
+/// that is not one (a zero length, a frame past the end, a CRC mismatch), and at `limit` frames.
+fn valid_frames(data: &[u8], from: usize, limit: usize) -> Vec<u64> {
     let mut out = Vec::new();
-    let mut pos = 0usize;
-    while out.len() < limit {
+    let mut pos = from;
+    while out.len() < limit && pos < data.len() {
         // An empty payload with a zero CRC is what a zero-filled tail decodes to: not an entry.
         match frame::decode(&data[pos..]) {
             Ok(payload) if !payload.is_empty() => {
@@ -56,7 +74,7 @@ fn valid_frames(data: &[u8], limit: usize) -> Vec<u64> {
 /// Reconciles `index` (the tail segment's entries) with `data` (its whole data file), by the rule
 /// in the module documentation. `Err` says why the index cannot be trusted.
 pub fn reconcile(index: &[u64], data: &[u8]) -> Result<Repair, String> {
-    let frames = valid_frames(data, index.len());
+    let frames = valid_frames(data, 0, index.len());
     let mut positions = Vec::with_capacity(index.len());
     let mut rewritten = Vec::new();
     for (k, (&said, &is)) in index.iter().zip(&frames).enumerate() {
@@ -94,7 +112,7 @@ pub fn reconcile(index: &[u64], data: &[u8]) -> Result<Repair, String> {
         }
         positions.push(p);
     }
-    let committed_end = match positions.last() {
+    let indexed_end = match positions.last() {
         None => 0,
         Some(&last) => {
             let h = Header::parse(&data[last as usize..]).expect("fits, checked above");
@@ -110,11 +128,25 @@ pub fn reconcile(index: &[u64], data: &[u8]) -> Result<Repair, String> {
             end
         }
     };
+    let indexed = positions.len();
+    let more = valid_frames(data, indexed_end as usize, usize::MAX);
+    let committed_end = match more.last() {
+        Some(&last) => {
+            last + Header::parse(&data[last as usize..])
+                .expect("a valid frame")
+                .frame_len()
+        }
+        None => indexed_end,
+    };
+    positions.extend(more);
+    let torn_data = data[committed_end as usize..].iter().any(|&b| b != 0);
     Ok(Repair {
         positions,
         committed_end,
         rewritten,
         cut,
+        indexed,
+        torn_data,
     })
 }
 

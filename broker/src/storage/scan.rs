@@ -87,8 +87,11 @@ pub fn list_segments(vfs: &dyn Vfs, dir: &Path) -> Result<Listing, StorageError>
 pub struct SegmentScan {
     /// Its files.
     pub files: SegmentFiles,
-    /// Start positions of the indexed (committed) entries.
+    /// Start positions of the committed entries; read whole only for the tail (and by
+    /// `mmmq inspect`): for a sealed segment at boot only the first and last are read.
     pub positions: Vec<u64>,
+    /// Committed entries (the index's whole entries, or after a repair the entries kept).
+    pub entries: u64,
     /// Whether each file exists.
     pub data_exists: bool,
     /// Whether the index file exists.
@@ -105,14 +108,23 @@ pub struct SegmentScan {
     /// the tail, [`scan_log`] reconciles the index with the data's frames).
     pub chain_break: bool,
     /// How the tail's index was reconciled with its frames, when it had to be: recovery rewrites
-    /// the entries it names and cuts its torn zeros.
+    /// the entries it names, cuts its torn zeros and appends the entries found past it.
     pub repair: Option<Repair>,
+    /// Whether the data past the last indexed entry starts with a complete, CRC-valid frame. In
+    /// the tail that is an entry the lazily written index had not caught up with (re-indexed); in
+    /// a sealed segment, whose index is synced before the next segment exists, it cannot happen
+    /// by itself and may have been acknowledged, so it stops the boot.
+    pub frame_past_index: bool,
+    /// Whether this is a tail whose index was reconciled with its frames. Recovery then syncs
+    /// both files: after a process crash, what it read may still be only in the page cache, and
+    /// an entry recovery makes visible must already survive a power cut.
+    pub reconciled: bool,
 }
 
 impl SegmentScan {
     /// Committed entries.
     pub fn count(&self) -> u64 {
-        self.positions.len() as u64
+        self.entries
     }
 
     /// The offset after the last committed entry.
@@ -126,7 +138,11 @@ impl SegmentScan {
         if self.inconsistency.is_some() {
             return self.index_len % INDEX_ENTRY_LEN;
         }
-        self.index_len - self.count() * INDEX_ENTRY_LEN
+        let kept = self
+            .repair
+            .as_ref()
+            .map_or(self.count(), |r| r.indexed as u64);
+        self.index_len.saturating_sub(kept * INDEX_ENTRY_LEN)
     }
 
     /// Data bytes after the last committed entry (an append that never reached its commit point).
@@ -152,30 +168,52 @@ pub enum TailCheck {
 
 /// Scans every segment of a log as recovery reads it.
 ///
-/// The tail (the last segment with entries) is checked whole: its index is reconciled with the
-/// data's CRC-valid frames ([`repair`](super::repair)), so a torn, never-synced index write (zeros
-/// where a sector was lost) is cut, and an entry that contradicts a CRC-valid frame (a flipped bit
-/// in the acknowledged part, wherever it is) is rewritten from it: nothing that may have been
-/// acknowledged is ever cut. What cannot be reconciled stays an inconsistency that stops
-/// recovery, as any inconsistency in a sealed segment does. [`TailCheck::Full`] reads the tail's
-/// data file once (at most about `segment-max-bytes`); [`TailCheck::Quick`] (after a clean
-/// shutdown) reads only its last entry, and reconciles only when that or the index looks wrong.
-/// Sealed segments are trusted as their index says.
+/// The tail (the last segment holding any data or index entry) is where the commit point moves:
+/// its data is synced before its index, and its index lags. It is reconciled with its CRC-valid
+/// frames ([`repair`](super::repair)): a torn, never-synced index write (zeros where a sector was
+/// lost) is cut, an entry that contradicts a CRC-valid frame (a flipped bit, wherever it is) is
+/// rewritten from it, entries past the index are re-indexed, and what cannot be reconciled stays an
+/// inconsistency that stops recovery. [`TailCheck::Full`] reads the tail's data file once (at
+/// most about `segment-max-bytes`); [`TailCheck::Quick`] (after a clean shutdown, which leaves the
+/// exact layout) reads only its last entry, and reconciles only when that, the index's order or
+/// the data's length looks wrong.
+///
+/// Sealed segments are trusted as their index says, and only the index's first and last entries
+/// are read (`whole_sealed` reads them whole, for `mmmq inspect`): boot costs a few reads per
+/// segment, not a pass over every index.
 pub fn scan_log(
     vfs: &dyn Vfs,
     listing: &Listing,
     check: TailCheck,
+    whole_sealed: bool,
 ) -> Result<Vec<SegmentScan>, StorageError> {
     let mut scans = listing
         .segments
         .iter()
-        .map(|files| scan_segment(vfs, files))
+        .map(|files| scan_segment(vfs, files, whole_sealed))
         .collect::<Result<Vec<_>, _>>()?;
-    if let Some(last) = scans.iter_mut().rev().find(|s| !s.positions.is_empty())
-        && last.data_exists
+    let tail = scans.iter().rposition(|s| s.count() > 0 || s.data_len > 0);
+    for (i, s) in scans.iter_mut().enumerate() {
+        if Some(i) != tail && s.frame_past_index && s.inconsistency.is_none() {
+            s.inconsistency = Some(format!(
+                "a CRC-valid entry at byte {} of the data file follows the last index entry of a \
+                 sealed segment; it may have been acknowledged, so nothing is cut",
+                s.committed_end
+            ));
+        }
+    }
+    let Some(tail) = tail else {
+        return Ok(scans);
+    };
+    let last = &mut scans[tail];
+    if !whole_sealed && last.index_exists {
+        *last = scan_segment(vfs, &last.files, true)?;
+    }
+    if last.data_exists
         && last.index_exists
         && (check == TailCheck::Full
             || last.inconsistency.is_some()
+            || last.data_len != last.committed_end
             || !last_frame_verifies(vfs, last)?)
     {
         reconcile_tail(vfs, last)?;
@@ -191,18 +229,7 @@ fn last_frame_verifies(vfs: &dyn Vfs, scan: &SegmentScan) -> Result<bool, Storag
     let data = vfs
         .open(&scan.files.data, OpenMode::ReadOnly)
         .at(&scan.files.data)?;
-    let mut raw = [0u8; HEADER_LEN];
-    if pos.saturating_add(HEADER_LEN as u64) > scan.data_len {
-        return Ok(false);
-    }
-    data.read_exact_at(&mut raw, pos).at(&scan.files.data)?;
-    let h = Header::parse(&raw).expect("8 bytes");
-    if h.len == 0 || pos.saturating_add(h.frame_len()) > scan.data_len {
-        return Ok(false);
-    }
-    let mut frame = vec![0u8; h.frame_len() as usize];
-    data.read_exact_at(&mut frame, pos).at(&scan.files.data)?;
-    Ok(frame::decode(&frame).is_ok())
+    Ok(frame_at(&*data, pos, scan.data_len))
 }
 
 /// Reads the tail's whole data file and reconciles its index with the frames.
@@ -214,13 +241,16 @@ fn reconcile_tail(vfs: &dyn Vfs, scan: &mut SegmentScan) -> Result<(), StorageEr
     data.read_exact_at(&mut bytes, 0).at(&scan.files.data)?;
     // The scan holds every whole index entry as read (it never cuts them), so the index is not
     // read again.
+    scan.reconciled = true;
     match repair::reconcile(&scan.positions, &bytes) {
         Ok(r) => {
             scan.positions = r.positions.clone();
+            scan.entries = r.positions.len() as u64;
             scan.committed_end = r.committed_end;
             scan.inconsistency = None;
             scan.chain_break = false;
-            scan.repair = (!r.rewritten.is_empty() || r.cut > 0).then_some(r);
+            scan.frame_past_index = false;
+            scan.repair = (r.changes_index() || r.committed_end != scan.data_len).then_some(r);
         }
         Err(reason) => scan.inconsistency = Some(reason),
     }
@@ -228,8 +258,13 @@ fn reconcile_tail(vfs: &dyn Vfs, scan: &mut SegmentScan) -> Result<(), StorageEr
 }
 
 /// Reads one segment's index and checks it against its data file, trusting the index (README,
-/// "On-disk layout"): only the last entry's header is read from the data.
-pub fn scan_segment(vfs: &dyn Vfs, files: &SegmentFiles) -> Result<SegmentScan, StorageError> {
+/// "Storage"): only the last entry's header is read from the data, and with `whole == false` only
+/// the index's first and last entries (the positions are then left empty).
+pub fn scan_segment(
+    vfs: &dyn Vfs,
+    files: &SegmentFiles,
+    whole: bool,
+) -> Result<SegmentScan, StorageError> {
     let data_exists = vfs.exists(&files.data);
     let index_exists = vfs.exists(&files.index);
     let data = if data_exists {
@@ -242,18 +277,31 @@ pub fn scan_segment(vfs: &dyn Vfs, files: &SegmentFiles) -> Result<SegmentScan, 
         None => 0,
     };
     let mut positions = Vec::new();
+    let mut ends = None;
     let mut index_len = 0;
     if index_exists {
         let index = vfs
             .open(&files.index, OpenMode::ReadOnly)
             .at(&files.index)?;
         index_len = index.len().at(&files.index)?;
-        let mut raw = vec![0u8; index::whole_len(index_len) as usize];
-        index.read_exact_at(&mut raw, 0).at(&files.index)?;
-        positions = index::decode(&raw);
+        let entries = index_len / INDEX_ENTRY_LEN;
+        if whole {
+            let mut raw = vec![0u8; index::whole_len(index_len) as usize];
+            index.read_exact_at(&mut raw, 0).at(&files.index)?;
+            positions = index::decode(&raw);
+        } else if entries > 0 {
+            let mut first = [0u8; INDEX_ENTRY_LEN as usize];
+            let mut last = [0u8; INDEX_ENTRY_LEN as usize];
+            index.read_exact_at(&mut first, 0).at(&files.index)?;
+            index
+                .read_exact_at(&mut last, index::entry_pos(entries - 1))
+                .at(&files.index)?;
+            ends = Some((u64::from_be_bytes(first), u64::from_be_bytes(last)));
+        }
     }
     let mut scan = SegmentScan {
         files: files.clone(),
+        entries: index_len / INDEX_ENTRY_LEN,
         positions,
         data_exists,
         index_exists,
@@ -263,12 +311,39 @@ pub fn scan_segment(vfs: &dyn Vfs, files: &SegmentFiles) -> Result<SegmentScan, 
         inconsistency: None,
         chain_break: false,
         repair: None,
+        frame_past_index: false,
+        reconciled: false,
     };
-    scan.inconsistency = check(&mut scan, data.as_deref());
+    let ends = ends.or_else(|| Some((*scan.positions.first()?, *scan.positions.last()?)));
+    scan.inconsistency = check(&mut scan, ends, data.as_deref());
+    if scan.inconsistency.is_none()
+        && let Some(data) = &data
+        && scan.committed_end < data_len
+    {
+        scan.frame_past_index = frame_at(&**data, scan.committed_end, data_len);
+    }
     Ok(scan)
 }
 
-fn check(scan: &mut SegmentScan, data: Option<&dyn super::vfs::VfsFile>) -> Option<String> {
+/// Whether a complete, CRC-valid, non-empty frame starts at `pos`.
+fn frame_at(data: &dyn super::vfs::VfsFile, pos: u64, data_len: u64) -> bool {
+    let mut raw = [0u8; HEADER_LEN];
+    if pos + HEADER_LEN as u64 > data_len || data.read_exact_at(&mut raw, pos).is_err() {
+        return false;
+    }
+    let h = Header::parse(&raw).expect("8 bytes");
+    if h.len == 0 || pos.saturating_add(h.frame_len()) > data_len {
+        return false;
+    }
+    let mut frame = vec![0u8; h.frame_len() as usize];
+    data.read_exact_at(&mut frame, pos).is_ok() && frame::decode(&frame).is_ok()
+}
+
+fn check(
+    scan: &mut SegmentScan,
+    ends: Option<(u64, u64)>,
+    data: Option<&dyn super::vfs::VfsFile>,
+) -> Option<String> {
     if !scan.index_exists && scan.data_len > 0 {
         return Some(format!(
             "index file is missing but the data file holds {} bytes",
@@ -276,9 +351,8 @@ fn check(scan: &mut SegmentScan, data: Option<&dyn super::vfs::VfsFile>) -> Opti
         ));
     }
     // Every segment's first entry is at byte 0 of its data file.
-    if let Some(&first) = scan.positions.first()
-        && first != 0
-    {
+    let (first, last) = ends?;
+    if first != 0 {
         return Some(format!(
             "index entry 0 points to byte {first}; a segment's first entry is at byte 0"
         ));
@@ -298,11 +372,11 @@ fn check(scan: &mut SegmentScan, data: Option<&dyn super::vfs::VfsFile>) -> Opti
             pair[0]
         ));
     }
-    let (last_i, &last) = scan.positions.iter().enumerate().next_back()?;
+    let last_i = scan.entries - 1;
     let Some(data) = data else {
         return Some(format!(
             "index holds {} entries but the data file is missing",
-            scan.positions.len()
+            scan.entries
         ));
     };
     if last.saturating_add(HEADER_LEN as u64) > scan.data_len {

@@ -1,5 +1,14 @@
-//! One segment: a data file of framed entries and its offset index, plus the committed positions
-//! held in memory so that a read costs one `pread` and never waits for the writer.
+//! One segment: a data file of framed entries and its offset index.
+//!
+//! Memory is bounded by open segments, not by stored messages (README, "Storage"): only the tail
+//! segment keeps its entries' positions in memory (a read of it costs one `pread` and never waits
+//! for the writer); a sealed segment keeps its count and size, and a read of it first reads the
+//! positions it needs from its index file.
+//!
+//! The tail's data file is preallocated with real zeros ahead of the writes (so that a commit's
+//! `fdatasync` writes the data and no metadata), its index is written after the data is durable and
+//! synced lazily. Sealing makes the layout exact again: data cut to its last entry, index complete
+//! and synced.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -23,28 +32,42 @@ pub struct Entry {
     pub payload: Result<Vec<u8>, CorruptEntry>,
 }
 
+/// What readers see of a segment's committed entries.
+#[derive(Debug, Default)]
+struct Committed {
+    /// Start positions, while the segment is the tail; empty once it is sealed.
+    positions: Vec<u64>,
+    /// Committed entries.
+    count: u64,
+    /// Sealed: the index file is complete and synced, positions are read from it.
+    sealed: bool,
+}
+
 pub(crate) struct Segment {
     pub files: SegmentFiles,
     /// Open while in use; the broker's [`FileCache`] may close it between uses.
     data: CachedFile,
-    /// `None` for segments sealed before this process started: their index is only read, once.
-    index: Option<CachedFile>,
-    /// Start positions of committed entries. Pushed to only after the index fsync that covers them.
-    positions: RwLock<Vec<u64>>,
+    index: CachedFile,
+    committed: RwLock<Committed>,
     /// End of the last committed entry in the data file.
     committed_end: AtomicU64,
-    /// Entries written to the index file so far (only the index stage touches it).
+    /// Entries written to the index file so far (only the writer touches it).
     indexed: AtomicU64,
+    /// Length of the data file, preallocation included (only the writer touches it).
+    allocated: AtomicU64,
 }
 
 impl std::fmt::Debug for Segment {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Segment")
             .field("start", &self.files.start)
-            .field("committed", &self.positions.read().len())
+            .field("committed", &self.committed_count())
             .finish()
     }
 }
+
+/// Zeros written ahead of the tail's writes at a time, at most.
+static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
 
 impl Segment {
     /// Creates the two empty files of a new segment and makes their names durable.
@@ -62,73 +85,80 @@ impl Segment {
         vfs.sync_dir(dir).at(dir)?;
         Ok(Self {
             data: cache.adopt(vfs.clone(), &files.data, data),
-            index: Some(cache.adopt(vfs.clone(), &files.index, index)),
+            index: cache.adopt(vfs.clone(), &files.index, index),
             files,
-            positions: RwLock::new(Vec::new()),
+            committed: RwLock::new(Committed::default()),
             committed_end: AtomicU64::new(0),
             indexed: AtomicU64::new(0),
+            allocated: AtomicU64::new(0),
         })
     }
 
-    /// Opens a segment whose scan found it consistent, cutting what was never committed: a torn
-    /// index entry and data after the last indexed entry. `writable` is for the tail segment.
+    /// Opens a segment as its scan found it, making the files agree with what recovery keeps:
+    /// index entries rewritten or appended from the frames, a torn index tail cut, data past the
+    /// last entry (preallocated zeros, a torn write) cut. `tail` keeps positions in memory; any
+    /// other segment is sealed and opens no file until it is read.
     pub fn recover(
         vfs: &Arc<dyn Vfs>,
         cache: &Arc<FileCache>,
         scan: SegmentScan,
-        writable: bool,
+        tail: bool,
     ) -> Result<Self, StorageError> {
         let files = scan.files.clone();
         let dir = files.data.parent().unwrap_or(Path::new("."));
-        let mut created = false;
-        let data = if scan.data_exists {
-            vfs.open(&files.data, OpenMode::ReadWrite).at(&files.data)?
-        } else {
-            created = true;
-            vfs.open(&files.data, OpenMode::CreateNew).at(&files.data)?
-        };
-        let index = if scan.index_exists {
-            vfs.open(&files.index, OpenMode::ReadWrite)
-                .at(&files.index)?
-        } else {
-            created = true;
-            vfs.open(&files.index, OpenMode::CreateNew)
-                .at(&files.index)?
-        };
-        if created {
-            vfs.sync_dir(dir).at(dir)?;
-        }
-        if let Some(repair) = &scan.repair {
-            for &(entry, said, is) in &repair.rewritten {
-                tracing::warn!(file = %files.index.display(), entry, said, frames_say = is, "index entry contradicts its CRC-valid frame; rewritten from the frame");
-                index
-                    .write_all_at(&index::encode(&[is]), index::entry_pos(entry as u64))
-                    .at(&files.index)?;
+        let changes_index = scan.torn_index_bytes() > 0
+            || scan.repair.as_ref().is_some_and(|r| r.changes_index())
+            || !scan.index_exists;
+        let changes_data = scan.data_len > scan.committed_end || !scan.data_exists;
+        if changes_index || changes_data || scan.reconciled {
+            let mut created = false;
+            let mut open = |path: &Path, exists: bool| {
+                created |= !exists;
+                let mode = if exists {
+                    OpenMode::ReadWrite
+                } else {
+                    OpenMode::CreateNew
+                };
+                vfs.open(path, mode).at(path)
+            };
+            let data = open(&files.data, scan.data_exists)?;
+            let index = open(&files.index, scan.index_exists)?;
+            if created {
+                vfs.sync_dir(dir).at(dir)?;
             }
-            if !repair.rewritten.is_empty() {
+            if changes_index {
+                fix_index(&*index, &scan)?;
+            } else if scan.reconciled {
                 index.sync_data().at(&files.index)?;
             }
-        }
-        if scan.torn_index_bytes() > 0 {
-            tracing::warn!(file = %files.index.display(), bytes = scan.torn_index_bytes(), "cutting a torn, never-synced index tail");
-            index
-                .set_len(scan.index_len - scan.torn_index_bytes())
-                .at(&files.index)?;
-            index.sync_data().at(&files.index)?;
-        }
-        if scan.uncommitted_bytes() > 0 {
-            tracing::warn!(file = %files.data.display(), bytes = scan.uncommitted_bytes(), "cutting uncommitted data after the last indexed entry");
-            data.set_len(scan.committed_end).at(&files.data)?;
-            data.sync_data().at(&files.data)?;
+            if scan.data_len > scan.committed_end {
+                let torn = scan.repair.as_ref().is_some_and(|r| r.torn_data);
+                if torn || !tail {
+                    tracing::warn!(file = %files.data.display(), bytes = scan.data_len - scan.committed_end, "cutting data after the last complete entry (a write that was never acknowledged)");
+                }
+                data.set_len(scan.committed_end).at(&files.data)?;
+                data.sync_data().at(&files.data)?;
+            } else if scan.reconciled {
+                data.sync_data().at(&files.data)?;
+            }
         }
         let count = scan.count();
+        let (data, index) = (
+            cache.lazy(vfs.clone(), &files.data),
+            cache.lazy(vfs.clone(), &files.index),
+        );
         Ok(Self {
-            data: cache.adopt(vfs.clone(), &files.data, data),
-            index: writable.then(|| cache.adopt(vfs.clone(), &files.index, index)),
+            data,
+            index,
             files,
-            positions: RwLock::new(scan.positions),
+            committed: RwLock::new(Committed {
+                positions: if tail { scan.positions } else { Vec::new() },
+                count,
+                sealed: !tail,
+            }),
             committed_end: AtomicU64::new(scan.committed_end),
             indexed: AtomicU64::new(count),
+            allocated: AtomicU64::new(scan.committed_end),
         })
     }
 
@@ -136,114 +166,213 @@ impl Segment {
         self.files.start
     }
 
-    /// Whether this segment takes appends (the tail at open, or created since).
-    pub fn writable(&self) -> bool {
-        self.index.is_some()
+    /// Whether the segment is sealed (complete, synced, never written again).
+    pub fn sealed(&self) -> bool {
+        self.committed.read().sealed
     }
 
     pub fn committed_count(&self) -> u64 {
-        self.positions.read().len() as u64
+        self.committed.read().count
     }
 
     pub fn committed_bytes(&self) -> u64 {
         self.committed_end.load(Ordering::Acquire)
     }
 
-    // ---- the append side (called only from the log's data and index stages) ----
+    // ---- the append side (called only from the log's writer) ----
 
-    /// Writes `buf` at `pos` of the data file; returns the open file, which the caller holds until
-    /// the fsync that makes the write durable (see [`FileCache`]).
-    pub fn write_data(&self, buf: &[u8], pos: u64) -> Result<Arc<dyn VfsFile>, StorageError> {
+    /// Writes `buf` at `pos` of the data file, after zeros ahead of it where the file must grow
+    /// (so that most commits' `fdatasync` has no file size to write); returns the open file, which
+    /// the caller holds until the fsync that makes the write durable (see [`FileCache`]).
+    pub fn write_data(
+        &self,
+        buf: &[u8],
+        pos: u64,
+        preallocate: u64,
+    ) -> Result<Arc<dyn VfsFile>, StorageError> {
         let data = self.data.get().at(&self.files.data)?;
         data.write_all_at(buf, pos).at(&self.files.data)?;
+        let end = pos + buf.len() as u64;
+        let mut allocated = self.allocated.load(Ordering::Relaxed).max(end);
+        if preallocate > 0 && allocated < end + preallocate / 2 {
+            let target = end + preallocate;
+            while allocated < target {
+                let n = (target - allocated).min(ZEROS.len() as u64) as usize;
+                data.write_all_at(&ZEROS[..n], allocated)
+                    .at(&self.files.data)?;
+                allocated += n as u64;
+            }
+        }
+        self.allocated.store(allocated, Ordering::Relaxed);
         Ok(data)
     }
 
-    /// Appends index entries for `positions` (not yet visible to readers); returns the open
-    /// index file, to be held until its fsync.
-    pub fn write_index(&self, positions: &[u64]) -> Result<Arc<dyn VfsFile>, StorageError> {
-        let index = self
-            .index
-            .as_ref()
-            .ok_or_else(|| StorageError::Inconsistent {
-                path: self.files.index.clone(),
-                reason: "append to a sealed segment".into(),
-            })?
-            .get()
-            .at(&self.files.index)?;
-        let at = index::entry_pos(self.indexed.load(Ordering::Relaxed));
-        index
-            .write_all_at(&index::encode(positions), at)
-            .at(&self.files.index)?;
-        self.indexed
-            .fetch_add(positions.len() as u64, Ordering::Relaxed);
+    /// Appends the index entries of committed entries not yet written to the index file (and
+    /// `more`, entries of a batch being sealed into this segment), without syncing.
+    fn write_index(&self, more: &[u64]) -> Result<Arc<dyn VfsFile>, StorageError> {
+        let index = self.index.get().at(&self.files.index)?;
+        let from = self.indexed.load(Ordering::Relaxed);
+        let mut raw = {
+            let committed = self.committed.read();
+            let start = (from as usize).min(committed.positions.len());
+            index::encode(&committed.positions[start..])
+        };
+        raw.extend(index::encode(more));
+        if !raw.is_empty() {
+            index
+                .write_all_at(&raw, index::entry_pos(from))
+                .at(&self.files.index)?;
+            self.indexed
+                .fetch_add(raw.len() as u64 / index::ENTRY_LEN, Ordering::Relaxed);
+        }
         Ok(index)
     }
 
-    /// Cuts data and index entries written after the last commit (a batch that failed), and
-    /// makes the cut durable.
-    pub fn cut_uncommitted(&self) -> Result<(), StorageError> {
-        let count = self.committed_count();
+    /// Brings the index file up to the committed entries, without syncing: after a commit, off
+    /// the commit's critical path.
+    pub fn index_lazily(&self) -> Result<(), StorageError> {
+        self.write_index(&[]).map(drop)
+    }
+
+    /// Syncs the index file (its entries so far).
+    pub fn sync_index(&self) -> Result<(), StorageError> {
+        self.write_index(&[])?.sync_data().at(&self.files.index)
+    }
+
+    /// Makes this segment's layout exact and durable before the next segment is created: the data
+    /// cut to `end` (the end of `more`, the last entries a batch put here) and synced, the index
+    /// complete and synced. Recovery trusts every segment but the last as its index says, so a
+    /// segment is never followed by another before this returns. Readers still see it as the tail
+    /// until [`Segment::publish_sealed`].
+    pub fn seal_durably(&self, more: &[u64], end: u64) -> Result<(), StorageError> {
         let data = self.data.get().at(&self.files.data)?;
-        data.set_len(self.committed_bytes()).at(&self.files.data)?;
+        data.set_len(end).at(&self.files.data)?;
         data.sync_data().at(&self.files.data)?;
-        if let Some(index) = &self.index {
-            let index = index.get().at(&self.files.index)?;
+        self.allocated.store(end, Ordering::Relaxed);
+        self.write_index(more)?.sync_data().at(&self.files.index)
+    }
+
+    /// Cuts data and index back to the committed entries (a batch that failed), rewriting the
+    /// index from memory (it may hold entries of the failed batch, or lag behind), and makes the
+    /// cut durable. The segment takes appends again, even if the failed batch had sealed it.
+    pub fn cut_uncommitted(&self) -> Result<(), StorageError> {
+        let committed = self.committed.read();
+        let end = self.committed_bytes();
+        let data = self.data.get().at(&self.files.data)?;
+        data.set_len(end).at(&self.files.data)?;
+        data.sync_data().at(&self.files.data)?;
+        self.allocated.store(end, Ordering::Relaxed);
+        let index = self.index.get().at(&self.files.index)?;
+        index
+            .set_len(index::entry_pos(committed.count))
+            .at(&self.files.index)?;
+        if !committed.sealed {
             index
-                .set_len(index::entry_pos(count))
+                .write_all_at(&index::encode(&committed.positions), 0)
                 .at(&self.files.index)?;
-            index.sync_data().at(&self.files.index)?;
         }
-        self.indexed.store(count, Ordering::Relaxed);
+        index.sync_data().at(&self.files.index)?;
+        self.indexed.store(committed.count, Ordering::Relaxed);
         Ok(())
     }
 
-    /// Makes entries visible to readers, after their index fsync.
+    /// Leaves the exact layout of a sealed segment (a clean shutdown): index complete and synced,
+    /// preallocated zeros cut.
+    pub fn close(&self) -> Result<(), StorageError> {
+        if self.sealed() {
+            return Ok(());
+        }
+        let end = self.committed_bytes();
+        if self.allocated.load(Ordering::Relaxed) != end {
+            let data = self.data.get().at(&self.files.data)?;
+            data.set_len(end).at(&self.files.data)?;
+            data.sync_data().at(&self.files.data)?;
+            self.allocated.store(end, Ordering::Relaxed);
+        }
+        self.sync_index()
+    }
+
+    /// Makes entries visible to readers, after the data fsync that commits them.
     pub fn publish(&self, positions: &[u64], end: u64) {
-        self.positions.write().extend_from_slice(positions);
+        let mut committed = self.committed.write();
+        committed.positions.extend_from_slice(positions);
+        committed.count += positions.len() as u64;
         self.committed_end.store(end, Ordering::Release);
+    }
+
+    /// Readers read positions from the (sealed, synced) index from now on; the memory goes.
+    pub fn publish_sealed(&self) {
+        let mut committed = self.committed.write();
+        committed.sealed = true;
+        committed.positions = Vec::new();
     }
 
     // ---- the read side ----
 
+    /// The positions of entries `i..i + n` and where the last of them ends (`None` if `i` is not
+    /// committed), from memory for the tail and from the index file for a sealed segment.
+    fn spans_of(&self, i: u64, n: u64) -> Result<Option<(Vec<u64>, u64)>, StorageError> {
+        let committed = self.committed.read();
+        if i >= committed.count {
+            return Ok(None);
+        }
+        let n = n.min(committed.count - i);
+        let end_all = self.committed_end.load(Ordering::Acquire);
+        if !committed.sealed {
+            let k = i as usize;
+            let positions = committed.positions[k..k + n as usize].to_vec();
+            let end = committed.positions.get(k + n as usize).copied();
+            return Ok(Some((positions, end.unwrap_or(end_all))));
+        }
+        // One more entry than asked, where there is one, says where the last asked ends.
+        let with_next = (n + 1).min(committed.count - i);
+        drop(committed);
+        let mut raw = vec![0u8; (with_next * index::ENTRY_LEN) as usize];
+        self.index
+            .get()
+            .at(&self.files.index)?
+            .read_exact_at(&mut raw, index::entry_pos(i))
+            .at(&self.files.index)?;
+        let mut positions = index::decode(&raw);
+        let end = if with_next > n {
+            positions.pop().expect("read n + 1")
+        } else {
+            end_all
+        };
+        Ok(Some((positions, end)))
+    }
+
     /// Reads up to `max_count` committed entries from `offset`, stopping early once `max_bytes` of
     /// payload are gathered (always returning at least one entry when there is one). One `pread`
-    /// covers the whole run.
+    /// of the data covers the whole run.
     pub fn read_from(
         &self,
         offset: u64,
         max_count: usize,
         max_bytes: usize,
     ) -> Result<Vec<Entry>, StorageError> {
-        let (first, spans) = {
-            let positions = self.positions.read();
-            let Some(i) = offset.checked_sub(self.start()) else {
-                return Ok(Vec::new());
-            };
-            let i = i as usize;
-            if i >= positions.len() {
-                return Ok(Vec::new());
-            }
-            let end_all = self.committed_end.load(Ordering::Acquire);
-            let mut spans = Vec::new();
-            let mut total = 0usize;
-            for j in i..positions.len().min(i.saturating_add(max_count)) {
-                let start = positions[j];
-                let end = positions.get(j + 1).copied().unwrap_or(end_all);
-                let len = end.saturating_sub(start) as usize;
-                if !spans.is_empty() && total + len > max_bytes {
-                    break;
-                }
-                total += len;
-                spans.push((start, end));
-            }
-            (i, spans)
+        let Some(i) = offset.checked_sub(self.start()) else {
+            return Ok(Vec::new());
         };
+        let Some((positions, end_all)) = self.spans_of(i, max_count as u64)? else {
+            return Ok(Vec::new());
+        };
+        let mut spans = Vec::with_capacity(positions.len());
+        let mut total = 0usize;
+        for (j, &start) in positions.iter().enumerate() {
+            let end = positions.get(j + 1).copied().unwrap_or(end_all);
+            let len = end.saturating_sub(start) as usize;
+            if !spans.is_empty() && total + len > max_bytes {
+                break;
+            }
+            total += len;
+            spans.push((start, end.max(start)));
+        }
         let Some(&(lo, _)) = spans.first() else {
             return Ok(Vec::new());
         };
         let hi = spans.last().map(|s| s.1).unwrap_or(lo);
-        let mut buf = vec![0u8; (hi - lo) as usize];
+        let mut buf = vec![0u8; (hi.saturating_sub(lo)) as usize];
         self.data
             .get()
             .at(&self.files.data)?
@@ -253,8 +382,10 @@ impl Segment {
             .iter()
             .enumerate()
             .map(|(k, &(start, end))| {
-                let offset = self.start() + (first + k) as u64;
-                let bytes = &buf[(start - lo) as usize..(end - lo) as usize];
+                let offset = offset + k as u64;
+                let bytes = buf
+                    .get((start - lo) as usize..(end - lo) as usize)
+                    .unwrap_or(&[]);
                 Entry {
                     offset,
                     payload: self.decode(bytes, offset, start),
@@ -280,4 +411,36 @@ impl Segment {
         }
         frame::decode(bytes).map(<[u8]>::to_vec).map_err(corrupt)
     }
+}
+
+/// Makes a recovered segment's index file say what the scan keeps: entries rewritten from their
+/// frames, a torn tail cut, entries found past it appended; then syncs it.
+fn fix_index(index: &dyn VfsFile, scan: &SegmentScan) -> Result<(), StorageError> {
+    let path = &scan.files.index;
+    let kept_on_file = scan
+        .repair
+        .as_ref()
+        .map_or(scan.count(), |r| r.indexed as u64);
+    if let Some(repair) = &scan.repair {
+        for &(entry, said, is) in &repair.rewritten {
+            tracing::warn!(file = %path.display(), entry, said, frames_say = is, "index entry contradicts its CRC-valid frame; rewritten from the frame");
+            index
+                .write_all_at(&index::encode(&[is]), index::entry_pos(entry as u64))
+                .at(path)?;
+        }
+    }
+    if scan.torn_index_bytes() > 0 {
+        tracing::warn!(file = %path.display(), bytes = scan.torn_index_bytes(), "cutting a torn, never-synced index tail");
+    }
+    index.set_len(index::entry_pos(kept_on_file)).at(path)?;
+    if let Some(repair) = scan.repair.as_ref().filter(|r| r.reindexed() > 0) {
+        tracing::info!(file = %path.display(), entries = repair.reindexed(), "re-indexed committed entries past the last index entry");
+        index
+            .write_all_at(
+                &index::encode(&repair.positions[repair.indexed..]),
+                index::entry_pos(kept_on_file),
+            )
+            .at(path)?;
+    }
+    index.sync_data().at(path)
 }

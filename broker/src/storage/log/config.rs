@@ -10,7 +10,7 @@ pub use crate::storage::scan::TailCheck;
 /// When an append counts as durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FlushMode {
-    /// Many concurrent appends share one data fsync and one index fsync (the default).
+    /// Many concurrent appends share one data fsync, the commit point (the default).
     #[default]
     GroupCommit,
     /// Every append gets its own data fsync and index fsync, one after another (MMMQ's behaviour;
@@ -59,6 +59,13 @@ pub struct LogConfig {
     pub files: Arc<FileCache>,
     /// How closely recovery checks the tail segment (see [`TailCheck`]).
     pub tail_check: TailCheck,
+    /// Zeros written ahead of the tail's data (capped at `segment_max_bytes`), so that a commit's
+    /// `fdatasync` seldom has a new file size to write: measured here, a sync of a file that
+    /// grew costs about four synchronous writes, one that did not about three. 0 turns it off.
+    pub preallocate_bytes: u64,
+    /// The tail's index is written after each commit but synced at most this often (and at
+    /// rotation and close): it only saves recovery the re-indexing of the frames past it.
+    pub index_sync_interval: Duration,
 }
 
 impl std::fmt::Debug for LogConfig {
@@ -69,6 +76,7 @@ impl std::fmt::Debug for LogConfig {
             .field("max_batch_bytes", &self.max_batch_bytes)
             .field("retry_after", &self.retry_after)
             .field("max_open_files", &self.files.capacity())
+            .field("preallocate_bytes", &self.preallocate_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -83,6 +91,8 @@ impl Default for LogConfig {
             retry_after: Duration::from_secs(1),
             files: FileCache::for_process(DEFAULT_FD_RESERVE),
             tail_check: TailCheck::Full,
+            preallocate_bytes: 1024 * 1024,
+            index_sync_interval: Duration::from_secs(1),
         }
     }
 }

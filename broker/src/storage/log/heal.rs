@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use super::Inner;
-use super::writer::{Reply, Tail, Writer};
+use super::writer::{Reply, Tail};
 use crate::storage::error::{IoContext, StorageError};
 use crate::storage::scan;
 
@@ -23,18 +23,19 @@ impl Inner {
     }
 
     /// Cuts everything after the commit point, as recovery at open would, so that appends can
-    /// resume without a restart. Runs on the data stage with the index stage idle.
+    /// resume without a restart. Runs on the writer.
     pub(super) fn heal(&self) -> Result<(), StorageError> {
         let mut tail = self.tail.lock();
         let committed = *self.committed.borrow();
         let last = {
             let mut segments = self.segments.write();
             // Segments that a failed batch rotated into hold nothing committed; the one before
-            // them becomes the tail again. A segment sealed before this process started is never
-            // written, so an empty tail after it was not created by a failed batch: it stays.
+            // them (sealed on disk by the failed batch, not yet for readers) becomes the tail
+            // again. After a segment that is sealed for readers, an empty tail was not created by
+            // a failed batch: it stays.
             while segments.len() > 1
                 && segments.last().is_some_and(|s| s.committed_count() == 0)
-                && segments[segments.len() - 2].writable()
+                && !segments[segments.len() - 2].sealed()
             {
                 segments.pop();
             }
@@ -62,22 +63,13 @@ impl Inner {
             write_pos: last.committed_bytes(),
             segment: last,
             next_offset: committed,
+            index_synced: Instant::now(),
         };
         Ok(())
     }
 
     /// Stops the log taking appends after `error`, failing `replies` and everything queued.
     pub(super) fn poison(&self, error: &StorageError, replies: impl IntoIterator<Item = Reply>) {
-        self.poison_and(error, replies, |_| {});
-    }
-
-    /// [`Inner::poison`], also changing the writer state under the same lock.
-    pub(super) fn poison_and(
-        &self,
-        error: &StorageError,
-        replies: impl IntoIterator<Item = Reply>,
-        also: impl FnOnce(&mut Writer),
-    ) {
         tracing::error!(dir = %self.dir.display(), %error, retry_after_ms = self.config.retry_after.as_millis() as u64, "log write failed; refusing appends, then recovering in place");
         let (cause, queued) = {
             let mut w = self.writer.lock();
@@ -96,12 +88,18 @@ impl Inner {
                     cause
                 }
             };
-            let mut queued: Vec<Reply> = w.pending.drain(..).map(|p| p.reply).collect();
-            queued.extend(w.indexing.drain(..).flat_map(|s| s.replies).map(|r| r.0));
-            also(&mut w);
+            // A close stays queued: it must still leave the layout exact.
+            let (keep, queued): (Vec<_>, Vec<_>) = w
+                .pending
+                .drain(..)
+                .partition(|op| matches!(op, super::writer::Op::Close(_)));
+            w.pending.extend(keep);
             (cause, queued)
         };
-        self.fail(&cause, replies.into_iter().chain(queued));
+        self.fail(&cause, replies);
+        for op in queued {
+            op.fail(self.poisoned_error(&cause));
+        }
     }
 
     pub(super) fn fail(&self, cause: &str, replies: impl IntoIterator<Item = Reply>) {

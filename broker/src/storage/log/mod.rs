@@ -1,15 +1,18 @@
 //! A log: a chain of segments with one writer and any number of readers. A topic is one log today;
 //! when topics become partitions, each partition is one log. Nothing here knows about topics.
 //!
-//! # Group commit, pipelined
-//! Appends queue up in [`Writer::pending`]. The *data stage* takes everything queued, gives it
-//! consecutive offsets, writes it to the tail segment's data file (rotating as needed) and fsyncs
-//! the data. It hands the batch to the *index stage*, which appends the positions to the index,
-//! fsyncs the index — the commit point — then makes the entries visible to readers and answers the
-//! waiting appends. The two stages run on separate blocking threads, so the data fsync of one batch
-//! overlaps the index fsync of the batch before: a closed loop of appenders keeps both files' syncs
-//! in flight. Neither stage exists while a log is idle: each is a `spawn_blocking` task started when
-//! work arrives and finished when the queue is empty, so ten thousand idle logs cost no thread.
+//! # Group commit, one fsync
+//! Appends queue up in the writer. Its one stage takes everything queued, gives it consecutive
+//! offsets, writes it to the tail segment's data file (rotating as needed) and fsyncs the data —
+//! the commit point (README, "Storage") — then makes the entries visible to readers, answers the
+//! waiting appends, and writes their index entries without syncing. While one batch is being
+//! synced the next one queues, so a closed loop of appenders shares each fsync. The index lags
+//! the data: it is synced at most every [`LogConfig::index_sync_interval`], at rotation and at
+//! close, and recovery re-indexes the CRC-valid frames past it. The tail's data file is
+//! preallocated with zeros ahead of the writes, so that most fsyncs have no file size to write;
+//! rotation and close cut it back to its last entry. The stage exists only while there is work:
+//! a `spawn_blocking` task started when an append arrives and finished when the queue is empty,
+//! so ten thousand idle logs cost no thread.
 //!
 //! # Failure
 //! An error from a write or an fsync means the state of the file is unknown (after a failed fsync
@@ -20,10 +23,9 @@
 //! synced. If that works the log takes appends again; if the disk still fails, it stays poisoned
 //! for another `retry_after`. Reads of what was committed go on working throughout.
 
-//!
 //! # Layout
 //! - [`config`]: how a log writes ([`LogConfig`], [`FlushMode`]).
-//! - `writer`: the group-commit writer, its two stages and the commit.
+//! - `writer`: the group-commit writer and the commit.
 //! - `heal`: poison after a failure, and recovery in place.
 //! - this module: [`Log`], its recovery at open, and the segment chain readers go through.
 
@@ -34,7 +36,7 @@ mod writer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 use tokio::sync::{oneshot, watch};
 
 use super::error::{IoContext, StorageError};
@@ -43,7 +45,7 @@ use super::scan::{self, ChainGap};
 use super::segment::{Entry, Segment};
 use super::vfs::{Vfs, create_dir_durably};
 pub use config::{CommitObserver, DEFAULT_FD_RESERVE, FlushMode, LogConfig, TailCheck};
-use writer::{Pending, Tail, Writer};
+use writer::{Op, Pending, Tail, Writer};
 
 /// Sizes for the topic list and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,8 +67,6 @@ struct Inner {
     /// The next offset past the last committed entry; readers and subscribers watch it.
     committed: watch::Sender<u64>,
     writer: Mutex<Writer>,
-    /// Signalled when the index stage finishes (recovery in place waits for it).
-    index_idle: Condvar,
     tail: Mutex<Tail>,
 }
 
@@ -86,8 +86,10 @@ impl std::fmt::Debug for Log {
 }
 
 impl Log {
-    /// Opens (or creates) the log in `dir`, recovering it as the README's "Storage" says: the index is the
-    /// truth, uncommitted data is cut, an index that points past its data is an error.
+    /// Opens (or creates) the log in `dir`, recovering it as the README's "Storage" says: the tail
+    /// is reconciled with its CRC-valid frames (entries past its index re-indexed, a torn write
+    /// cut), sealed segments are trusted as their index says, and an index that points past its
+    /// data is an error.
     ///
     /// Blocking; must be called from within a Tokio runtime (the log's stages run on its blocking
     /// pool), typically inside `spawn_blocking`.
@@ -99,7 +101,7 @@ impl Log {
         for stray in &listing.strays {
             tracing::warn!(dir = %dir.display(), file = %stray, "ignoring a file that is not named like a segment");
         }
-        let mut scans = scan::scan_log(&*vfs, &listing, config.tail_check)?;
+        let mut scans = scan::scan_log(&*vfs, &listing, config.tail_check, false)?;
         if let Some(bad) = scans.iter().find(|s| s.inconsistency.is_some()) {
             return Err(StorageError::Inconsistent {
                 path: bad.files.index.clone(),
@@ -145,6 +147,7 @@ impl Log {
             write_pos: tail_segment.committed_bytes(),
             segment: tail_segment,
             next_offset,
+            index_synced: std::time::Instant::now(),
         };
         Ok(Self {
             inner: Arc::new(Inner {
@@ -155,7 +158,6 @@ impl Log {
                 segments: RwLock::new(segments),
                 committed: watch::Sender::new(next_offset),
                 writer: Mutex::new(Writer::default()),
-                index_idle: Condvar::new(),
                 tail: Mutex::new(tail),
             }),
         })
@@ -196,11 +198,28 @@ impl Log {
             lens.push((p.len() + frame::HEADER_LEN) as u32);
         }
         let (reply, rx) = oneshot::channel();
-        self.inner.submit(Pending {
+        self.inner.submit(Op::Append(Pending {
             frames,
             lens,
             reply,
-        })?;
+        }));
+        rx.await.map_err(|_| StorageError::Closed)?
+    }
+
+    /// Seals the tail segment if it holds entries, and starts a new, empty one (so that retention
+    /// can delete a tail that outlived its time). Waits for appends queued before it.
+    pub async fn roll(&self) -> Result<(), StorageError> {
+        let (done, rx) = oneshot::channel();
+        self.inner.submit(Op::Roll(done));
+        rx.await.map_err(|_| StorageError::Closed)?
+    }
+
+    /// Leaves the exact on-disk layout (the tail's index complete and synced, its preallocated
+    /// zeros cut) once the appends queued before it are done, and refuses appends from then on.
+    /// A clean shutdown closes every log; a log dropped without it recovers at the next open.
+    pub async fn close(&self) -> Result<(), StorageError> {
+        let (done, rx) = oneshot::channel();
+        self.inner.submit(Op::Close(done));
         rx.await.map_err(|_| StorageError::Closed)?
     }
 

@@ -23,7 +23,7 @@ async fn rotation_across_segment_sizes() {
         let mid = log.read_from(17, 20, usize::MAX).unwrap();
         assert_eq!(mid.first().unwrap().offset, 17);
         assert_eq!(mid.len(), 20);
-        drop(log);
+        close(log).await;
 
         let mut names: Vec<String> = std::fs::read_dir(tmp.path())
             .unwrap()
@@ -150,7 +150,7 @@ async fn every_flush_mode_stores_and_recovers() {
         for t in tasks {
             t.await.unwrap();
         }
-        drop(log);
+        close(log).await;
         let log = Log::open(tmp.path(), Arc::new(OsFs), config).unwrap();
         assert_eq!(log.next_offset(), 200, "{flush:?}");
         assert_eq!(read_all(&log).len(), 200);

@@ -23,6 +23,12 @@ pub(super) fn open(dir: &Path, segment_max_bytes: u64) -> Result<Log, StorageErr
     )
 }
 
+/// Closes the log as a clean shutdown does, leaving the exact layout (no preallocated zeros, the
+/// index complete) for a test to read or damage.
+pub(super) async fn close(log: Log) {
+    log.close().await.unwrap();
+}
+
 pub(super) fn payload(i: u64) -> Vec<u8> {
     // Varied lengths so that positions are not a multiple of anything.
     format!(r#"{{"n":{i},"pad":"{}"}}"#, "x".repeat((i % 37) as usize)).into_bytes()
@@ -86,9 +92,16 @@ async fn files_are_laid_out_as_the_readme_says() {
     assert_eq!(log.append(b"[]").await.unwrap(), 1);
     let files = seg0(tmp.path());
     assert!(files.data.ends_with("0000000000000000000.mmm"));
-    let data = std::fs::read(&files.data).unwrap();
     let mut expected = frame::encode(b"{\"a\":1}");
     expected.extend(frame::encode(b"[]"));
+    // While it runs, the tail is preallocated with zeros past its entries.
+    let running = std::fs::read(&files.data).unwrap();
+    assert_eq!(running[..expected.len()], expected);
+    assert!(running.len() > expected.len());
+    assert!(running[expected.len()..].iter().all(|&b| b == 0));
+    // A clean close leaves the exact layout.
+    close(log).await;
+    let data = std::fs::read(&files.data).unwrap();
     assert_eq!(data, expected);
     let index = std::fs::read(&files.index).unwrap();
     assert_eq!(index, [0u64.to_be_bytes(), 15u64.to_be_bytes()].concat());
@@ -99,7 +112,7 @@ async fn reopen_keeps_everything_and_continues_the_offsets() {
     let tmp = tempfile::tempdir().unwrap();
     let log = open(tmp.path(), 1 << 20).unwrap();
     fill(&log, 50).await;
-    drop(log);
+    close(log).await;
     let log = open(tmp.path(), 1 << 20).unwrap();
     assert_eq!(log.next_offset(), 50);
     assert_eq!(log.append(&payload(50)).await.unwrap(), 50);

@@ -7,34 +7,68 @@ use super::super::vfs::fault::{FaultyFs, Op};
 use super::super::*;
 use super::*;
 
+/// The data fsync is the commit point, and the index lags: a complete, CRC-valid entry past the
+/// last index entry may have been acknowledged, so recovery indexes it; a torn one was not, and
+/// is cut.
 #[tokio::test(flavor = "multi_thread")]
-async fn recovery_empty_index_with_data_truncates_the_data() {
+async fn recovery_indexes_complete_entries_past_an_empty_index_and_cuts_a_torn_one() {
     let tmp = tempfile::tempdir().unwrap();
-    drop(open(tmp.path(), 1 << 20).unwrap());
+    close(open(tmp.path(), 1 << 20).unwrap()).await;
     let files = seg0(tmp.path());
-    append_bytes(&files.data, &frame::encode(b"never committed"));
+    let whole = frame::encode(b"committed by its data fsync");
+    append_bytes(&files.data, &whole);
+    append_bytes(&files.data, &frame::encode(b"torn")[..9]);
     let log = open(tmp.path(), 1 << 20).unwrap();
-    assert_eq!(log.next_offset(), 0);
-    assert_eq!(len(&files.data), 0);
-    assert_eq!(log.append(b"1").await.unwrap(), 0);
-    assert_eq!(read_all(&log), vec![b"1".to_vec()]);
+    assert_eq!(log.next_offset(), 1);
+    assert_eq!(len(&files.data), whole.len() as u64);
+    assert_eq!(std::fs::read(&files.index).unwrap(), 0u64.to_be_bytes());
+    assert_eq!(log.append(b"1").await.unwrap(), 1);
+    assert_eq!(
+        read_all(&log),
+        vec![b"committed by its data fsync".to_vec(), b"1".to_vec()]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn recovery_cuts_data_past_the_last_indexed_entry() {
+async fn recovery_reindexes_entries_past_the_index_and_cuts_a_torn_write() {
     let tmp = tempfile::tempdir().unwrap();
     let log = open(tmp.path(), 1 << 20).unwrap();
     fill(&log, 5).await;
-    drop(log);
+    close(log).await;
     let files = seg0(tmp.path());
-    let committed = len(&files.data);
-    append_bytes(&files.data, &frame::encode(b"uncommitted"));
+    let lagging = frame::encode(&payload(5));
+    let committed = len(&files.data) + lagging.len() as u64;
+    append_bytes(&files.data, &lagging);
     append_bytes(&files.data, b"\x00\x00\x01");
     let log = open(tmp.path(), 1 << 20).unwrap();
     assert_eq!(len(&files.data), committed);
-    assert_eq!(log.next_offset(), 5);
-    assert_eq!(log.append(&payload(5)).await.unwrap(), 5);
-    assert_eq!(read_all(&log).len(), 6);
+    assert_eq!(len(&files.index), 6 * 8);
+    assert_eq!(log.next_offset(), 6);
+    assert_eq!(log.append(&payload(6)).await.unwrap(), 6);
+    assert_eq!(read_all(&log), (0..7).map(payload).collect::<Vec<_>>());
+}
+
+/// A running tail is preallocated with zeros and its index lags; dropped without a clean close
+/// (a crash), the next open finds every acknowledged entry and cuts the zeros.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crashed_tail_with_preallocated_zeros_and_a_lagging_index_recovers_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path(), 1 << 20).unwrap();
+    fill(&log, 40).await;
+    drop(log);
+    let files = seg0(tmp.path());
+    let written = std::fs::read(&files.data).unwrap();
+    let end = (0..40)
+        .map(|i| frame::encode(&payload(i)).len())
+        .sum::<usize>();
+    assert!(written.len() > end, "the tail is preallocated");
+    assert!(written[end..].iter().all(|&b| b == 0));
+    // The index lost its last 25 entries (never synced).
+    truncate(&files.index, 15 * 8);
+    let log = open(tmp.path(), 1 << 20).unwrap();
+    assert_eq!(read_all(&log), (0..40).map(payload).collect::<Vec<_>>());
+    assert_eq!(len(&files.data), end as u64);
+    assert_eq!(len(&files.index), 40 * 8);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -42,7 +76,7 @@ async fn recovery_refuses_an_index_that_points_past_the_data() {
     let tmp = tempfile::tempdir().unwrap();
     let log = open(tmp.path(), 1 << 20).unwrap();
     fill(&log, 3).await;
-    drop(log);
+    close(log).await;
     let files = seg0(tmp.path());
     // Cut the data inside the last committed entry: the index now points past it.
     truncate(&files.data, len(&files.data) - 1);
@@ -60,7 +94,7 @@ async fn recovery_refuses_an_index_entry_beyond_the_data() {
     let tmp = tempfile::tempdir().unwrap();
     let log = open(tmp.path(), 1 << 20).unwrap();
     fill(&log, 2).await;
-    drop(log);
+    close(log).await;
     let files = seg0(tmp.path());
     append_bytes(&files.index, &10_000u64.to_be_bytes());
     let msg = open(tmp.path(), 1 << 20).unwrap_err().to_string();
@@ -73,15 +107,16 @@ async fn recovery_cuts_a_torn_index_entry() {
     let tmp = tempfile::tempdir().unwrap();
     let log = open(tmp.path(), 1 << 20).unwrap();
     fill(&log, 4).await;
-    drop(log);
+    close(log).await;
     let files = seg0(tmp.path());
     append_bytes(&files.data, &frame::encode(b"half committed"));
     append_bytes(&files.index, &[0, 0, 0]);
     let log = open(tmp.path(), 1 << 20).unwrap();
-    assert_eq!(log.next_offset(), 4);
-    assert_eq!(len(&files.index), 32);
-    assert_eq!(log.append(&payload(4)).await.unwrap(), 4);
-    assert_eq!(read_all(&log).len(), 5);
+    // The torn index bytes are cut, the complete entry past them is indexed.
+    assert_eq!(log.next_offset(), 5);
+    assert_eq!(len(&files.index), 40);
+    assert_eq!(log.append(&payload(5)).await.unwrap(), 5);
+    assert_eq!(read_all(&log).len(), 6);
 }
 
 /// A crash can stop the data write of the last entry at any byte: whichever byte it is, recovery
@@ -92,7 +127,7 @@ async fn a_torn_tail_cut_at_every_byte_of_the_last_entry() {
     let pristine = tmp.path().join("pristine");
     let log = open(&pristine, 1 << 20).unwrap();
     fill(&log, 3).await;
-    drop(log);
+    close(log).await;
     let files = seg0(&pristine);
     let committed = len(&files.data);
     let last = frame::encode(&payload(3));
@@ -101,11 +136,18 @@ async fn a_torn_tail_cut_at_every_byte_of_the_last_entry() {
         copy_segment(&pristine, &dir);
         append_bytes(&seg0(&dir).data, &last[..cut]);
         let log = open(&dir, 1 << 20).unwrap();
-        assert_eq!(log.next_offset(), 3, "cut {cut}");
-        assert_eq!(len(&seg0(&dir).data), committed, "cut {cut}");
-        assert_eq!(log.append(&payload(3)).await.unwrap(), 3);
+        // Whole, the entry is committed (its data fsync may have returned); torn, it is cut.
+        let whole = u64::from(cut == last.len());
+        assert_eq!(log.next_offset(), 3 + whole, "cut {cut}");
+        let kept = committed + whole * last.len() as u64;
+        assert_eq!(len(&seg0(&dir).data), kept, "cut {cut}");
+        assert_eq!(log.append(&payload(3 + whole)).await.unwrap(), 3 + whole);
         let all = read_all(&log);
-        assert_eq!(all, (0..4).map(payload).collect::<Vec<_>>(), "cut {cut}");
+        assert_eq!(
+            all,
+            (0..4 + whole).map(payload).collect::<Vec<_>>(),
+            "cut {cut}"
+        );
     }
 }
 
@@ -117,7 +159,7 @@ async fn an_indexed_entry_cut_at_every_byte_is_refused() {
     let pristine = tmp.path().join("pristine");
     let log = open(&pristine, 1 << 20).unwrap();
     fill(&log, 3).await;
-    drop(log);
+    close(log).await;
     let files = seg0(&pristine);
     let full = len(&files.data);
     let last_start = full - frame::encode(&payload(2)).len() as u64;
@@ -138,7 +180,7 @@ async fn a_flipped_bit_isolates_one_entry() {
     let tmp = tempfile::tempdir().unwrap();
     let log = open(tmp.path(), 1 << 20).unwrap();
     fill(&log, 5).await;
-    drop(log);
+    close(log).await;
     let files = seg0(tmp.path());
     let mut data = std::fs::read(&files.data).unwrap();
     let index = std::fs::read(&files.index).unwrap();
@@ -175,10 +217,11 @@ async fn an_interrupted_rotation_leaves_an_empty_segment_that_recovery_removes()
     let tmp = tempfile::tempdir().unwrap();
     let log = open(tmp.path(), 1 << 20).unwrap();
     fill(&log, 3).await;
-    drop(log);
-    // A rotation created segment 5 for a batch whose entries 3 and 4 never got their index.
+    close(log).await;
+    // A rotation (of an older version, which created the next segment before the batch that
+    // filled the last one was committed) left segment 5 empty.
     let orphan = SegmentFiles::new(tmp.path(), 5);
-    std::fs::write(&orphan.data, frame::encode(b"lost")).unwrap();
+    std::fs::write(&orphan.data, b"").unwrap();
     std::fs::write(&orphan.index, b"").unwrap();
     let log = open(tmp.path(), 1 << 20).unwrap();
     assert!(!orphan.data.exists() && !orphan.index.exists());
@@ -191,7 +234,7 @@ async fn a_gap_between_non_empty_segments_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let log = open(tmp.path(), 1).unwrap();
     fill(&log, 4).await;
-    drop(log);
+    close(log).await;
     let gone = SegmentFiles::new(tmp.path(), 1);
     std::fs::remove_file(&gone.data).unwrap();
     std::fs::remove_file(&gone.index).unwrap();
@@ -237,7 +280,7 @@ async fn recovery_in_place_keeps_an_empty_tail_after_a_sealed_segment() {
     let log = open(tmp.path(), 100).unwrap();
     fill(&log, 3).await;
     let next = log.next_offset();
-    drop(log);
+    close(log).await;
     // A crash right after a rotation leaves an empty tail where the log ends.
     for ext in ["mmm", "idx"] {
         std::fs::write(tmp.path().join(segment_file_name(next, ext)), b"").unwrap();
@@ -270,7 +313,7 @@ async fn a_flipped_bit_in_the_tail_index_is_repaired_from_the_frames() {
     let pristine = tmp.path().join("pristine");
     let log = open(&pristine, 1 << 20).unwrap();
     fill(&log, 40).await;
-    drop(log);
+    close(log).await;
     let files = seg0(&pristine);
     let index = std::fs::read(&files.index).unwrap();
     let mut cases = 0;
@@ -289,7 +332,7 @@ async fn a_flipped_bit_in_the_tail_index_is_repaired_from_the_frames() {
                 (0..40).map(payload).collect::<Vec<_>>(),
                 "{what}"
             );
-            drop(log);
+            close(log).await;
             // The repair is on disk: the index is byte for byte the original again.
             assert_eq!(std::fs::read(seg0(&dir).index).unwrap(), index, "{what}");
             cases += 1;
@@ -305,7 +348,7 @@ async fn zeros_in_the_tail_index_past_the_valid_frames_are_cut() {
     let tmp = tempfile::tempdir().unwrap();
     let log = open(tmp.path(), 1 << 20).unwrap();
     fill(&log, 10).await;
-    drop(log);
+    close(log).await;
     let files = seg0(tmp.path());
     // Two more entries whose index slots were lost (zeros) and whose data is torn.
     let mut extra = frame::encode(&payload(10));
@@ -329,7 +372,7 @@ async fn a_quick_tail_check_repairs_what_it_sees_and_leaves_an_ordered_flip_to_t
     let pristine = tmp.path().join("pristine");
     let log = open(&pristine, 1 << 20).unwrap();
     fill(&log, 40).await;
-    drop(log);
+    close(log).await;
     let index = std::fs::read(seg0(&pristine).index).unwrap();
     let positions = index::decode(&index);
     // Entry 20 one byte later keeps the order (entries are longer than 9 bytes); entry 20 far
