@@ -18,6 +18,8 @@ pub use crate::produce::{ProduceError, ProduceItem};
 use crate::storage::{FileCache, OsFs, StorageError, Vfs, clean};
 use crate::topics::Registry;
 
+mod topic_admin;
+
 /// Errors of the broker layer.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
@@ -39,6 +41,9 @@ pub enum BrokerError {
     /// No such topic (pull).
     #[error("no topic {0:?}")]
     UnknownTopic(String),
+    /// A topic configuration that cannot be applied (names the field).
+    #[error(transparent)]
+    InvalidSettings(#[from] crate::topics::settings::SettingsError),
     /// Stored messages could not be read (a disk error; corruption of single entries is not an
     /// error: those are left out).
     #[error("cannot read: {0}")]
@@ -73,6 +78,8 @@ pub struct Broker {
     registry: Arc<Registry>,
     dispatch: Arc<Dispatch>,
     metrics: Arc<Metrics>,
+    /// Stops the broker's own tasks (retention) at shutdown.
+    background: CancellationToken,
 }
 
 fn now_ms() -> u64 {
@@ -125,10 +132,19 @@ impl Broker {
         let registry = Arc::new(
             Registry::restore(config.topics_dir(), vfs.clone(), log_config, interrupt)
                 .await?
-                .with_max_topics(config.max_topics),
+                .with_max_topics(config.max_topics)
+                .with_defaults(config.topic_defaults.clone()),
         );
         let dispatch = Dispatch::start(registry.clone(), metrics.clone(), factory);
         let report = dispatch.apply(specs).await?;
+        let background = CancellationToken::new();
+        topic_admin::spawn_retention(
+            registry.clone(),
+            dispatch.clone(),
+            metrics.clone(),
+            config.retention_check,
+            background.clone(),
+        );
         tracing::info!(
             dispatchers = report.added.len(),
             topics = registry.len(),
@@ -141,6 +157,7 @@ impl Broker {
             registry,
             dispatch,
             metrics,
+            background,
         })
     }
 
@@ -251,11 +268,16 @@ impl Broker {
             .into_iter()
             .map(|t| {
                 let s = t.log.stats();
+                let config = self.registry.config_of(&t);
                 TopicInfo {
                     name: t.topic.to_string(),
                     next_offset: s.next_offset,
                     segments: s.segments as u64,
                     bytes: s.bytes,
+                    partition_count: config.partitions,
+                    first_offset: t.log.first_offset(),
+                    retention_ms: config.retention_ms,
+                    retention_bytes: config.retention_bytes,
                 }
             })
             .collect()
@@ -422,6 +444,7 @@ impl Broker {
     /// tail segment. Call it when nothing produces any more (`serve` does, after the HTTP server
     /// has finished its requests); if the marker cannot be written, the next boot checks fully.
     pub async fn shutdown(&self) {
+        self.background.cancel();
         self.dispatch.shutdown().await;
         if !self.registry.close_all().await {
             tracing::warn!("a log did not close cleanly; the next boot checks every tail segment");

@@ -61,6 +61,10 @@ pub struct Metrics {
     pub dead_lettered: Family<DispatchLabel, Counter>,
     /// Corrupt entries skipped by dispatchers.
     pub corrupt_skipped: Family<DispatchLabel, Counter>,
+    /// Messages retention deleted before a dispatcher delivered them.
+    pub skipped: Family<DispatchLabel, Counter>,
+    /// Segments deleted by retention, by topic.
+    pub segments_deleted: Family<TopicLabel, Counter>,
     /// Seconds from append to the consumer's ACK.
     pub delivery_latency: HistogramFamily<ConsumerLabel>,
     /// Messages not yet delivered, by dispatcher and topic (filled at scrape).
@@ -91,6 +95,8 @@ impl Metrics {
             retries: Family::default(),
             dead_lettered: Family::default(),
             corrupt_skipped: Family::default(),
+            skipped: Family::default(),
+            segments_deleted: Family::default(),
             delivery_latency: Family::new_with_constructor(latency_histogram),
             lag: Family::default(),
             open_segment_files: Gauge::default(),
@@ -141,6 +147,16 @@ impl Metrics {
             "corrupt_entries_skipped",
             "Corrupt entries skipped by dispatchers",
             m.corrupt_skipped.clone(),
+        );
+        registry.register(
+            "messages_skipped_by_retention",
+            "Messages retention deleted before a dispatcher delivered them",
+            m.skipped.clone(),
+        );
+        registry.register(
+            "retention_segments_deleted",
+            "Segments deleted by retention",
+            m.segments_deleted.clone(),
         );
         registry.register(
             "delivery_latency_seconds",

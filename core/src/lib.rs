@@ -25,7 +25,10 @@ pub use ack::Ack;
 pub use handler::{ErasedHandler, HandlerFuture, Message, erase};
 pub use message::{ContentShape, Envelope, MAX_CONTENT_DEPTH, StoredMessage, content_shape};
 pub use pattern::{PatternError, TopicPattern};
-pub use status::{DispatcherStatus, PullPage, ReloadReport, TargetStatus, TopicInfo, TopicStatus};
+pub use status::{
+    DEFAULT_RETENTION_MS, DispatcherStatus, PartitionInfo, PullPage, ReloadReport, TargetStatus,
+    TopicConfig, TopicDetail, TopicInfo, TopicStatus,
+};
 pub use topic::{ConsumerId, NameError, Topic};
 
 /// An error and its causes on one line ("error sending request: connection refused …"): an HTTP

@@ -18,6 +18,83 @@ pub struct TopicInfo {
     pub segments: u64,
     /// Stored bytes.
     pub bytes: u64,
+    /// Partitions (1 until partitioned topics exist).
+    #[serde(default = "one")]
+    pub partition_count: u32,
+    /// The first offset still stored (partition 0's): retention moves it.
+    #[serde(default)]
+    pub first_offset: u64,
+    /// The topic's retention by time, `None` forever (an extension of the contract's list, so
+    /// that `mmmq topics` can show it).
+    #[serde(default)]
+    pub retention_ms: Option<u64>,
+    /// The topic's retention by size per partition, `None` unbounded.
+    #[serde(default)]
+    pub retention_bytes: Option<u64>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A topic's configuration (`topics/{topic}/topic.json`, `PUT /mmmq/topics/{topic}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TopicConfig {
+    /// Partitions, 1–1024; may grow, never shrink.
+    pub partitions: u32,
+    /// Messages older than this are deleted (whole segments); `None` keeps them forever.
+    pub retention_ms: Option<u64>,
+    /// Per partition, the oldest segments are deleted while more than this is stored.
+    pub retention_bytes: Option<u64>,
+    /// Retention never deletes what a dispatcher matching the topic has not yet passed.
+    pub keep_undelivered: bool,
+    /// How long a produce `id` is remembered.
+    pub dedup_window_ms: u64,
+}
+
+impl Default for TopicConfig {
+    /// The contract's defaults (a broker may change `partitions` and `retentionMs` by flags).
+    fn default() -> Self {
+        Self {
+            partitions: 1,
+            retention_ms: Some(DEFAULT_RETENTION_MS),
+            retention_bytes: None,
+            keep_undelivered: false,
+            dedup_window_ms: 120_000,
+        }
+    }
+}
+
+/// Fourteen days, seed 004's default retention.
+pub const DEFAULT_RETENTION_MS: u64 = 14 * 24 * 60 * 60 * 1000;
+
+/// One partition as `GET /mmmq/topics/{topic}` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PartitionInfo {
+    /// Its number.
+    pub partition: u32,
+    /// The first offset still stored.
+    pub first_offset: u64,
+    /// The offset the next message will get.
+    pub next_offset: u64,
+    /// Segment files.
+    pub segments: u64,
+    /// Stored bytes.
+    pub bytes: u64,
+}
+
+/// `GET /mmmq/topics/{topic}` (and the answer to `PUT`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopicDetail {
+    /// The name.
+    pub name: String,
+    /// Every configuration field.
+    pub config: TopicConfig,
+    /// Each partition.
+    pub partitions: Vec<PartitionInfo>,
 }
 
 /// A page of a pull (`GET /mmmq/topics/{topic}/messages`).
@@ -92,6 +169,10 @@ pub struct TopicStatus {
     pub dead_lettered: u64,
     /// Corrupt entries skipped.
     pub corrupt_skipped: u64,
+    /// Messages retention deleted before this dispatcher delivered them (it continued at the
+    /// first offset still stored).
+    #[serde(default)]
+    pub skipped: u64,
     /// Communication failures retried.
     pub retries: u64,
     /// The last problem on this topic.

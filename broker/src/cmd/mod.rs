@@ -159,6 +159,16 @@ struct ServeArgs {
     /// Most topics producers may create; producing to a new topic past it is refused with 403.
     #[arg(long, env = "MMMQ_MAX_TOPICS", default_value_t = defaults::MAX_TOPICS)]
     max_topics: usize,
+    /// Partitions of a topic created without a configuration (only 1 is supported yet).
+    #[arg(long, env = "MMMQ_DEFAULT_PARTITIONS", default_value_t = 1)]
+    default_partitions: u32,
+    /// Retention of a topic created without a configuration, in milliseconds, or `forever`
+    /// (default 14 days).
+    #[arg(long, env = "MMMQ_DEFAULT_RETENTION_MS", default_value = "1209600000", value_parser = parse_retention)]
+    default_retention_ms: Retention,
+    /// How often retention deletes expired segments (it also runs at boot).
+    #[arg(long, env = "MMMQ_RETENTION_CHECK_MS", default_value_t = defaults::RETENTION_CHECK_MS)]
+    retention_check_ms: u64,
     /// Most concurrent client connections; more wait to be accepted.
     #[arg(long, env = "MMMQ_MAX_CONNECTIONS", default_value_t = defaults::MAX_CONNECTIONS)]
     max_connections: usize,
@@ -329,7 +339,24 @@ impl ServeArgs {
         config.http.max_connections = self.max_connections;
         config.http.header_read_timeout = Duration::from_millis(self.header_timeout_ms);
         config.http.request_timeout = Duration::from_millis(self.request_timeout_ms);
+        config.topic_defaults.partitions = self.default_partitions;
+        config.topic_defaults.retention_ms = self.default_retention_ms.0;
+        config.retention_check = Duration::from_millis(self.retention_check_ms);
         config
+    }
+}
+
+/// A retention time in milliseconds, or none (`forever`).
+#[derive(Debug, Clone, Copy)]
+struct Retention(Option<u64>);
+
+fn parse_retention(s: &str) -> Result<Retention, String> {
+    match s {
+        "forever" | "none" | "null" => Ok(Retention(None)),
+        _ => s
+            .parse::<u64>()
+            .map(|ms| Retention(Some(ms)))
+            .map_err(|_| format!("{s:?} is neither a number of milliseconds nor `forever`")),
     }
 }
 

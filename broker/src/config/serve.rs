@@ -4,6 +4,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use mmmq_core::TopicConfig;
+
 use super::ConfigError;
 use crate::storage::{FileCache, FlushMode, LogConfig};
 
@@ -30,6 +32,8 @@ pub mod defaults {
     pub const REQUEST_TIMEOUT_MS: u64 = 60_000;
     /// After a failed write, how long appends are refused before the log recovers in place.
     pub const RETRY_AFTER_MS: u64 = 1_000;
+    /// `--retention-check-ms`.
+    pub const RETENTION_CHECK_MS: u64 = 60_000;
 }
 
 /// The settings of `mmmq serve`: plain values. What runs (the open-file cache, the metrics
@@ -56,6 +60,11 @@ pub struct ServeConfig {
     pub max_topics: usize,
     /// Connection and request limits of the HTTP server.
     pub http: HttpLimits,
+    /// The configuration of topics without a `topic.json` (`--default-partitions`,
+    /// `--default-retention-ms`).
+    pub topic_defaults: TopicConfig,
+    /// How often retention runs (it also runs at boot).
+    pub retention_check: Duration,
 }
 
 /// A batch request may be this many times the single-message body limit.
@@ -104,6 +113,8 @@ impl ServeConfig {
             auth_token: None,
             max_topics: defaults::MAX_TOPICS,
             http: HttpLimits::default(),
+            topic_defaults: TopicConfig::default(),
+            retention_check: Duration::from_millis(defaults::RETENTION_CHECK_MS),
         }
     }
 
@@ -123,6 +134,14 @@ impl ServeConfig {
                 self.http.request_timeout.as_millis() as u64,
             ),
             ("--max-open-files", self.max_open_files.unwrap_or(1) as u64),
+            (
+                "--retention-check-ms",
+                self.retention_check.as_millis() as u64,
+            ),
+            (
+                "--default-retention-ms",
+                self.topic_defaults.retention_ms.unwrap_or(1),
+            ),
         ];
         for (name, value) in positive {
             if value == 0 {
@@ -131,6 +150,17 @@ impl ServeConfig {
                     reason: "must be at least 1".into(),
                 });
             }
+        }
+        let partitions = self.topic_defaults.partitions;
+        if partitions != crate::topics::settings::SUPPORTED_PARTITIONS {
+            return Err(ConfigError::Setting {
+                name: "--default-partitions",
+                reason: format!(
+                    "this broker stores topics of {} partition only (partitioned topics come in a \
+                     later version), got {partitions}",
+                    crate::topics::settings::SUPPORTED_PARTITIONS
+                ),
+            });
         }
         if self.max_body_bytes > crate::storage::frame::MAX_PAYLOAD_LEN / 2 {
             return Err(ConfigError::Setting {

@@ -56,6 +56,8 @@ struct WorkerHandle {
     join: tokio::task::JoinHandle<()>,
     stats: Arc<WorkerStats>,
     topic: Arc<TopicLog>,
+    /// Stops this worker alone (its topic is being deleted).
+    cancel: CancellationToken,
 }
 
 struct Running {
@@ -143,12 +145,13 @@ impl Dispatch {
             return;
         }
         let stats = Arc::new(WorkerStats::default());
+        let cancel = r.cancel.child_token();
         let worker = worker::Worker {
             topic: topic.clone(),
             spec: r.spec.clone(),
             target: r.target.clone(),
             stats: stats.clone(),
-            cancel: r.cancel.child_token(),
+            cancel: cancel.clone(),
             registry: self.registry.clone(),
             metrics: self.metrics.clone(),
         };
@@ -159,6 +162,7 @@ impl Dispatch {
                 join: tokio::spawn(worker.run()),
                 stats,
                 topic: topic.clone(),
+                cancel,
             },
         );
     }
@@ -344,6 +348,7 @@ impl Dispatch {
                             nacked: w.stats.nacked.load(Ordering::Relaxed),
                             dead_lettered: w.stats.dead_lettered.load(Ordering::Relaxed),
                             corrupt_skipped: w.stats.corrupt_skipped.load(Ordering::Relaxed),
+                            skipped: w.stats.skipped.load(Ordering::Relaxed),
                             retries: w.stats.retries.load(Ordering::Relaxed),
                             last_error: last_error.map(|(_, e)| e),
                         }
@@ -364,6 +369,33 @@ impl Dispatch {
                     topics,
                 }
             })
+            .collect()
+    }
+
+    /// Stops every worker of `topic` (a topic being deleted) and waits for them: their final
+    /// checkpoints are written before this returns, so nothing writes into the topic's directory
+    /// afterwards. A topic created again under the name gets new workers.
+    pub async fn forget_topic(&self, topic: &Topic) {
+        let handles: Vec<WorkerHandle> = self
+            .running
+            .lock()
+            .values_mut()
+            .filter_map(|r| r.workers.remove(topic))
+            .collect();
+        for w in handles {
+            w.cancel.cancel();
+            let _ = w.join.await;
+        }
+    }
+
+    /// The next offset of every worker delivering `topic` (what `keepUndelivered` retention must
+    /// not pass).
+    pub fn positions(&self, topic: &Topic) -> Vec<u64> {
+        self.running
+            .lock()
+            .values()
+            .filter_map(|r| r.workers.get(topic))
+            .map(|w| w.stats.next_offset.load(Ordering::Relaxed))
             .collect()
     }
 

@@ -51,6 +51,8 @@ pub struct WorkerStats {
     pub dead_lettered: AtomicU64,
     /// Corrupt entries skipped.
     pub corrupt_skipped: AtomicU64,
+    /// Messages deleted by retention before they were delivered.
+    pub skipped: AtomicU64,
     /// Communication failures retried.
     pub retries: AtomicU64,
     /// The last thing that went wrong, and when (milliseconds since the Unix epoch), so that a
@@ -110,6 +112,7 @@ impl Worker {
                 _ = self.cancel.cancelled() => break,
                 r = committed.wait_for(|&n| n > next) => if r.is_err() { break },
             }
+            self.skip_deleted(&mut next, &saver);
             let log = self.topic.log.clone();
             let from = next;
             let entries = match tokio::task::spawn_blocking(move || {
@@ -119,6 +122,7 @@ impl Worker {
             .expect("read task panicked")
             {
                 Ok(entries) => entries,
+                Err(_) if self.topic.log.first_offset() > from => continue,
                 Err(e) => {
                     self.record_error(format!("reading offset {next}: {e}"));
                     if self.sleep(backoff::START).await.is_err() {
@@ -198,7 +202,34 @@ impl Worker {
             );
             return Some(end);
         }
+        if stored < first {
+            self.note_skipped(stored, first);
+        }
         Some(stored.max(first))
+    }
+
+    /// Behind the retention horizon: continues at the first offset still stored.
+    fn skip_deleted(&self, next: &mut u64, saver: &CheckpointSaver) {
+        let first = self.topic.log.first_offset();
+        if *next < first {
+            self.note_skipped(*next, first);
+            *next = first;
+            saver.set(first);
+            self.stats.next_offset.store(first, Ordering::Relaxed);
+        }
+    }
+
+    fn note_skipped(&self, from: u64, to: u64) {
+        tracing::warn!(
+            first_skipped = from,
+            last_skipped = to - 1,
+            "retention deleted messages this dispatcher had not delivered; continuing at offset {to}"
+        );
+        self.stats.skipped.fetch_add(to - from, Ordering::Relaxed);
+        self.metrics
+            .skipped
+            .get_or_create(&self.label())
+            .inc_by(to - from);
     }
 
     /// Decodes an entry; `Err(offset)` when it is corrupt (logged and counted here).

@@ -14,6 +14,7 @@ mod admin;
 mod consume;
 pub mod produce;
 pub mod serve;
+mod topics;
 
 use std::sync::Arc;
 
@@ -71,6 +72,10 @@ pub fn router(state: AppState) -> Router {
         .route("/mmmq/messages", post(produce::produce))
         .route("/mmmq/messages/batch", post(produce::produce_batch))
         .route("/mmmq/topics", get(consume::topics))
+        .route(
+            "/mmmq/topics/{topic}",
+            get(topics::show).put(topics::put).delete(topics::delete),
+        )
         .route("/mmmq/topics/{topic}/messages", get(consume::pull))
         .route("/mmmq/dispatchers", get(admin::dispatchers))
         .route("/mmmq/admin/reload", post(admin::reload))
@@ -164,9 +169,9 @@ pub enum ApiError {
 impl From<BrokerError> for ApiError {
     fn from(e: BrokerError) -> Self {
         match e {
-            BrokerError::Invalid(_) | BrokerError::InvalidName(_) => {
-                Self::BadRequest(e.to_string())
-            }
+            BrokerError::Invalid(_)
+            | BrokerError::InvalidName(_)
+            | BrokerError::InvalidSettings(_) => Self::BadRequest(e.to_string()),
             BrokerError::Storage(StorageError::PayloadTooLarge { max, .. }) => Self::TooLarge(max),
             BrokerError::Storage(e @ StorageError::TopicLimit { .. }) => {
                 Self::TopicLimit(e.to_string())

@@ -11,11 +11,10 @@ use std::sync::Arc;
 use mmmq_core::ConsumerId;
 
 use super::error::{IoContext, StorageError};
-use super::vfs::{OpenMode, Vfs, create_dir_durably};
+use super::vfs::{OpenMode, Vfs, replace_durably};
 
 /// File extension of a checkpoint.
 pub const CHECKPOINT_EXT: &str = "checkpoint";
-const TMP_SUFFIX: &str = ".tmp";
 
 /// The checkpoint directory of one log.
 #[derive(Debug, Clone)]
@@ -53,15 +52,7 @@ impl Checkpoints {
 
     /// Durably replaces the next offset of `id`. Blocking (two fsyncs).
     pub fn write(&self, id: &ConsumerId, next_offset: u64) -> Result<(), StorageError> {
-        create_dir_durably(&*self.vfs, &self.dir)?;
-        let path = self.path(id);
-        let tmp = self.dir.join(format!("{id}.{CHECKPOINT_EXT}{TMP_SUFFIX}"));
-        let file = self.vfs.open(&tmp, OpenMode::CreateTruncate).at(&tmp)?;
-        file.write_all_at(&next_offset.to_be_bytes(), 0).at(&tmp)?;
-        file.sync_data().at(&tmp)?;
-        drop(file);
-        self.vfs.rename(&tmp, &path).at(&path)?;
-        self.vfs.sync_dir(&self.dir).at(&self.dir)
+        replace_durably(&*self.vfs, &self.path(id), &next_offset.to_be_bytes())
     }
 
     /// Every stored checkpoint, by consumer id (for status and `mmmq inspect`). Blocking.

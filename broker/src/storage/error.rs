@@ -73,6 +73,12 @@ pub enum StorageError {
         /// The cap.
         max: usize,
     },
+    /// The topic is being deleted; it can be created again once its files are gone.
+    #[error("topic {topic:?} is being deleted; retry to create it anew")]
+    Deleting {
+        /// The topic.
+        topic: String,
+    },
     /// The log was closed while the operation waited.
     #[error("log closed")]
     Closed,

@@ -118,35 +118,40 @@ impl FileCache {
     }
 
     fn register(&self, slot: &Arc<Slot>) {
-        // Room is made before the new file joins, so the list never holds more than the cap.
-        if self.open.lock().len() >= self.capacity {
-            self.evict();
-        }
-        self.open.lock().push(Arc::downgrade(slot));
-    }
-
-    /// Closes the least recently used files until a tenth of the capacity is free (so that a
-    /// broker just over its cap does not sort the list on every open).
-    fn evict(&self) {
-        let victims: Vec<Arc<Slot>> = {
+        // Room is made before the new file joins, under one lock, so the list never holds more
+        // than the cap even while several logs open files at once.
+        let victims = {
             let mut open = self.open.lock();
-            // Dead entries (dropped segments) go here too.
-            let mut live: Vec<Arc<Slot>> = open.drain(..).filter_map(|w| w.upgrade()).collect();
-            let target = self.capacity - (self.capacity / 10).max(1);
-            if live.len() <= target {
-                open.extend(live.iter().map(Arc::downgrade));
-                return;
-            }
-            live.sort_by_key(|s| s.last_use.load(Ordering::Relaxed));
-            let keep = live.split_off(live.len() - target);
-            open.extend(keep.iter().map(Arc::downgrade));
-            live
+            let victims = if open.len() >= self.capacity {
+                self.victims(&mut open)
+            } else {
+                Vec::new()
+            };
+            open.push(Arc::downgrade(slot));
+            victims
         };
         // Closed outside the list's lock, and never while holding another slot's lock: a slot
         // being opened takes its own lock, then this list's.
-        for slot in victims {
-            slot.file.lock().take();
+        for victim in victims {
+            victim.file.lock().take();
         }
+    }
+
+    /// Takes the least recently used files out of the list until a tenth of the capacity is free
+    /// (so that a broker just over its cap does not sort the list on every open); the caller
+    /// closes them.
+    fn victims(&self, open: &mut Vec<Weak<Slot>>) -> Vec<Arc<Slot>> {
+        // Dead entries (dropped segments) go here too.
+        let mut live: Vec<Arc<Slot>> = open.drain(..).filter_map(|w| w.upgrade()).collect();
+        let target = self.capacity - (self.capacity / 10).max(1);
+        if live.len() <= target {
+            open.extend(live.iter().map(Arc::downgrade));
+            return Vec::new();
+        }
+        live.sort_by_key(|s| s.last_use.load(Ordering::Relaxed));
+        let keep = live.split_off(live.len() - target);
+        open.extend(keep.iter().map(Arc::downgrade));
+        live
     }
 }
 

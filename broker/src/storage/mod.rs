@@ -38,7 +38,7 @@ pub mod vfs;
 pub use checkpoint::Checkpoints;
 pub use error::{CorruptEntry, StorageError};
 pub use files::FileCache;
-pub use log::{FlushMode, Log, LogConfig, LogStats};
+pub use log::{FlushMode, Log, LogConfig, LogStats, SegmentSummary};
 pub use segment::Entry;
 pub use vfs::{OsFs, Vfs};
 

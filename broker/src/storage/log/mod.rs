@@ -47,6 +47,19 @@ use super::vfs::{Vfs, create_dir_durably};
 pub use config::{CommitObserver, DEFAULT_FD_RESERVE, FlushMode, LogConfig, TailCheck};
 use writer::{Op, Pending, Tail, Writer};
 
+/// One segment as retention sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentSummary {
+    /// Its first offset.
+    pub start: u64,
+    /// The offset after its last committed entry.
+    pub end: u64,
+    /// Committed bytes.
+    pub bytes: u64,
+    /// Sealed: complete, never written again (every segment but the tail).
+    pub sealed: bool,
+}
+
 /// Sizes for the topic list and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LogStats {
@@ -97,7 +110,8 @@ impl Log {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|e| StorageError::io(dir, std::io::Error::other(e)))?;
         create_dir_durably(&*vfs, dir)?;
-        let listing = scan::list_segments(&*vfs, dir)?;
+        let mut listing = scan::list_segments(&*vfs, dir)?;
+        remove_deletion_remnants(&*vfs, dir, &mut listing)?;
         for stray in &listing.strays {
             tracing::warn!(dir = %dir.display(), file = %stray, "ignoring a file that is not named like a segment");
         }
@@ -303,10 +317,86 @@ impl Log {
         }
     }
 
-    /// The offset of the first entry still stored (0 until retention exists).
+    /// The offset of the first entry still stored (retention moves it).
     pub fn first_offset(&self) -> u64 {
         self.inner.segments.read().first().map_or(0, |s| s.start())
     }
+
+    /// Every segment, oldest first.
+    pub fn segments(&self) -> Vec<SegmentSummary> {
+        self.inner
+            .segments
+            .read()
+            .iter()
+            .map(|s| SegmentSummary {
+                start: s.start(),
+                end: s.start() + s.committed_count(),
+                bytes: s.committed_bytes(),
+                sealed: s.sealed(),
+            })
+            .collect()
+    }
+
+    /// Deletes the sealed segments whose entries all lie before `offset`, oldest first (never the
+    /// tail); returns how many. Readers see the new first offset at once. A crash part way leaves
+    /// the oldest remaining segment with one of its two files, which the next open removes.
+    /// Blocking.
+    pub fn remove_segments_before(&self, offset: u64) -> Result<usize, StorageError> {
+        let victims: Vec<Arc<Segment>> = {
+            let mut segments = self.inner.segments.write();
+            let n = segments
+                .iter()
+                .take_while(|s| s.sealed() && s.start() + s.committed_count() <= offset)
+                .count()
+                .min(segments.len() - 1);
+            segments.drain(..n).collect()
+        };
+        let vfs = &self.inner.vfs;
+        for s in &victims {
+            // The index first: a remnant is then a data file alone, never an index whose entries
+            // point into a missing file.
+            for path in [&s.files.index, &s.files.data] {
+                if let Err(e) = vfs.remove_file(path)
+                    && e.kind() != std::io::ErrorKind::NotFound
+                {
+                    return Err(StorageError::io(path, e));
+                }
+            }
+        }
+        if !victims.is_empty() {
+            vfs.sync_dir(&self.inner.dir).at(&self.inner.dir)?;
+        }
+        Ok(victims.len())
+    }
+}
+
+/// Removes what an interrupted retention pass left at the head of a log: leading segments that
+/// lack their index or their data file while a later segment is whole. (Anywhere else a missing
+/// file is damage, and recovery refuses it.)
+fn remove_deletion_remnants(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    listing: &mut scan::Listing,
+) -> Result<(), StorageError> {
+    let half = |f: &scan::SegmentFiles| vfs.exists(&f.data) != vfs.exists(&f.index);
+    let n = listing
+        .segments
+        .iter()
+        .take_while(|f| half(f))
+        .count()
+        .min(listing.segments.len().saturating_sub(1));
+    if n == 0 {
+        return Ok(());
+    }
+    for f in listing.segments.drain(..n) {
+        for path in [&f.data, &f.index] {
+            if vfs.exists(path) {
+                tracing::warn!(file = %path.display(), "removing what an interrupted retention pass left");
+                vfs.remove_file(path).at(path)?;
+            }
+        }
+    }
+    vfs.sync_dir(dir).at(dir)
 }
 
 impl Inner {

@@ -113,6 +113,9 @@ impl Vfs for FaultyFs {
         self.check(Op::Write, to)?;
         OsFs.rename(from, to)
     }
+    fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
+        OsFs.remove_dir_all(dir)
+    }
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         self.check(Op::Sync, dir)?;
         OsFs.sync_dir(dir)?;

@@ -44,6 +44,9 @@ pub trait Vfs: Send + Sync + fmt::Debug + 'static {
     fn remove_file(&self, path: &Path) -> io::Result<()>;
     /// Renames `from` to `to`, atomically replacing `to`.
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Removes the directory `dir` and everything in it (a deleted topic, once it has been
+    /// renamed out of the way).
+    fn remove_dir_all(&self, dir: &Path) -> io::Result<()>;
     /// Makes the directory's entries (created, renamed, removed files) durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
 }
@@ -108,6 +111,10 @@ impl Vfs for OsFs {
         fs::rename(from, to)
     }
 
+    fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
+        fs::remove_dir_all(dir)
+    }
+
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
     }
@@ -149,6 +156,34 @@ pub fn create_dir_durably(vfs: &dyn Vfs, dir: &Path) -> Result<(), StorageError>
         }
     }
     Ok(())
+}
+
+/// Durably replaces the whole contents of `path` with `bytes`: a temporary file next to it is
+/// written and fsynced, renamed over it, and the directory synced. A crash leaves the old contents
+/// or the new ones, never a mix (checkpoints, `topic.json`).
+pub fn replace_durably(vfs: &dyn Vfs, path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    create_dir_durably(vfs, dir)?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let file = vfs.open(&tmp, OpenMode::CreateTruncate).at(&tmp)?;
+    file.write_all_at(bytes, 0).at(&tmp)?;
+    file.sync_data().at(&tmp)?;
+    drop(file);
+    vfs.rename(&tmp, path).at(path)?;
+    vfs.sync_dir(dir).at(dir)
+}
+
+/// The whole contents of `path`, or `None` if it does not exist.
+pub fn read_whole(vfs: &dyn Vfs, path: &Path) -> Result<Option<Vec<u8>>, StorageError> {
+    if !vfs.exists(path) {
+        return Ok(None);
+    }
+    let file = vfs.open(path, OpenMode::ReadOnly).at(path)?;
+    let mut raw = vec![0u8; file.len().at(path)? as usize];
+    file.read_exact_at(&mut raw, 0).at(path)?;
+    Ok(Some(raw))
 }
 
 /// A file system that fails chosen operations, for tests of what the storage does when the disk

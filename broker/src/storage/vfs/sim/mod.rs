@@ -445,6 +445,26 @@ impl Vfs for SimFs {
         Ok(())
     }
 
+    fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
+        let mut st = self.state.lock();
+        if st.current.get(dir) != Some(&Node::Dir) {
+            return Err(not_found(dir));
+        }
+        // Deepest first, each an unlink in its own directory, as `rm -r` does.
+        let doomed: Vec<PathBuf> = st
+            .current
+            .keys()
+            .filter(|p| p.starts_with(dir))
+            .rev()
+            .cloned()
+            .collect();
+        for path in doomed {
+            st.tick()?;
+            st.change_dir(DirOp::Unlink(path));
+        }
+        Ok(())
+    }
+
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut st = self.state.lock();
         if st.current.get(dir) != Some(&Node::Dir) {

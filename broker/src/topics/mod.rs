@@ -3,14 +3,20 @@
 //!
 //! A topic maps to one directory and one log today. When topics grow partitions, this is the only
 //! place that changes: the log and its drain workers know nothing about directories.
+//!
+//! - [`settings`]: a topic's configuration (`topic.json`, the `PUT` body), validated.
+//! - [`retention`]: which segments retention deletes, and the pass that deletes them.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+pub mod retention;
+pub mod settings;
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mmmq_core::Topic;
-use parking_lot::RwLock;
+use mmmq_core::{Topic, TopicConfig};
+use parking_lot::{Mutex, RwLock};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
@@ -26,6 +32,10 @@ pub struct TopicLog {
     pub log: Log,
     /// Its dispatchers' positions.
     pub checkpoints: Checkpoints,
+    /// Its directory.
+    pub dir: PathBuf,
+    /// Its `topic.json`, `None` when it has none (the broker's defaults apply).
+    config: RwLock<Option<TopicConfig>>,
 }
 
 /// All topics of a root dir.
@@ -40,6 +50,10 @@ pub struct Registry {
     created: broadcast::Sender<Arc<TopicLog>>,
     /// Cap on topics producers can create (dead-letter topics are not counted).
     max_topics: usize,
+    /// The configuration of a topic without `topic.json` (`serve --default-…`).
+    defaults: TopicConfig,
+    /// Topics being deleted: not created again until their files are gone.
+    deleting: Mutex<HashSet<Topic>>,
 }
 
 impl Registry {
@@ -61,6 +75,8 @@ impl Registry {
             create: tokio::sync::Mutex::new(0),
             created,
             max_topics: usize::MAX,
+            defaults: TopicConfig::default(),
+            deleting: Mutex::new(HashSet::new()),
         };
         let dir = registry.dir.clone();
         let vfs = registry.vfs.clone();
@@ -96,6 +112,63 @@ impl Registry {
         self
     }
 
+    /// The configuration of topics that have no `topic.json`.
+    pub fn with_defaults(mut self, defaults: TopicConfig) -> Self {
+        self.defaults = defaults;
+        self
+    }
+
+    /// A topic's configuration: its `topic.json`, or the defaults.
+    pub fn config_of(&self, t: &TopicLog) -> TopicConfig {
+        t.config
+            .read()
+            .clone()
+            .unwrap_or_else(|| self.defaults.clone())
+    }
+
+    /// Durably stores a topic's new configuration in its `topic.json`.
+    pub async fn set_config(
+        &self,
+        t: &Arc<TopicLog>,
+        config: TopicConfig,
+    ) -> Result<(), StorageError> {
+        let (vfs, dir, stored) = (self.vfs.clone(), t.dir.clone(), config.clone());
+        tokio::task::spawn_blocking(move || settings::store(&*vfs, &dir, &stored))
+            .await
+            .expect("config task panicked")?;
+        *t.config.write() = Some(config);
+        Ok(())
+    }
+
+    /// Takes `topic` out of the registry for deletion: producers cannot create it again until
+    /// [`Registry::finish_delete`]. `None` if there is no such topic.
+    pub async fn begin_delete(&self, topic: &Topic) -> Option<Arc<TopicLog>> {
+        let mut user_topics = self.create.lock().await;
+        let t = self.topics.write().remove(topic)?;
+        self.deleting.lock().insert(topic.clone());
+        if !topic.is_internal() {
+            *user_topics = user_topics.saturating_sub(1);
+        }
+        Some(t)
+    }
+
+    /// Removes a topic's files once nothing uses them (its workers stopped, its log closed):
+    /// the directory is renamed into `{root}/trash` (one atomic step, made durable), then removed.
+    /// A crash leaves either the whole topic or nothing of it in `topics/`; the trash is emptied
+    /// at the next boot.
+    pub async fn finish_delete(&self, t: &TopicLog) -> Result<(), StorageError> {
+        let (vfs, dir, trash) = (self.vfs.clone(), t.dir.clone(), self.trash());
+        let result = tokio::task::spawn_blocking(move || move_to_trash(&*vfs, &dir, &trash))
+            .await
+            .expect("delete task panicked");
+        self.deleting.lock().remove(&t.topic);
+        result
+    }
+
+    fn trash(&self) -> PathBuf {
+        self.dir.parent().unwrap_or(Path::new(".")).join("trash")
+    }
+
     /// Whether there are no topics.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -126,6 +199,11 @@ impl Registry {
             return Ok(found);
         }
         let mut user_topics = self.create.lock().await;
+        if let Some(t) = topics.iter().find(|t| self.deleting.lock().contains(*t)) {
+            return Err(StorageError::Deleting {
+                topic: t.to_string(),
+            });
+        }
         let missing: Vec<&Topic> = {
             let existing = self.topics.read();
             let mut missing: Vec<&Topic> = Vec::new();
@@ -201,11 +279,50 @@ fn open_topic(
     config: LogConfig,
 ) -> Result<TopicLog, StorageError> {
     let log = Log::open(&dir, vfs.clone(), config)?;
+    let settings = settings::load(&*vfs, &dir)?;
     Ok(TopicLog {
         checkpoints: Checkpoints::new(dir.join("checkpoints"), vfs),
         topic,
         log,
+        dir,
+        config: RwLock::new(settings),
     })
+}
+
+/// Renames a topic's directory into the trash durably, then removes it.
+fn move_to_trash(vfs: &dyn Vfs, dir: &Path, trash: &Path) -> Result<(), StorageError> {
+    create_dir_durably(vfs, trash)?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let name = dir
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let target = trash.join(format!("{name}.{nanos}"));
+    vfs.rename(dir, &target)
+        .map_err(|e| StorageError::io(dir, e))?;
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    vfs.sync_dir(parent)
+        .map_err(|e| StorageError::io(parent, e))?;
+    vfs.sync_dir(trash)
+        .map_err(|e| StorageError::io(trash, e))?;
+    if let Err(e) = vfs.remove_dir_all(&target) {
+        tracing::warn!(dir = %target.display(), error = %e, "cannot remove a deleted topic's files; the next boot tries again");
+    }
+    Ok(())
+}
+
+/// Empties the trash a crash left behind (topics deleted but not yet removed).
+fn empty_trash(vfs: &dyn Vfs, trash: &Path) {
+    if !vfs.is_dir(trash) {
+        return;
+    }
+    for name in vfs.read_dir(trash).unwrap_or_default() {
+        let path = trash.join(name);
+        if let Err(e) = vfs.remove_dir_all(&path) {
+            tracing::warn!(dir = %path.display(), error = %e, "cannot empty the trash");
+        }
+    }
 }
 
 fn restore_all(
@@ -216,6 +333,7 @@ fn restore_all(
     interrupt: &CancellationToken,
 ) -> Result<BTreeMap<Topic, Arc<TopicLog>>, StorageError> {
     let mut out = BTreeMap::new();
+    empty_trash(vfs, &dir.parent().unwrap_or(Path::new(".")).join("trash"));
     if !vfs.is_dir(dir) {
         create_dir_durably(vfs, dir)?;
         return Ok(out);

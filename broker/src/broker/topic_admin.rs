@@ -1,0 +1,120 @@
+//! The topic API (README, "Topics"): create or configure, show and delete a topic, and the
+//! retention task. Here because it composes the registry with the dispatchers: a deleted topic's
+//! workers stop before its files go, and `keepUndelivered` asks the dispatchers where they are.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mmmq_core::{PartitionInfo, Topic, TopicDetail};
+use tokio_util::sync::CancellationToken;
+
+use super::{Broker, BrokerError, now_ms};
+use crate::dispatch::Dispatch;
+use crate::metrics::{Metrics, TopicLabel};
+use crate::topics::settings::TopicUpdate;
+use crate::topics::{Registry, TopicLog, retention};
+
+impl Broker {
+    fn topic_name(name: &str) -> Result<Topic, BrokerError> {
+        Topic::new(name).map_err(|e| BrokerError::InvalidName(e.to_string()))
+    }
+
+    fn detail(&self, t: &TopicLog) -> TopicDetail {
+        let s = t.log.stats();
+        TopicDetail {
+            name: t.topic.to_string(),
+            config: self.registry.config_of(t),
+            partitions: vec![PartitionInfo {
+                partition: 0,
+                first_offset: t.log.first_offset(),
+                next_offset: s.next_offset,
+                segments: s.segments as u64,
+                bytes: s.bytes,
+            }],
+        }
+    }
+
+    /// `GET /mmmq/topics/{topic}`.
+    pub fn topic(&self, name: &str) -> Result<TopicDetail, BrokerError> {
+        let topic = Self::topic_name(name)?;
+        let t = self
+            .registry
+            .get(&topic)
+            .ok_or_else(|| BrokerError::UnknownTopic(topic.to_string()))?;
+        Ok(self.detail(&t))
+    }
+
+    /// `PUT /mmmq/topics/{topic}`: creates the topic, or changes the fields `body` names. The
+    /// body is checked whole before anything is created or stored.
+    pub async fn put_topic(&self, name: &str, body: &[u8]) -> Result<TopicDetail, BrokerError> {
+        let topic = Self::topic_name(name)?;
+        let update = TopicUpdate::parse(body)?;
+        let current = match self.registry.get(&topic) {
+            Some(t) => self.registry.config_of(&t),
+            None => self.config.topic_defaults.clone(),
+        };
+        let next = update.apply(&current)?;
+        let t = self.registry.get_or_create(&topic).await?;
+        self.registry.set_config(&t, next).await?;
+        tracing::info!(topic = %topic, config = ?self.registry.config_of(&t), "topic configured");
+        Ok(self.detail(&t))
+    }
+
+    /// `DELETE /mmmq/topics/{topic}`: its dispatcher workers stop (their last checkpoints
+    /// written), its log closes, its directory goes (durably, all at once). Producing to it
+    /// again starts a new topic at offset 0.
+    pub async fn delete_topic(&self, name: &str) -> Result<(), BrokerError> {
+        let topic = Self::topic_name(name)?;
+        let t = self
+            .registry
+            .begin_delete(&topic)
+            .await
+            .ok_or_else(|| BrokerError::UnknownTopic(topic.to_string()))?;
+        self.dispatch.forget_topic(&topic).await;
+        if let Err(e) = t.log.close().await {
+            tracing::warn!(topic = %topic, error = %e, "closing a deleted topic's log failed");
+        }
+        self.registry.finish_delete(&t).await?;
+        tracing::info!(topic = %topic, "topic deleted");
+        Ok(())
+    }
+}
+
+/// Runs retention over every topic now and every `every`, until `stop`.
+pub(super) fn spawn_retention(
+    registry: Arc<Registry>,
+    dispatch: Arc<Dispatch>,
+    metrics: Arc<Metrics>,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    tokio::spawn(async move {
+        loop {
+            for t in registry.all() {
+                if stop.is_cancelled() {
+                    return;
+                }
+                let config = registry.config_of(&t);
+                let floor = dispatch.positions(&t.topic).into_iter().min();
+                match retention::apply(&t, &config, now_ms(), floor).await {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        metrics
+                            .segments_deleted
+                            .get_or_create(&TopicLabel {
+                                topic: t.topic.to_string(),
+                            })
+                            .inc_by(n as u64);
+                    }
+                    Err(e) => {
+                        tracing::warn!(topic = %t.topic, error = %e, "retention pass failed; it runs again later")
+                    }
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+        }
+    });
+}
