@@ -65,6 +65,8 @@ pub struct Metrics {
     pub skipped: Family<DispatchLabel, Counter>,
     /// Segments deleted by retention, by topic.
     pub segments_deleted: Family<TopicLabel, Counter>,
+    /// Retention passes over every topic completed (one at boot, then every check interval).
+    pub retention_passes: Counter,
     /// Seconds from append to the consumer's ACK.
     pub delivery_latency: HistogramFamily<ConsumerLabel>,
     /// Messages not yet delivered, by dispatcher and topic (filled at scrape).
@@ -97,6 +99,7 @@ impl Metrics {
             corrupt_skipped: Family::default(),
             skipped: Family::default(),
             segments_deleted: Family::default(),
+            retention_passes: Counter::default(),
             delivery_latency: Family::new_with_constructor(latency_histogram),
             lag: Family::default(),
             open_segment_files: Gauge::default(),
@@ -157,6 +160,11 @@ impl Metrics {
             "retention_segments_deleted",
             "Segments deleted by retention",
             m.segments_deleted.clone(),
+        );
+        registry.register(
+            "retention_passes",
+            "Retention passes over every topic completed",
+            m.retention_passes.clone(),
         );
         registry.register(
             "delivery_latency_seconds",

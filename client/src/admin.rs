@@ -1,12 +1,34 @@
 use std::time::Duration;
 
-use mmmq_core::{DispatcherStatus, TopicInfo};
-use serde::Deserialize;
+use mmmq_core::{DispatcherStatus, TopicDetail, TopicInfo};
+use serde::{Deserialize, Serialize};
 
 use crate::conn::{Conn, decode, status_error};
 use crate::error::ClientError;
 
-/// Read-only views of a broker.
+/// The fields of a topic's configuration to set (`PUT /mmmq/topics/{topic}`); `None` leaves a
+/// field as it is (or at the broker's default for a new topic).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopicSettings {
+    /// Partitions (1 until partitioned topics exist).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<u32>,
+    /// `Some(None)` keeps messages forever.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retention_ms: Option<Option<u64>>,
+    /// `Some(None)`: no size limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retention_bytes: Option<Option<u64>>,
+    /// Retention never deletes what a dispatcher has not passed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep_undelivered: Option<bool>,
+    /// How long a produce id is remembered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dedup_window_ms: Option<u64>,
+}
+
+/// Views of a broker, and its topics' lifecycle.
 #[derive(Debug, Clone)]
 pub struct Admin {
     conn: Conn,
@@ -36,6 +58,44 @@ impl Admin {
     /// Every topic.
     pub async fn topics(&self) -> Result<Vec<TopicInfo>, ClientError> {
         self.get("/mmmq/topics").await
+    }
+
+    /// One topic's configuration and partitions; `NotFound` if there is no such topic.
+    pub async fn topic(&self, name: &str) -> Result<TopicDetail, ClientError> {
+        let path = format!("/mmmq/topics/{name}");
+        match self.conn.send(reqwest::Method::GET, &path, None).await? {
+            (200, bytes) => decode(&bytes),
+            (404, _) => Err(ClientError::NoSuchTopic(name.to_owned())),
+            (status, bytes) => Err(status_error(status, &bytes)),
+        }
+    }
+
+    /// Creates `name`, or changes the fields `settings` names.
+    pub async fn put_topic(
+        &self,
+        name: &str,
+        settings: &TopicSettings,
+    ) -> Result<TopicDetail, ClientError> {
+        let body = serde_json::to_vec(settings).expect("settings serialize");
+        let path = format!("/mmmq/topics/{name}");
+        match self
+            .conn
+            .send(reqwest::Method::PUT, &path, Some(body))
+            .await?
+        {
+            (200, bytes) => decode(&bytes),
+            (status, bytes) => Err(status_error(status, &bytes)),
+        }
+    }
+
+    /// Deletes `name`: its messages, checkpoints and dispatcher workers.
+    pub async fn delete_topic(&self, name: &str) -> Result<(), ClientError> {
+        let path = format!("/mmmq/topics/{name}");
+        match self.conn.send(reqwest::Method::DELETE, &path, None).await? {
+            (200, _) => Ok(()),
+            (404, _) => Err(ClientError::NoSuchTopic(name.to_owned())),
+            (status, bytes) => Err(status_error(status, &bytes)),
+        }
     }
 
     /// Every dispatcher.

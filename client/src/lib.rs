@@ -29,13 +29,13 @@ mod error;
 mod producer;
 mod pull;
 
-pub use admin::Admin;
+pub use admin::{Admin, TopicSettings};
 pub use consumer::Consumer;
 pub use error::ClientError;
 pub use mmmq_core::error_chain;
 pub use mmmq_core::{
-    Ack, DispatcherStatus, Envelope, ErasedHandler, Message, PullPage, ReloadReport, TargetStatus,
-    TopicInfo, TopicStatus, erase,
+    Ack, DispatcherStatus, Envelope, ErasedHandler, Message, PartitionInfo, PullPage, ReloadReport,
+    TargetStatus, TopicConfig, TopicDetail, TopicInfo, TopicStatus, erase,
 };
 pub use producer::{Producer, Receipt, Record};
 pub use pull::PullConsumer;

@@ -151,6 +151,45 @@ impl Broker {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
+    /// PUTs JSON to a path; returns the status and the JSON answer.
+    pub async fn put(&self, path: &str, body: &Value) -> (u16, Value) {
+        let r = self
+            .http
+            .put(format!("{}{path}", self.url))
+            .json(body)
+            .send()
+            .await
+            .expect("request");
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// DELETEs a path; returns the status and the JSON answer.
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        let r = self
+            .http
+            .delete(format!("{}{path}", self.url))
+            .send()
+            .await
+            .expect("request");
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// The value of a counter or gauge in `/metrics` (summed over its labels), 0 if absent.
+    pub async fn metric(&self, name: &str) -> f64 {
+        self.get_text("/metrics")
+            .await
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// GETs a path; returns the answer's text (for `/metrics` and byte-exact checks).
     pub async fn get_text(&self, path: &str) -> String {
         self.http

@@ -111,6 +111,7 @@ pub(super) fn spawn_retention(
                     }
                 }
             }
+            metrics.retention_passes.inc();
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(every) => {}

@@ -4,7 +4,9 @@
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use mmmq_client::{Admin, ClientError, Producer, PullConsumer, Record, TargetStatus};
+use mmmq_client::{
+    Admin, ClientError, Producer, PullConsumer, Record, TargetStatus, TopicDetail, TopicSettings,
+};
 use serde_json::value::RawValue;
 
 /// Why a client command failed.
@@ -189,13 +191,119 @@ pub async fn topics(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<()
         .map(|t| {
             vec![
                 t.name.clone(),
+                t.first_offset.to_string(),
                 t.next_offset.to_string(),
                 t.segments.to_string(),
                 t.bytes.to_string(),
+                retention(t.retention_ms, t.retention_bytes),
             ]
         })
         .collect();
-    table(&["TOPIC", "NEXT OFFSET", "SEGMENTS", "BYTES"], &rows, out)?;
+    table(
+        &[
+            "TOPIC",
+            "FIRST OFFSET",
+            "NEXT OFFSET",
+            "SEGMENTS",
+            "BYTES",
+            "RETENTION",
+        ],
+        &rows,
+        out,
+    )?;
+    Ok(())
+}
+
+/// A topic's retention as people say it: `14d`, `90s`, `forever`, `1000000 B`, or both.
+fn retention(ms: Option<u64>, bytes: Option<u64>) -> String {
+    let time = match ms {
+        None => "forever".to_owned(),
+        Some(ms) if ms % 86_400_000 == 0 => format!("{}d", ms / 86_400_000),
+        Some(ms) if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        Some(ms) if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        Some(ms) => format!("{ms}ms"),
+    };
+    match bytes {
+        None => time,
+        Some(b) => format!("{time}, {b} B"),
+    }
+}
+
+/// What `mmmq topic` does.
+#[derive(Debug)]
+pub enum TopicAction {
+    /// Create the topic, or change the settings named.
+    Put(TopicSettings),
+    /// Print its configuration and partitions.
+    Show,
+    /// Delete it.
+    Delete,
+}
+
+/// `mmmq topic create|show|delete NAME`.
+pub async fn topic(
+    broker: &Conn,
+    name: &str,
+    action: TopicAction,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let admin = Admin::new(&broker.url)?.auth_token(broker.token.clone());
+    let detail = match action {
+        TopicAction::Put(settings) => admin.put_topic(name, &settings).await?,
+        TopicAction::Show => admin.topic(name).await?,
+        TopicAction::Delete => {
+            admin.delete_topic(name).await?;
+            writeln!(out, "deleted {name}")?;
+            return Ok(());
+        }
+    };
+    if json {
+        writeln!(out, "{}", serde_json::to_string(&detail).expect("encodes"))?;
+        return Ok(());
+    }
+    show_topic(&detail, out)
+}
+
+fn show_topic(d: &TopicDetail, out: &mut dyn Write) -> Result<(), CliError> {
+    let c = &d.config;
+    writeln!(out, "topic {}", d.name)?;
+    writeln!(out, "  partitions       {}", c.partitions)?;
+    writeln!(
+        out,
+        "  retention        {}",
+        retention(c.retention_ms, None)
+    )?;
+    let bytes = c
+        .retention_bytes
+        .map_or("none".to_owned(), |b| format!("{b} B"));
+    writeln!(out, "  retention bytes  {bytes} (per partition)")?;
+    writeln!(out, "  keep undelivered {}", c.keep_undelivered)?;
+    writeln!(out, "  dedup window     {} ms", c.dedup_window_ms)?;
+    let rows: Vec<Vec<String>> = d
+        .partitions
+        .iter()
+        .map(|p| {
+            vec![
+                p.partition.to_string(),
+                p.first_offset.to_string(),
+                p.next_offset.to_string(),
+                p.segments.to_string(),
+                p.bytes.to_string(),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "PARTITION",
+            "FIRST OFFSET",
+            "NEXT OFFSET",
+            "SEGMENTS",
+            "BYTES",
+        ],
+        &rows,
+        out,
+    )?;
     Ok(())
 }
 

@@ -29,6 +29,54 @@ pub struct Cli {
     command: Command,
 }
 
+/// `mmmq topic …`.
+#[derive(Subcommand)]
+enum TopicCommand {
+    /// Create a topic, or change the settings given (PUT /mmmq/topics/NAME).
+    #[command(visible_alias = "set")]
+    Create {
+        /// The topic.
+        name: String,
+        /// Partitions (only 1 is supported yet).
+        #[arg(long)]
+        partitions: Option<u32>,
+        /// Delete messages older than this many milliseconds, or `forever`.
+        #[arg(long, value_parser = parse_retention)]
+        retention_ms: Option<Retention>,
+        /// Per partition, delete the oldest segments while more than this is stored, or `none`.
+        #[arg(long, value_parser = parse_retention)]
+        retention_bytes: Option<Retention>,
+        /// Never delete what a dispatcher has not delivered yet.
+        #[arg(long)]
+        keep_undelivered: Option<bool>,
+        /// How long a produce id is remembered, in milliseconds.
+        #[arg(long)]
+        dedup_window_ms: Option<u64>,
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        broker: BrokerArg,
+    },
+    /// A topic's configuration and partitions.
+    Show {
+        /// The topic.
+        name: String,
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        broker: BrokerArg,
+    },
+    /// Delete a topic: its messages, checkpoints and dispatcher workers.
+    Delete {
+        /// The topic.
+        name: String,
+        #[command(flatten)]
+        broker: BrokerArg,
+    },
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the broker.
@@ -67,6 +115,11 @@ enum Command {
         json: bool,
         #[command(flatten)]
         broker: BrokerArg,
+    },
+    /// Create, configure, show or delete one topic.
+    Topic {
+        #[command(subcommand)]
+        what: TopicCommand,
     },
     /// The broker's dispatchers and their status as a table.
     Dispatchers {
@@ -275,6 +328,44 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             rt.block_on(client::topics(&broker.conn(), json, &mut std::io::stdout()))?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Topic { what } => {
+            let (name, action, json, broker) = match what {
+                TopicCommand::Create {
+                    name,
+                    partitions,
+                    retention_ms,
+                    retention_bytes,
+                    keep_undelivered,
+                    dedup_window_ms,
+                    json,
+                    broker,
+                } => {
+                    let settings = mmmq_client::TopicSettings {
+                        partitions,
+                        retention_ms: retention_ms.map(|r| r.0),
+                        retention_bytes: retention_bytes.map(|r| r.0),
+                        keep_undelivered,
+                        dedup_window_ms,
+                    };
+                    (name, client::TopicAction::Put(settings), json, broker)
+                }
+                TopicCommand::Show { name, json, broker } => {
+                    (name, client::TopicAction::Show, json, broker)
+                }
+                TopicCommand::Delete { name, broker } => {
+                    (name, client::TopicAction::Delete, false, broker)
+                }
+            };
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(client::topic(
+                &broker.conn(),
+                &name,
+                action,
+                json,
+                &mut std::io::stdout(),
+            ))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Dispatchers { json, broker } => {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(client::dispatchers(
@@ -346,7 +437,7 @@ impl ServeArgs {
     }
 }
 
-/// A retention time in milliseconds, or none (`forever`).
+/// A retention limit (milliseconds or bytes), or none (`forever`, `none`).
 #[derive(Debug, Clone, Copy)]
 struct Retention(Option<u64>);
 
@@ -356,7 +447,7 @@ fn parse_retention(s: &str) -> Result<Retention, String> {
         _ => s
             .parse::<u64>()
             .map(|ms| Retention(Some(ms)))
-            .map_err(|_| format!("{s:?} is neither a number of milliseconds nor `forever`")),
+            .map_err(|_| format!("{s:?} is neither a number nor `forever`/`none`")),
     }
 }
 

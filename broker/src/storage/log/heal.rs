@@ -68,6 +68,24 @@ impl Inner {
         Ok(())
     }
 
+    /// After a failure that left every answered append durable (an index write or sync after the
+    /// commit): the next batch first recovers in place, and new appends are refused until
+    /// `retry_after`, but appends already queued are not failed: they wait for the recovery.
+    pub(super) fn mark_for_healing(&self, error: &StorageError) {
+        tracing::error!(dir = %self.dir.display(), %error, "index write failed after a commit; the log recovers in place before its next batch");
+        let mut w = self.writer.lock();
+        let retry_at = Instant::now() + self.config.retry_after;
+        match &mut w.poisoned {
+            Some(p) => p.retry_at = retry_at,
+            None => {
+                w.poisoned = Some(Poison {
+                    cause: error.to_string(),
+                    retry_at,
+                })
+            }
+        }
+    }
+
     /// Stops the log taking appends after `error`, failing `replies` and everything queued.
     pub(super) fn poison(&self, error: &StorageError, replies: impl IntoIterator<Item = Reply>) {
         tracing::error!(dir = %self.dir.display(), %error, retry_after_ms = self.config.retry_after.as_millis() as u64, "log write failed; refusing appends, then recovering in place");

@@ -187,25 +187,30 @@ impl Inner {
         if let Some(observe) = &self.config.on_commit {
             observe(next - before);
         }
+        // The index entries are written (not synced) before the answers go out: a write to the
+        // page cache costs microseconds, and an answered append then has no work left behind it
+        // but the occasional index sync.
+        let indexed = tail.segment.index_lazily();
         let mut first = before;
         for p in batch {
             let _ = p.reply.send(Ok(first));
             first += p.lens.len() as u64;
         }
-        // Off the commit's critical path: the index catches up, and is synced now and then.
         let now = Instant::now();
         let sync = self.config.flush == FlushMode::PerAppend
             || (self.config.flush == FlushMode::GroupCommit
                 && now.duration_since(tail.index_synced) >= self.config.index_sync_interval);
-        let indexed = if sync {
-            tail.index_synced = now;
-            tail.segment.sync_index()
-        } else {
-            tail.segment.index_lazily()
-        };
+        let indexed = indexed.and_then(|()| {
+            if sync {
+                tail.index_synced = now;
+                tail.segment.sync_index()
+            } else {
+                Ok(())
+            }
+        });
         drop(tail);
         if let Err(e) = indexed {
-            self.poison(&e, []);
+            self.mark_for_healing(&e);
         }
     }
 

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::super::scan::{SegmentFiles, TailCheck, segment_file_name};
+use super::super::scan::{self, SegmentFiles, TailCheck, segment_file_name};
 use super::super::vfs::fault::{FaultyFs, Op};
 use super::super::*;
 use super::*;
@@ -413,4 +413,48 @@ async fn a_quick_tail_check_repairs_what_it_sees_and_leaves_an_ordered_flip_to_t
             }
         }
     }
+}
+
+/// Retention deletes a segment's index, then its data: a crash between the two (or a disk that
+/// kept one unlink and not the other) leaves the oldest segment with one file. The next open
+/// removes it and starts at the next segment; the same shape anywhere else is damage and refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retention_pass_interrupted_between_a_segments_two_files_is_finished_at_open() {
+    for missing in [scan::INDEX_EXT, scan::DATA_EXT] {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = open(tmp.path(), 60).unwrap();
+        fill(&log, 20).await;
+        let starts: Vec<u64> = log.segments().iter().map(|s| s.start).collect();
+        assert!(starts.len() > 4, "{starts:?}");
+        // Retention took segment 0 whole and half of segment 1.
+        assert_eq!(log.remove_segments_before(starts[1]).unwrap(), 1);
+        close(log).await;
+        std::fs::remove_file(tmp.path().join(segment_file_name(starts[1], missing))).unwrap();
+        let log = open(tmp.path(), 60).unwrap();
+        assert_eq!(log.first_offset(), starts[2], "{missing}");
+        let all = read_all_from(&log, starts[2]);
+        assert_eq!(all, (starts[2]..20).map(payload).collect::<Vec<_>>());
+        assert!(
+            !tmp.path()
+                .join(segment_file_name(starts[1], scan::DATA_EXT))
+                .exists()
+        );
+        assert!(
+            !tmp.path()
+                .join(segment_file_name(starts[1], scan::INDEX_EXT))
+                .exists()
+        );
+        close(log).await;
+        // In the middle of the log, a missing file is refused.
+        std::fs::remove_file(tmp.path().join(segment_file_name(starts[3], missing))).unwrap();
+        assert!(open(tmp.path(), 60).is_err(), "{missing}");
+    }
+}
+
+fn read_all_from(log: &Log, from: u64) -> Vec<Vec<u8>> {
+    log.read_from(from, usize::MAX, usize::MAX)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.payload.unwrap())
+        .collect()
 }
