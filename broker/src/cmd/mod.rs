@@ -258,6 +258,11 @@ enum BenchCommand {
     Boot(bench::boot::BootBench),
     /// Many idle topics, each with a dispatcher: resident memory and threads.
     Topics(bench::topics::TopicsBench),
+    /// Many stored messages: resident memory after boot and while reading the oldest.
+    Memory(bench::memory::MemoryBench),
+    /// Produce without end into a topic with small segments and a small retentionBytes: disk use
+    /// and resident memory over time.
+    Soak(bench::soak::SoakBench),
 }
 
 /// Runs the command.
@@ -410,6 +415,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     BenchCommand::Storage(cfg) => bench::storage::run(cfg, out).await,
                     BenchCommand::Boot(cfg) => bench::boot::run(cfg, out).await,
                     BenchCommand::Topics(cfg) => bench::topics::run(cfg, out).await,
+                    BenchCommand::Memory(cfg) => bench::memory::run(cfg, out).await,
+                    BenchCommand::Soak(cfg) => bench::soak::run(cfg, out).await,
                 }
             })?;
             Ok(ExitCode::SUCCESS)

@@ -127,6 +127,11 @@ impl FileCache {
             } else {
                 Vec::new()
             };
+            // Files of dropped segments (rotated away, deleted by retention) leave dead entries
+            // that hold their slot's memory: swept now and then, not only when the cap is hit.
+            if open.len() % 1024 == 1023 {
+                open.retain(|w| w.strong_count() > 0);
+            }
             open.push(Arc::downgrade(slot));
             victims
         };

@@ -9,7 +9,9 @@
 pub mod boot;
 pub mod embedded;
 pub mod http;
+pub mod memory;
 pub mod plugin;
+pub mod soak;
 pub mod storage;
 pub mod topics;
 
