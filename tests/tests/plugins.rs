@@ -441,15 +441,23 @@ async fn hot_reload_under_load_switches_versions_between_messages() {
 
     // A broken replacement: the old version keeps serving and the error is shown.
     std::fs::write(tmp.path().join("plugins/live.wasm"), b"\0asm broken").unwrap();
-    eventually(WAIT, "the load error", || {
+    // Waited for in the status, not the log: the in-place write above may already have logged a
+    // failed reload of a half-written file (then loaded the whole one).
+    let deadline = std::time::Instant::now() + WAIT;
+    let s = loop {
+        let s = dispatcher_status(&broker, "live").await;
+        if s["target"]["loadError"].is_string() {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "no load error: {s}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
         broker
             .log
             .lock()
             .contains("plugin reload failed; the old version keeps serving")
-            .then_some(())
-    })
-    .await;
-    let s = dispatcher_status(&broker, "live").await;
+    );
     assert!(
         s["target"]["loadError"]
             .as_str()

@@ -137,6 +137,12 @@ impl Worker {
                 if self.cancel.is_cancelled() {
                     break 'outer;
                 }
+                // Retention may have deleted what was read but not delivered yet.
+                if entry.offset < self.topic.log.first_offset() {
+                    run.clear();
+                    self.skip_deleted(&mut next, &saver);
+                    continue 'outer;
+                }
                 match self.to_delivery(entry) {
                     Ok((offset, d)) => {
                         run.push((offset, d));

@@ -412,3 +412,47 @@ async fn a_stop_waits_for_one_message_not_a_whole_run() {
         .unwrap();
     assert_eq!(stored, Some(acked));
 }
+
+/// Retention deletes what a running worker has not delivered yet (its consumer was down): the
+/// message in flight is still delivered, then the worker continues at the first offset still
+/// stored, counting exactly what it skipped.
+#[tokio::test(start_paused = true)]
+async fn a_worker_behind_the_retention_horizon_continues_at_the_first_offset() {
+    let s = setup(10).await;
+    let target = Scripted::new(&[Say::Fail]);
+    let Running {
+        task,
+        stats,
+        cancel,
+    } = spawn_worker(&s, spec(3, 1, 50), target.clone());
+    while target.offsets().is_empty() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // The consumer is down and the worker backs off; retention takes the whole log.
+    s.topic.log.roll().await.unwrap();
+    let log = s.topic.log.clone();
+    let removed = tokio::task::spawn_blocking(move || log.remove_segments_before(10))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((removed, s.topic.log.first_offset()), (1, 10));
+    for i in 10..12 {
+        let payload = StoredMessage {
+            timestamp: 0,
+            key: None,
+            content: RawValue::from_string(format!("{i}")).unwrap(),
+        }
+        .to_payload();
+        s.topic.log.append(&payload).await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    while stats.next_offset.load(Ordering::Relaxed) != 12 {
+        assert!(Instant::now() < deadline, "the worker never got there");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    cancel.cancel();
+    task.await.unwrap();
+    assert_eq!(target.offsets(), [vec![0], vec![0], vec![10], vec![11]]);
+    assert_eq!(stats.skipped.load(Ordering::Relaxed), 9);
+    assert_eq!(stats.delivered.load(Ordering::Relaxed), 3);
+}
