@@ -51,15 +51,27 @@ pub enum BrokerError {
     /// A batch over several topics of which some were stored and some were not (a disk error on
     /// one topic's log does not undo another topic's commit): `offsets` says which, per element
     /// in request order, so a client retries exactly the elements that are `None`.
-    #[error("{error} ({stored} of {total} messages of the batch were stored; the others were not)",
-        stored = offsets.iter().flatten().count(), total = offsets.len())]
+    #[error("{error} ({n} of {total} messages of the batch were stored; the others were not)",
+        n = stored.iter().flatten().count(), total = stored.len())]
     PartialBatch {
         /// The first disk error.
         #[source]
         error: StorageError,
-        /// Per element: its offset when it was stored.
-        offsets: Vec<Option<u64>>,
+        /// Per element: where it went when it was stored.
+        stored: Vec<Option<Produced>>,
     },
+    /// A produce named a partition the topic does not have.
+    #[error(transparent)]
+    NoSuchPartition(#[from] crate::topics::NoSuchPartition),
+}
+
+/// Where a produced message went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Produced {
+    /// Its partition.
+    pub partition: u32,
+    /// Its offset in that partition.
+    pub offset: u64,
 }
 
 /// Most messages one pull answers.
@@ -181,69 +193,86 @@ impl Broker {
         &self.metrics
     }
 
-    /// Appends one message; resolves with its offset once it is durable.
-    pub async fn produce(&self, item: ProduceItem) -> Result<u64, BrokerError> {
+    /// Appends one message to the partition it routes to (README, "Topics"); resolves with
+    /// where it went once it is durable.
+    pub async fn produce(&self, item: ProduceItem) -> Result<Produced, BrokerError> {
         let topic = self.registry.get_or_create(item.topic()).await?;
+        let partition = topic.route(item.partition(), item.key())?;
         let payload = stored_payload(&item);
-        let offset = topic.log.append(&payload).await?;
+        let offset = partition.log.append(&payload).await?;
         self.count_in(item.topic(), 1, payload.len());
-        Ok(offset)
+        Ok(Produced {
+            partition: partition.number,
+            offset,
+        })
     }
 
-    /// Appends messages, each topic's share at consecutive offsets in one commit, topics in
-    /// parallel. Resolves with each message's offset, in request order.
+    /// Appends messages, each partition's share at consecutive offsets in one commit,
+    /// partitions in parallel. Resolves with where each message went, in request order.
     ///
-    /// Each topic's share is atomic; the batch as a whole is not (topics are independent logs).
-    /// When a topic's commit fails the answer is exact: [`BrokerError::PartialBatch`] names the
-    /// offset of every element that was stored, so a retry of the others duplicates nothing.
-    pub async fn produce_batch(&self, items: Vec<ProduceItem>) -> Result<Vec<u64>, BrokerError> {
-        let mut by_topic: Vec<(Topic, Vec<usize>)> = Vec::new();
-        for (i, item) in items.iter().enumerate() {
-            match by_topic.iter_mut().find(|(t, _)| t == item.topic()) {
-                Some((_, v)) => v.push(i),
-                None => by_topic.push((item.topic().clone(), vec![i])),
+    /// Every message is routed before anything is appended (a partition that does not exist
+    /// refuses the whole batch). Each partition's share is atomic; the batch as a whole is not
+    /// (partitions are independent logs). When a commit fails the answer is exact:
+    /// [`BrokerError::PartialBatch`] says where every element that was stored went, so a retry
+    /// of the others duplicates nothing.
+    pub async fn produce_batch(
+        &self,
+        items: Vec<ProduceItem>,
+    ) -> Result<Vec<Produced>, BrokerError> {
+        let mut names: Vec<Topic> = Vec::new();
+        for item in &items {
+            if !names.contains(item.topic()) {
+                names.push(item.topic().clone());
             }
         }
-        // Every topic exists (or the batch is refused, e.g. past the topic cap) before anything
-        // is appended.
-        let names: Vec<Topic> = by_topic.iter().map(|(t, _)| t.clone()).collect();
-        let logs: Vec<_> = self
-            .registry
-            .get_or_create_all(&names)
-            .await?
-            .into_iter()
-            .map(|t| t.log.clone())
-            .collect();
+        // Every topic exists (or the batch is refused, e.g. past the topic cap) and every
+        // message has its partition before anything is appended.
+        let topics = self.registry.get_or_create_all(&names).await?;
+        let mut groups: Vec<(Topic, Arc<crate::topics::Partition>, Vec<usize>)> = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let t = &topics[names.iter().position(|n| n == item.topic()).expect("named")];
+            let partition = t.route(item.partition(), item.key())?;
+            match groups
+                .iter_mut()
+                .find(|(n, p, _)| n == item.topic() && Arc::ptr_eq(p, &partition))
+            {
+                Some((_, _, v)) => v.push(i),
+                None => groups.push((item.topic().clone(), partition, vec![i])),
+            }
+        }
         let mut set = tokio::task::JoinSet::new();
-        for ((topic, indexes), log) in by_topic.into_iter().zip(logs) {
+        for (topic, partition, indexes) in groups {
             let payloads: Vec<Vec<u8>> =
                 indexes.iter().map(|&i| stored_payload(&items[i])).collect();
             set.spawn(async move {
                 let bytes: usize = payloads.iter().map(Vec::len).sum();
-                let first = log.append_batch(&payloads).await;
-                (topic, indexes, bytes, first)
+                let first = partition.log.append_batch(&payloads).await;
+                (topic, partition.number, indexes, bytes, first)
             });
         }
-        let mut offsets = vec![None; items.len()];
+        let mut stored = vec![None; items.len()];
         let mut failure = None;
         while let Some(joined) = set.join_next().await {
-            let (topic, indexes, bytes, first) = joined.expect("append task panicked");
+            let (topic, partition, indexes, bytes, first) = joined.expect("append task panicked");
             match first {
                 Ok(first) => {
                     self.count_in(&topic, indexes.len() as u64, bytes);
                     for (k, &i) in indexes.iter().enumerate() {
-                        offsets[i] = Some(first + k as u64);
+                        stored[i] = Some(Produced {
+                            partition,
+                            offset: first + k as u64,
+                        });
                     }
                 }
                 Err(e) => failure = failure.or(Some(e)),
             }
         }
         match failure {
-            None => Ok(offsets
+            None => Ok(stored
                 .into_iter()
-                .map(|o| o.expect("every topic stored"))
+                .map(|o| o.expect("every partition stored"))
                 .collect()),
-            Some(error) => Err(BrokerError::PartialBatch { error, offsets }),
+            Some(error) => Err(BrokerError::PartialBatch { error, stored }),
         }
     }
 
@@ -267,15 +296,15 @@ impl Broker {
             .all()
             .into_iter()
             .map(|t| {
-                let s = t.log.stats();
+                let stats: Vec<_> = t.partitions().iter().map(|p| p.log.stats()).collect();
                 let config = self.registry.config_of(&t);
                 TopicInfo {
                     name: t.topic.to_string(),
-                    next_offset: s.next_offset,
-                    segments: s.segments as u64,
-                    bytes: s.bytes,
+                    next_offset: stats.iter().map(|s| s.next_offset).sum(),
+                    segments: stats.iter().map(|s| s.segments as u64).sum(),
+                    bytes: stats.iter().map(|s| s.bytes).sum(),
                     partition_count: config.partitions,
-                    first_offset: t.log.first_offset(),
+                    first_offset: t.first().log.first_offset(),
                     retention_ms: config.retention_ms,
                     retention_bytes: config.retention_bytes,
                 }
@@ -283,12 +312,13 @@ impl Broker {
             .collect()
     }
 
-    /// Up to `max` (1–1000) messages of `topic` from offset `from` (clamped to the first stored),
-    /// at most [`MAX_PULL_BYTES`] of payload; when there is nothing at `from` yet, waits up to
-    /// `wait` (at most [`MAX_PULL_WAIT`]) for it, or until `stop` is cancelled.
+    /// Up to `max` (1–1000) messages of `partition` of `topic` from offset `from` (clamped to
+    /// the first stored), at most [`MAX_PULL_BYTES`] of payload; when there is nothing at `from`
+    /// yet, waits up to `wait` (at most [`MAX_PULL_WAIT`]) for it, or until `stop` is cancelled.
     pub async fn pull(
         &self,
         topic: &str,
+        partition: u32,
         from: u64,
         max: usize,
         wait: Duration,
@@ -299,17 +329,24 @@ impl Broker {
             .registry
             .get(&topic)
             .ok_or_else(|| BrokerError::UnknownTopic(topic.to_string()))?;
+        let p = t
+            .partition(partition)
+            .ok_or_else(|| crate::topics::NoSuchPartition {
+                topic: topic.to_string(),
+                partition,
+                count: t.partition_count(),
+            })?;
         let max = max.clamp(1, MAX_PULL_MESSAGES);
         let wait = wait.min(MAX_PULL_WAIT);
-        let from = from.max(t.log.first_offset());
-        if from >= t.log.next_offset() && !wait.is_zero() {
+        let from = from.max(p.log.first_offset());
+        if from >= p.log.next_offset() && !wait.is_zero() {
             tokio::select! {
-                _ = t.log.wait_for(from) => {}
+                _ = p.log.wait_for(from) => {}
                 _ = tokio::time::sleep(wait) => {}
                 _ = stop.cancelled() => {}
             }
         }
-        let log = t.log.clone();
+        let log = p.log.clone();
         let entries = tokio::task::spawn_blocking(move || log.read_from(from, max, MAX_PULL_BYTES))
             .await
             .expect("read task panicked")
@@ -320,7 +357,7 @@ impl Broker {
             // A corrupt entry is left out; the gap in offsets shows it.
             let Ok(bytes) = e.payload else { continue };
             if let Ok(msg) = StoredMessage::from_payload(&bytes) {
-                messages.push(msg.into_envelope(topic.clone(), e.offset));
+                messages.push(msg.into_envelope(topic.clone(), partition, e.offset));
             }
         }
         Ok(PullPage { messages, next })
@@ -363,7 +400,7 @@ impl Broker {
         topic: &str,
         key: Option<&str>,
         content: &T,
-    ) -> Result<u64, BrokerError> {
+    ) -> Result<Produced, BrokerError> {
         let json = serde_json::to_string(content).map_err(|e| {
             ProduceError::Unparseable(format!("the content does not serialize as JSON: {e}"))
         })?;

@@ -24,6 +24,8 @@ pub struct DispatchLabel {
     pub consumer: String,
     /// The topic name.
     pub topic: String,
+    /// The partition.
+    pub partition: u32,
 }
 
 /// A dispatcher label.

@@ -51,6 +51,7 @@ pub struct ProduceItem {
     topic: Topic,
     key: Option<String>,
     content: Box<RawValue>,
+    partition: Option<u32>,
 }
 
 impl ProduceItem {
@@ -92,7 +93,20 @@ impl ProduceItem {
             topic,
             key,
             content,
+            partition: None,
         })
+    }
+
+    /// Sends it to this partition instead of routing it by its key (a produce that names a
+    /// partition the topic does not have is refused when it is produced).
+    pub fn with_partition(mut self, partition: Option<u32>) -> Self {
+        self.partition = partition;
+        self
+    }
+
+    /// The partition the producer named, if any.
+    pub fn partition(&self) -> Option<u32> {
+        self.partition
     }
 
     /// Where it goes.

@@ -10,7 +10,10 @@ use crate::error::{ClientError, backoff};
 pub struct Receipt {
     /// The topic.
     pub topic: String,
-    /// Its offset in the topic.
+    /// The partition it went to (0 from a broker that predates partitions).
+    #[serde(default)]
+    pub partition: u32,
+    /// Its offset in that partition.
     pub offset: u64,
 }
 
@@ -21,9 +24,13 @@ pub struct Record<T> {
     pub topic: String,
     /// The content.
     pub content: T,
-    /// An optional key.
+    /// An optional key: messages with the same key go to the same partition, the one a Kafka
+    /// producer would choose.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    /// A partition to store it in, instead of routing by the key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition: Option<u32>,
 }
 
 impl<T> Record<T> {
@@ -33,12 +40,19 @@ impl<T> Record<T> {
             topic: topic.into(),
             content,
             key: None,
+            partition: None,
         }
     }
 
     /// The same record with a key.
     pub fn with_key(mut self, key: impl Into<String>) -> Self {
         self.key = Some(key.into());
+        self
+    }
+
+    /// The same record, for this partition.
+    pub fn with_partition(mut self, partition: u32) -> Self {
+        self.partition = Some(partition);
         self
     }
 }
@@ -54,6 +68,8 @@ struct BatchAnswer {
 #[derive(Deserialize)]
 struct BatchResult {
     topic: String,
+    #[serde(default)]
+    partition: u32,
     offset: Option<u64>,
 }
 
@@ -117,6 +133,20 @@ impl Producer {
         self.post("/mmmq/messages", body).await
     }
 
+    /// Produces `content` to partition `partition` of `topic`.
+    pub async fn send_to_partition<T: Serialize + ?Sized>(
+        &self,
+        topic: &str,
+        partition: u32,
+        key: Option<&str>,
+        content: &T,
+    ) -> Result<Receipt, ClientError> {
+        let body = serde_json::to_vec(&serde_json::json!(
+            {"topic": topic, "partition": partition, "key": key, "content": content}
+        ))?;
+        self.post("/mmmq/messages", body).await
+    }
+
     /// Produces content that is already JSON text, byte for byte (what `mmmq produce` sends).
     pub async fn send_raw(
         &self,
@@ -161,6 +191,7 @@ impl Producer {
                     if let Some(offset) = r.offset {
                         receipts[i] = Some(Receipt {
                             topic: r.topic,
+                            partition: r.partition,
                             offset,
                         });
                     }

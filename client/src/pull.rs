@@ -14,6 +14,7 @@ use crate::error::{ClientError, backoff};
 pub struct PullConsumer {
     conn: Conn,
     topic: String,
+    partition: u32,
     next: u64,
     max: usize,
     wait: Duration,
@@ -32,13 +33,20 @@ impl PullConsumer {
             // Longer than the longest long poll.
             conn: Conn::new(broker, Duration::from_secs(60))?,
             topic: topic.to_owned(),
+            partition: 0,
             next: 0,
             max: 100,
             wait: Duration::from_secs(30),
         })
     }
 
-    /// Starts at `offset`.
+    /// Reads this partition of the topic (default 0).
+    pub fn partition(mut self, partition: u32) -> Self {
+        self.partition = partition;
+        self
+    }
+
+    /// Starts at `offset` (default 0) of the partition.
     pub fn from_offset(mut self, offset: u64) -> Self {
         self.next = offset;
         self
@@ -66,8 +74,9 @@ impl PullConsumer {
     /// position moves past them.
     pub async fn poll(&mut self) -> Result<Vec<Envelope>, ClientError> {
         let path = format!(
-            "/mmmq/topics/{}/messages?from={}&max={}&waitMs={}",
+            "/mmmq/topics/{}/messages?partition={}&from={}&max={}&waitMs={}",
             self.topic,
+            self.partition,
             self.next,
             self.max,
             self.wait.as_millis()

@@ -17,6 +17,7 @@
 pub mod ack;
 pub mod handler;
 pub mod message;
+pub mod partition;
 pub mod pattern;
 pub mod status;
 pub mod topic;
@@ -24,6 +25,7 @@ pub mod topic;
 pub use ack::Ack;
 pub use handler::{ErasedHandler, HandlerFuture, Message, erase};
 pub use message::{ContentShape, Envelope, MAX_CONTENT_DEPTH, StoredMessage, content_shape};
+pub use partition::{murmur2, partition_for_key};
 pub use pattern::{PatternError, TopicPattern};
 pub use status::{
     DEFAULT_RETENTION_MS, DispatcherStatus, PartitionInfo, PullPage, ReloadReport, TargetStatus,

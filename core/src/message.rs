@@ -101,10 +101,11 @@ impl StoredMessage {
         serde_json::from_slice(bytes)
     }
 
-    /// The envelope consumers see for this message at `offset` of `topic`.
-    pub fn into_envelope(self, topic: Topic, offset: u64) -> Envelope {
+    /// The envelope consumers see for this message at `offset` of `partition` of `topic`.
+    pub fn into_envelope(self, topic: Topic, partition: u32, offset: u64) -> Envelope {
         Envelope {
             topic,
+            partition,
             offset,
             timestamp: self.timestamp,
             key: self.key,
@@ -114,12 +115,16 @@ impl StoredMessage {
 }
 
 /// A stored message as pull answers and consumers receive it:
-/// `{"topic":…,"offset":…,"timestamp":…,"key":…,"content":…}`.
+/// `{"topic":…,"partition":…,"offset":…,"timestamp":…,"key":…,"content":…}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Envelope {
     /// The topic the message was produced to.
     pub topic: Topic,
-    /// Its position in the topic's log, from 0 with no gaps.
+    /// The partition it was stored in (0 for a topic of one partition, and from a broker that
+    /// predates partitions).
+    #[serde(default)]
+    pub partition: u32,
+    /// Its position in its partition's log, from 0 with no gaps.
     pub offset: u64,
     /// Milliseconds since the Unix epoch, set by the broker at append.
     pub timestamp: u64,
@@ -175,12 +180,12 @@ mod tests {
         };
         let back = StoredMessage::from_payload(&msg.to_payload()).unwrap();
         assert_eq!(back.content.get(), content);
-        let env = back.into_envelope(Topic::new("order.created").unwrap(), 17);
+        let env = back.into_envelope(Topic::new("order.created").unwrap(), 0, 17);
         let json = serde_json::to_string(&env).unwrap();
         assert_eq!(
             json,
             format!(
-                r#"{{"topic":"order.created","offset":17,"timestamp":1764400000000,"key":null,"content":{content}}}"#
+                r#"{{"topic":"order.created","partition":0,"offset":17,"timestamp":1764400000000,"key":null,"content":{content}}}"#
             )
         );
     }

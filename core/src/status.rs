@@ -157,6 +157,9 @@ pub struct ReloadReport {
 pub struct TopicStatus {
     /// The topic.
     pub topic: String,
+    /// The partition (status is per partition: each is delivered on its own).
+    #[serde(default)]
+    pub partition: u32,
     /// Next offset to deliver.
     pub next_offset: u64,
     /// Committed messages not yet delivered.

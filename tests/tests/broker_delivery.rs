@@ -111,10 +111,10 @@ async fn eight_producers_four_topics_each_message_once_in_order() {
     for line in [
         "mmmq_messages_in_total{topic=\"orders.a\"} 120".to_owned(),
         format!(
-            "mmmq_messages_delivered_total{{consumer=\"all\",topic=\"orders.a\"}} {}",
+            "mmmq_messages_delivered_total{{consumer=\"all\",topic=\"orders.a\",partition=\"0\"}} {}",
             2 * PER_CLIENT
         ),
-        "mmmq_dispatcher_lag{consumer=\"all\",topic=\"orders.a\"} 0".to_owned(),
+        "mmmq_dispatcher_lag{consumer=\"all\",topic=\"orders.a\",partition=\"0\"} 0".to_owned(),
     ] {
         assert!(
             metrics.lines().any(|l| l == line),
@@ -158,7 +158,7 @@ async fn batch_produce_is_all_or_nothing_and_keeps_request_order() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(
         body,
-        json!({"ack": "ACK", "results": [{"topic": "a", "offset": 0}, {"topic": "b", "offset": 0}, {"topic": "a", "offset": 1}]})
+        json!({"ack": "ACK", "results": [{"topic": "a", "partition": 0, "offset": 0}, {"topic": "b", "partition": 0, "offset": 0}, {"topic": "a", "partition": 0, "offset": 1}]})
     );
     let a = broker.pull_all("a").await;
     assert_eq!(

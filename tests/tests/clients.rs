@@ -374,14 +374,20 @@ async fn cli_produce_from_stdin_then_tail_returns_the_same_messages() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(receipts.len(), 250);
-    assert_eq!(receipts[249], json!({"topic": "cli.t", "offset": 249}));
+    assert_eq!(
+        receipts[249],
+        json!({"topic": "cli.t", "partition": 0, "offset": 249})
+    );
     let (ok, out, err) = mmmq(
         &broker,
         &["produce", "--topic", "cli.t", r#"{"one":true}"#],
         None,
     );
     assert!(ok, "{err}");
-    assert_eq!(out.trim(), r#"{"offset":250,"topic":"cli.t"}"#);
+    assert_eq!(
+        out.trim(),
+        r#"{"offset":250,"partition":0,"topic":"cli.t"}"#
+    );
 
     let (ok, out, err) = mmmq(&broker, &["tail", "--topic", "cli.t"], None);
     assert!(ok, "{err}");

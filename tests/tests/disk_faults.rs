@@ -243,9 +243,9 @@ async fn a_batch_over_topics_on_a_failing_disk_says_which_elements_were_stored()
         body["results"],
         json!([
             {"topic": "orders", "ack": "NACK"},
-            {"topic": "other", "offset": 1, "ack": "ACK"},
+            {"topic": "other", "partition": 0, "offset": 1, "ack": "ACK"},
             {"topic": "orders", "ack": "NACK"},
-            {"topic": "other", "offset": 2, "ack": "ACK"},
+            {"topic": "other", "partition": 0, "offset": 2, "ack": "ACK"},
         ]),
         "{body}"
     );

@@ -124,7 +124,7 @@ async fn an_err_is_retried_then_dead_lettered_and_the_next_job_flows() {
     })
     .await;
     let entry = eventually(WAIT, "a dead letter entry", || {
-        dlq.log.read(0).ok().flatten()
+        dlq.first().log.read(0).ok().flatten()
     })
     .await;
     let letter = StoredMessage::from_payload(&entry).unwrap();
@@ -186,7 +186,7 @@ async fn content_that_does_not_fit_is_a_nack_and_names_are_checked() {
     })
     .await;
     eventually(WAIT, "a dead letter entry", || {
-        dlq.log.read(0).ok().flatten()
+        dlq.first().log.read(0).ok().flatten()
     })
     .await;
     assert!(broker.produce_json("../x", None, &1).await.is_err());

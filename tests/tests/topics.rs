@@ -68,7 +68,6 @@ async fn the_topic_api_creates_shows_configures_and_refuses_bad_input_naming_the
     assert_eq!(orders["nextOffset"], 1);
 
     for (body, field) in [
-        (json!({"partitions": 2}), "partitions"),
         (json!({"partitions": 0}), "partitions"),
         (json!({"partitions": 2000}), "partitions"),
         (json!({"retentionMs": -5}), "retentionMs"),

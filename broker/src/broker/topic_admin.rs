@@ -20,17 +20,23 @@ impl Broker {
     }
 
     fn detail(&self, t: &TopicLog) -> TopicDetail {
-        let s = t.log.stats();
         TopicDetail {
             name: t.topic.to_string(),
             config: self.registry.config_of(t),
-            partitions: vec![PartitionInfo {
-                partition: 0,
-                first_offset: t.log.first_offset(),
-                next_offset: s.next_offset,
-                segments: s.segments as u64,
-                bytes: s.bytes,
-            }],
+            partitions: t
+                .partitions()
+                .iter()
+                .map(|p| {
+                    let s = p.log.stats();
+                    PartitionInfo {
+                        partition: p.number,
+                        first_offset: p.log.first_offset(),
+                        next_offset: s.next_offset,
+                        segments: s.segments as u64,
+                        bytes: s.bytes,
+                    }
+                })
+                .collect(),
         }
     }
 
@@ -71,9 +77,7 @@ impl Broker {
             .await
             .ok_or_else(|| BrokerError::UnknownTopic(topic.to_string()))?;
         self.dispatch.forget_topic(&topic).await;
-        if let Err(e) = t.log.close().await {
-            tracing::warn!(topic = %topic, error = %e, "closing a deleted topic's log failed");
-        }
+        t.close().await;
         self.registry.finish_delete(&t).await?;
         tracing::info!(topic = %topic, "topic deleted");
         Ok(())
@@ -95,19 +99,21 @@ pub(super) fn spawn_retention(
                     return;
                 }
                 let config = registry.config_of(&t);
-                let floor = dispatch.positions(&t.topic).into_iter().min();
-                match retention::apply(&t, &config, now_ms(), floor).await {
-                    Ok(0) => {}
-                    Ok(n) => {
-                        metrics
-                            .segments_deleted
-                            .get_or_create(&TopicLabel {
-                                topic: t.topic.to_string(),
-                            })
-                            .inc_by(n as u64);
-                    }
-                    Err(e) => {
-                        tracing::warn!(topic = %t.topic, error = %e, "retention pass failed; it runs again later")
+                for p in t.partitions() {
+                    let floor = dispatch.positions(&t.topic, p.number).into_iter().min();
+                    match retention::apply(&t.topic, &p, &config, now_ms(), floor).await {
+                        Ok(0) => {}
+                        Ok(n) => {
+                            metrics
+                                .segments_deleted
+                                .get_or_create(&TopicLabel {
+                                    topic: t.topic.to_string(),
+                                })
+                                .inc_by(n as u64);
+                        }
+                        Err(e) => {
+                            tracing::warn!(topic = %t.topic, partition = p.number, error = %e, "retention pass failed; it runs again later")
+                        }
                     }
                 }
             }

@@ -57,7 +57,7 @@ pub async fn produce(
         writeln!(
             out,
             "{}",
-            serde_json::json!({"topic": r.topic, "offset": r.offset})
+            serde_json::json!({"topic": r.topic, "partition": r.partition, "offset": r.offset})
         )?;
         return Ok(1);
     }
@@ -87,7 +87,7 @@ pub async fn produce(
                 writeln!(
                     out,
                     "{}",
-                    serde_json::json!({"topic": r.topic, "offset": r.offset})
+                    serde_json::json!({"topic": r.topic, "partition": r.partition, "offset": r.offset})
                 )?;
             }
             sent += batch.len() as u64;
@@ -119,7 +119,7 @@ pub async fn produce(
 /// more forever.
 pub async fn tail(
     broker: &Conn,
-    topic: &str,
+    (topic, partition): (&str, u32),
     from: u64,
     follow: bool,
     out: &mut dyn Write,
@@ -131,6 +131,7 @@ pub async fn tail(
     };
     let mut pull = PullConsumer::new(&broker.url, topic)?
         .auth_token(broker.token.clone())
+        .partition(partition)
         .from_offset(from)
         .max(1000)
         .wait(wait);

@@ -8,6 +8,7 @@
 
 mod bench;
 mod client;
+mod topic;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,54 +28,6 @@ use mmmq::storage::{FlushMode, OsFs, Vfs};
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
-}
-
-/// `mmmq topic …`.
-#[derive(Subcommand)]
-enum TopicCommand {
-    /// Create a topic, or change the settings given (PUT /mmmq/topics/NAME).
-    #[command(visible_alias = "set")]
-    Create {
-        /// The topic.
-        name: String,
-        /// Partitions (only 1 is supported yet).
-        #[arg(long)]
-        partitions: Option<u32>,
-        /// Delete messages older than this many milliseconds, or `forever`.
-        #[arg(long, value_parser = parse_retention)]
-        retention_ms: Option<Retention>,
-        /// Per partition, delete the oldest segments while more than this is stored, or `none`.
-        #[arg(long, value_parser = parse_retention)]
-        retention_bytes: Option<Retention>,
-        /// Never delete what a dispatcher has not delivered yet.
-        #[arg(long)]
-        keep_undelivered: Option<bool>,
-        /// How long a produce id is remembered, in milliseconds.
-        #[arg(long)]
-        dedup_window_ms: Option<u64>,
-        /// JSON instead of text.
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        broker: BrokerArg,
-    },
-    /// A topic's configuration and partitions.
-    Show {
-        /// The topic.
-        name: String,
-        /// JSON instead of text.
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        broker: BrokerArg,
-    },
-    /// Delete a topic: its messages, checkpoints and dispatcher workers.
-    Delete {
-        /// The topic.
-        name: String,
-        #[command(flatten)]
-        broker: BrokerArg,
-    },
 }
 
 #[derive(Subcommand)]
@@ -99,6 +52,9 @@ enum Command {
         /// The topic.
         #[arg(long)]
         topic: String,
+        /// The partition (offsets are per partition).
+        #[arg(long, default_value_t = 0)]
+        partition: u32,
         /// First offset.
         #[arg(long, default_value_t = 0)]
         from: u64,
@@ -119,7 +75,7 @@ enum Command {
     /// Create, configure, show or delete one topic.
     Topic {
         #[command(subcommand)]
-        what: TopicCommand,
+        what: topic::TopicCommand,
     },
     /// The broker's dispatchers and their status as a table.
     Dispatchers {
@@ -217,8 +173,8 @@ struct ServeArgs {
     default_partitions: u32,
     /// Retention of a topic created without a configuration, in milliseconds, or `forever`
     /// (default 14 days).
-    #[arg(long, env = "MMMQ_DEFAULT_RETENTION_MS", default_value = "1209600000", value_parser = parse_retention)]
-    default_retention_ms: Retention,
+    #[arg(long, env = "MMMQ_DEFAULT_RETENTION_MS", default_value = "1209600000", value_parser = topic::parse_retention)]
+    default_retention_ms: topic::Retention,
     /// How often retention deletes expired segments (it also runs at boot).
     #[arg(long, env = "MMMQ_RETENTION_CHECK_MS", default_value_t = defaults::RETENTION_CHECK_MS)]
     retention_check_ms: u64,
@@ -316,13 +272,15 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Tail {
             topic,
+            partition,
             from,
             follow,
             broker,
         } => {
             let rt = tokio::runtime::Runtime::new()?;
             let mut out = std::io::stdout();
-            match rt.block_on(client::tail(&broker.conn(), &topic, from, follow, &mut out)) {
+            let at = (topic.as_str(), partition);
+            match rt.block_on(client::tail(&broker.conn(), at, from, follow, &mut out)) {
                 Err(client::CliError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
                 other => other?,
             }
@@ -333,44 +291,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             rt.block_on(client::topics(&broker.conn(), json, &mut std::io::stdout()))?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Topic { what } => {
-            let (name, action, json, broker) = match what {
-                TopicCommand::Create {
-                    name,
-                    partitions,
-                    retention_ms,
-                    retention_bytes,
-                    keep_undelivered,
-                    dedup_window_ms,
-                    json,
-                    broker,
-                } => {
-                    let settings = mmmq_client::TopicSettings {
-                        partitions,
-                        retention_ms: retention_ms.map(|r| r.0),
-                        retention_bytes: retention_bytes.map(|r| r.0),
-                        keep_undelivered,
-                        dedup_window_ms,
-                    };
-                    (name, client::TopicAction::Put(settings), json, broker)
-                }
-                TopicCommand::Show { name, json, broker } => {
-                    (name, client::TopicAction::Show, json, broker)
-                }
-                TopicCommand::Delete { name, broker } => {
-                    (name, client::TopicAction::Delete, false, broker)
-                }
-            };
-            let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(client::topic(
-                &broker.conn(),
-                &name,
-                action,
-                json,
-                &mut std::io::stdout(),
-            ))?;
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Topic { what } => topic::run(what),
         Command::Dispatchers { json, broker } => {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(client::dispatchers(
@@ -441,20 +362,6 @@ impl ServeArgs {
         config.topic_defaults.retention_ms = self.default_retention_ms.0;
         config.retention_check = Duration::from_millis(self.retention_check_ms);
         config
-    }
-}
-
-/// A retention limit (milliseconds or bytes), or none (`forever`, `none`).
-#[derive(Debug, Clone, Copy)]
-struct Retention(Option<u64>);
-
-fn parse_retention(s: &str) -> Result<Retention, String> {
-    match s {
-        "forever" | "none" | "null" => Ok(Retention(None)),
-        _ => s
-            .parse::<u64>()
-            .map(|ms| Retention(Some(ms)))
-            .map_err(|_| format!("{s:?} is neither a number nor `forever`/`none`")),
     }
 }
 

@@ -152,14 +152,11 @@ impl ServeConfig {
             }
         }
         let partitions = self.topic_defaults.partitions;
-        if partitions != crate::topics::settings::SUPPORTED_PARTITIONS {
+        let max = crate::topics::settings::MAX_PARTITIONS;
+        if !(1..=max).contains(&partitions) {
             return Err(ConfigError::Setting {
                 name: "--default-partitions",
-                reason: format!(
-                    "this broker stores topics of {} partition only (partitioned topics come in a \
-                     later version), got {partitions}",
-                    crate::topics::settings::SUPPORTED_PARTITIONS
-                ),
+                reason: format!("must be 1–{max}, got {partitions}"),
             });
         }
         if self.max_body_bytes > crate::storage::frame::MAX_PAYLOAD_LEN / 2 {

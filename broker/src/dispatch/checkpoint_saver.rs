@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::config::DispatcherSpec;
-use crate::topics::TopicLog;
+use crate::topics::Partition;
 
 /// How long a failed checkpoint write waits before it is retried when no newer position comes.
 const CHECKPOINT_RETRY: Duration = Duration::from_secs(1);
@@ -32,7 +32,7 @@ pub(super) struct CheckpointSaver {
 }
 
 impl CheckpointSaver {
-    pub(super) fn spawn(topic: Arc<TopicLog>, spec: Arc<DispatcherSpec>, start: u64) -> Self {
+    pub(super) fn spawn(topic: Arc<Partition>, spec: Arc<DispatcherSpec>, start: u64) -> Self {
         let (tx, mut rx) = watch::channel(start);
         let stop = CancellationToken::new();
         let stopping = stop.clone();

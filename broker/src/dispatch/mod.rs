@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::DispatcherSpec;
 use crate::metrics::{DispatchLabel, Metrics};
-use crate::topics::{Registry, TopicLog};
+use crate::topics::{Partition, Registry, TopicLog};
 pub use mmmq_core::{DispatcherStatus, ReloadReport, TargetStatus, TopicStatus};
 pub use target::{BoxFuture, Delivery, Outcome, RunAnswer, Target, TargetError};
 pub use targets::{Handler, InProcessTarget, TargetFactory, Targets};
@@ -55,7 +55,7 @@ pub enum DispatchError {
 struct WorkerHandle {
     join: tokio::task::JoinHandle<()>,
     stats: Arc<WorkerStats>,
-    topic: Arc<TopicLog>,
+    partition: Arc<Partition>,
     /// Stops this worker alone (its topic is being deleted).
     cancel: CancellationToken,
 }
@@ -66,7 +66,8 @@ struct Running {
     spec: Arc<DispatcherSpec>,
     target: Arc<dyn Target>,
     cancel: CancellationToken,
-    workers: BTreeMap<Topic, WorkerHandle>,
+    /// One worker per (topic, partition): partitions are delivered independently.
+    workers: BTreeMap<(Topic, u32), WorkerHandle>,
 }
 
 /// A running dispatcher as a reload sees it before deciding what to change.
@@ -140,31 +141,40 @@ impl Dispatch {
         }
     }
 
+    /// Starts a worker for each partition of `topic` that has none (a new topic, or one that
+    /// grew), if the dispatcher's pattern matches.
     fn start_worker(&self, r: &mut Running, topic: &Arc<TopicLog>) {
-        if !r.spec.pattern.matches(&topic.topic) || r.workers.contains_key(&topic.topic) {
+        if !r.spec.pattern.matches(&topic.topic) {
             return;
         }
-        let stats = Arc::new(WorkerStats::default());
-        let cancel = r.cancel.child_token();
-        let worker = worker::Worker {
-            topic: topic.clone(),
-            spec: r.spec.clone(),
-            target: r.target.clone(),
-            stats: stats.clone(),
-            cancel: cancel.clone(),
-            registry: self.registry.clone(),
-            metrics: self.metrics.clone(),
-        };
-        tracing::info!(consumer_id = %r.spec.consumer_id, topic = %topic.topic, "dispatcher subscribed");
-        r.workers.insert(
-            topic.topic.clone(),
-            WorkerHandle {
-                join: tokio::spawn(worker.run()),
-                stats,
-                topic: topic.clone(),
-                cancel,
-            },
-        );
+        for partition in topic.partitions() {
+            let key = (topic.topic.clone(), partition.number);
+            if r.workers.contains_key(&key) {
+                continue;
+            }
+            let stats = Arc::new(WorkerStats::default());
+            let cancel = r.cancel.child_token();
+            let worker = worker::Worker {
+                topic: topic.topic.clone(),
+                partition: partition.clone(),
+                spec: r.spec.clone(),
+                target: r.target.clone(),
+                stats: stats.clone(),
+                cancel: cancel.clone(),
+                registry: self.registry.clone(),
+                metrics: self.metrics.clone(),
+            };
+            tracing::info!(consumer_id = %r.spec.consumer_id, topic = %topic.topic, partition = partition.number, "dispatcher subscribed");
+            r.workers.insert(
+                key,
+                WorkerHandle {
+                    join: tokio::spawn(worker.run()),
+                    stats,
+                    partition,
+                    cancel,
+                },
+            );
+        }
     }
 
     /// Makes the running set equal `specs`: starts added dispatchers, stops removed ones (their
@@ -323,8 +333,8 @@ impl Dispatch {
                 let mut latest: Option<(u64, String)> = None;
                 let topics: Vec<TopicStatus> = r
                     .workers
-                    .values()
-                    .map(|w| {
+                    .iter()
+                    .map(|((topic, partition), w)| {
                         let last_error = w.stats.last_error.lock().clone();
                         if let Some((at, e)) = &last_error
                             && latest.as_ref().is_none_or(|(l, _)| at >= l)
@@ -332,16 +342,18 @@ impl Dispatch {
                             latest = Some((*at, e.clone()));
                         }
                         let next = w.stats.next_offset.load(Ordering::Relaxed);
-                        let lag = w.topic.log.next_offset().saturating_sub(next);
+                        let lag = w.partition.log.next_offset().saturating_sub(next);
                         self.metrics
                             .lag
                             .get_or_create(&DispatchLabel {
                                 consumer: r.spec.consumer_id.to_string(),
-                                topic: w.topic.topic.to_string(),
+                                topic: topic.to_string(),
+                                partition: *partition,
                             })
                             .set(lag as i64);
                         TopicStatus {
-                            topic: w.topic.topic.to_string(),
+                            topic: topic.to_string(),
+                            partition: *partition,
                             next_offset: next,
                             lag,
                             delivered: w.stats.delivered.load(Ordering::Relaxed),
@@ -376,25 +388,34 @@ impl Dispatch {
     /// checkpoints are written before this returns, so nothing writes into the topic's directory
     /// afterwards. A topic created again under the name gets new workers.
     pub async fn forget_topic(&self, topic: &Topic) {
-        let handles: Vec<WorkerHandle> = self
-            .running
-            .lock()
-            .values_mut()
-            .filter_map(|r| r.workers.remove(topic))
-            .collect();
+        let handles: Vec<WorkerHandle> = {
+            let mut running = self.running.lock();
+            let mut handles = Vec::new();
+            for r in running.values_mut() {
+                let keys: Vec<(Topic, u32)> = r
+                    .workers
+                    .keys()
+                    .filter(|(t, _)| t == topic)
+                    .cloned()
+                    .collect();
+                handles.extend(keys.iter().filter_map(|k| r.workers.remove(k)));
+            }
+            handles
+        };
         for w in handles {
             w.cancel.cancel();
             let _ = w.join.await;
         }
     }
 
-    /// The next offset of every worker delivering `topic` (what `keepUndelivered` retention must
-    /// not pass).
-    pub fn positions(&self, topic: &Topic) -> Vec<u64> {
+    /// The next offset of every worker delivering `partition` of `topic` (what
+    /// `keepUndelivered` retention must not pass).
+    pub fn positions(&self, topic: &Topic, partition: u32) -> Vec<u64> {
+        let key = (topic.clone(), partition);
         self.running
             .lock()
             .values()
-            .filter_map(|r| r.workers.get(topic))
+            .filter_map(|r| r.workers.get(&key))
             .map(|w| w.stats.next_offset.load(Ordering::Relaxed))
             .collect()
     }

@@ -29,7 +29,7 @@ use super::target::{Delivery, Outcome, RunAnswer, Target, TargetError};
 use crate::config::DispatcherSpec;
 use crate::metrics::{ConsumerLabel, DispatchLabel, Metrics};
 use crate::storage::Entry;
-use crate::topics::{Registry, TopicLog};
+use crate::topics::{Partition, Registry};
 
 const READ_BATCH: usize = 256;
 /// Messages handed at once to a target that answers per message (plugins, in-process handlers):
@@ -62,7 +62,10 @@ pub struct WorkerStats {
 
 /// Everything a worker needs.
 pub(super) struct Worker {
-    pub topic: Arc<TopicLog>,
+    /// The topic's name.
+    pub topic: Topic,
+    /// The partition this worker delivers.
+    pub partition: Arc<Partition>,
     pub spec: Arc<DispatcherSpec>,
     pub target: Arc<dyn Target>,
     pub stats: Arc<WorkerStats>,
@@ -84,13 +87,14 @@ impl Worker {
     fn label(&self) -> DispatchLabel {
         DispatchLabel {
             consumer: self.spec.consumer_id.to_string(),
-            topic: self.topic.topic.to_string(),
+            topic: self.topic.to_string(),
+            partition: self.partition.number,
         }
     }
 
     /// Runs until cancelled.
     pub async fn run(self) {
-        let span = tracing::info_span!("drain", topic = %self.topic.topic, consumer_id = %self.spec.consumer_id);
+        let span = tracing::info_span!("drain", topic = %self.topic, partition = self.partition.number, consumer_id = %self.spec.consumer_id);
         self.drain().instrument(span).await
     }
 
@@ -99,8 +103,8 @@ impl Worker {
             return;
         };
         self.stats.next_offset.store(next, Ordering::Relaxed);
-        let saver = CheckpointSaver::spawn(self.topic.clone(), self.spec.clone(), next);
-        let mut committed = self.topic.log.subscribe();
+        let saver = CheckpointSaver::spawn(self.partition.clone(), self.spec.clone(), next);
+        let mut committed = self.partition.log.subscribe();
         let run_len = if self.target.answers_per_message() {
             self.spec.batch_max_messages.max(PER_MESSAGE_RUN)
         } else {
@@ -113,7 +117,7 @@ impl Worker {
                 r = committed.wait_for(|&n| n > next) => if r.is_err() { break },
             }
             self.skip_deleted(&mut next, &saver);
-            let log = self.topic.log.clone();
+            let log = self.partition.log.clone();
             let from = next;
             let entries = match tokio::task::spawn_blocking(move || {
                 log.read_from(from, READ_BATCH, READ_BYTES)
@@ -122,7 +126,7 @@ impl Worker {
             .expect("read task panicked")
             {
                 Ok(entries) => entries,
-                Err(_) if self.topic.log.first_offset() > from => continue,
+                Err(_) if self.partition.log.first_offset() > from => continue,
                 Err(e) => {
                     self.record_error(format!("reading offset {next}: {e}"));
                     if self.sleep(backoff::START).await.is_err() {
@@ -138,7 +142,7 @@ impl Worker {
                     break 'outer;
                 }
                 // Retention may have deleted what was read but not delivered yet.
-                if entry.offset < self.topic.log.first_offset() {
+                if entry.offset < self.partition.log.first_offset() {
                     run.clear();
                     self.skip_deleted(&mut next, &saver);
                     continue 'outer;
@@ -185,9 +189,9 @@ impl Worker {
 
     /// The checkpoint, or 0; clamped into the log's range.
     async fn start_offset(&self) -> Option<u64> {
-        let topic = self.topic.clone();
+        let partition = self.partition.clone();
         let id = self.spec.consumer_id.clone();
-        let stored = tokio::task::spawn_blocking(move || topic.checkpoints.read(&id))
+        let stored = tokio::task::spawn_blocking(move || partition.checkpoints.read(&id))
             .await
             .expect("checkpoint read panicked");
         let stored = match stored {
@@ -199,7 +203,10 @@ impl Worker {
                 return None;
             }
         };
-        let (first, end) = (self.topic.log.first_offset(), self.topic.log.next_offset());
+        let (first, end) = (
+            self.partition.log.first_offset(),
+            self.partition.log.next_offset(),
+        );
         if stored > end {
             tracing::warn!(
                 checkpoint = stored,
@@ -216,7 +223,7 @@ impl Worker {
 
     /// Behind the retention horizon: continues at the first offset still stored.
     fn skip_deleted(&self, next: &mut u64, saver: &CheckpointSaver) {
-        let first = self.topic.log.first_offset();
+        let first = self.partition.log.first_offset();
         if *next < first {
             self.note_skipped(*next, first);
             *next = first;
@@ -244,7 +251,8 @@ impl Worker {
         let problem = match entry.payload {
             Ok(bytes) => match StoredMessage::from_payload(&bytes) {
                 Ok(msg) => {
-                    let envelope = msg.into_envelope(self.topic.topic.clone(), offset);
+                    let envelope =
+                        msg.into_envelope(self.topic.clone(), self.partition.number, offset);
                     return Ok((offset, Delivery::new(envelope)));
                 }
                 Err(e) => format!("offset {offset}: payload is not a stored message: {e}"),
@@ -424,7 +432,13 @@ impl Worker {
         let mut backoff = Backoff::new();
         loop {
             let result = match self.registry.get_or_create(&dlq).await {
-                Ok(t) => t.log.append(&payload).await,
+                Ok(t) => {
+                    // Dead letters are routed by the original key, as a producer's would be.
+                    let p = t
+                        .route(None, d.envelope.key.as_deref())
+                        .expect("a route without an explicit partition always exists");
+                    p.log.append(&payload).await
+                }
                 Err(e) => Err(e),
             };
             match result {

@@ -19,7 +19,7 @@ use crate::config::{DispatcherSpec, TargetSpec};
 use crate::metrics::Metrics;
 use crate::storage::vfs::fault::FaultyFs;
 use crate::storage::{LogConfig, Vfs};
-use crate::topics::{Registry, TopicLog};
+use crate::topics::{Partition, Registry};
 
 /// What the scripted consumer answers next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,7 +116,8 @@ struct Setup {
     _dir: tempfile::TempDir,
     fs: FaultyFs,
     registry: Arc<Registry>,
-    topic: Arc<TopicLog>,
+    /// Partition 0 of topic `t`.
+    topic: Arc<Partition>,
 }
 
 /// A registry on a real (fault-injectable) file system with topic `t` holding `n` messages.
@@ -136,7 +137,8 @@ async fn setup(n: u64) -> Setup {
     let topic = registry
         .get_or_create(&Topic::new("t").unwrap())
         .await
-        .unwrap();
+        .unwrap()
+        .first();
     for i in 0..n {
         let payload = StoredMessage {
             timestamp: 0,
@@ -177,7 +179,8 @@ fn spawn_worker(s: &Setup, spec: Arc<DispatcherSpec>, target: Arc<Scripted>) -> 
     let stats = Arc::new(WorkerStats::default());
     let cancel = CancellationToken::new();
     let worker = Worker {
-        topic: s.topic.clone(),
+        topic: Topic::new("t").unwrap(),
+        partition: s.topic.clone(),
         spec,
         target,
         stats: stats.clone(),
@@ -219,7 +222,8 @@ fn dead_letters(s: &Setup) -> Vec<serde_json::Value> {
     let Some(dlq) = s.registry.get(&Topic::new("__dlq.w").unwrap()) else {
         return Vec::new();
     };
-    dlq.log
+    dlq.first()
+        .log
         .read_from(0, 100, usize::MAX)
         .unwrap()
         .into_iter()

@@ -23,6 +23,7 @@ pub(super) async fn topics(
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct PullQuery {
+    partition: Option<u32>,
     from: Option<u64>,
     max: Option<usize>,
     wait_ms: Option<u64>,
@@ -41,6 +42,7 @@ pub(super) async fn pull(
     let page = broker
         .pull(
             &topic,
+            q.partition.unwrap_or(0),
             q.from.unwrap_or(0),
             q.max.unwrap_or(DEFAULT_MAX),
             Duration::from_millis(q.wait_ms.unwrap_or(0)),

@@ -171,7 +171,8 @@ impl From<BrokerError> for ApiError {
         match e {
             BrokerError::Invalid(_)
             | BrokerError::InvalidName(_)
-            | BrokerError::InvalidSettings(_) => Self::BadRequest(e.to_string()),
+            | BrokerError::InvalidSettings(_)
+            | BrokerError::NoSuchPartition(_) => Self::BadRequest(e.to_string()),
             BrokerError::Storage(StorageError::PayloadTooLarge { max, .. }) => Self::TooLarge(max),
             BrokerError::Storage(e @ StorageError::TopicLimit { .. }) => {
                 Self::TopicLimit(e.to_string())

@@ -19,18 +19,22 @@ struct ProduceRequest {
     content: Box<RawValue>,
     #[serde(default)]
     key: Option<String>,
+    #[serde(default)]
+    partition: Option<u32>,
 }
 
 #[derive(Serialize)]
 pub(super) struct ProduceAck {
     ack: Ack,
     topic: Topic,
+    partition: u32,
     offset: u64,
 }
 
 #[derive(Serialize)]
 pub(super) struct BatchResult {
     topic: Topic,
+    partition: u32,
     offset: u64,
 }
 
@@ -61,7 +65,9 @@ pub fn parse_batch(body: &[u8], max_content: usize) -> Result<Vec<ProduceItem>, 
 }
 
 fn validate(req: ProduceRequest, max_content: usize) -> Result<ProduceItem, String> {
-    ProduceItem::new(req.topic, req.key, req.content, max_content).map_err(|e| e.to_string())
+    ProduceItem::new(req.topic, req.key, req.content, max_content)
+        .map(|item| item.with_partition(req.partition))
+        .map_err(|e| e.to_string())
 }
 
 #[tracing::instrument(level = "debug", skip_all)]
@@ -74,11 +80,12 @@ pub(super) async fn produce(
     let bytes = read_json_body(&headers, body, state.max_body_bytes).await?;
     let item = parse_message(&bytes, state.max_body_bytes)?;
     let topic = item.topic().clone();
-    let offset = broker.produce(item).await?;
+    let at = broker.produce(item).await?;
     Ok(Json(ProduceAck {
         ack: Ack::Ack,
         topic,
-        offset,
+        partition: at.partition,
+        offset: at.offset,
     }))
 }
 
@@ -94,22 +101,23 @@ pub(super) async fn produce_batch(
     // All or nothing: every element is checked before anything is appended.
     let items = parse_batch(&bytes, state.max_body_bytes)?;
     let topics: Vec<Topic> = items.iter().map(|i| i.topic().clone()).collect();
-    let offsets = match broker.produce_batch(items).await {
-        Ok(offsets) => offsets,
-        Err(BrokerError::PartialBatch { error, offsets }) => {
-            let stored = offsets.iter().flatten().count();
+    let produced = match broker.produce_batch(items).await {
+        Ok(produced) => produced,
+        Err(BrokerError::PartialBatch { error, stored }) => {
+            let n = stored.iter().flatten().count();
             let results = topics
                 .iter()
-                .zip(&offsets)
-                .map(|(topic, offset)| match offset {
-                    Some(o) => serde_json::json!({"topic": topic, "offset": o, "ack": Ack::Ack}),
+                .zip(&stored)
+                .map(|(topic, at)| match at {
+                    Some(at) => serde_json::json!({"topic": topic, "partition": at.partition,
+                        "offset": at.offset, "ack": Ack::Ack}),
                     None => serde_json::json!({"topic": topic, "ack": Ack::Nack}),
                 })
                 .collect();
             return Err(ApiError::PartialBatch {
                 error: format!(
-                    "{error}; {stored} of {} messages were stored (see results: retry only the NACKed ones)",
-                    offsets.len()
+                    "{error}; {n} of {} messages were stored (see results: retry only the NACKed ones)",
+                    stored.len()
                 ),
                 results,
             });
@@ -120,8 +128,12 @@ pub(super) async fn produce_batch(
         ack: Ack::Ack,
         results: topics
             .into_iter()
-            .zip(offsets)
-            .map(|(topic, offset)| BatchResult { topic, offset })
+            .zip(produced)
+            .map(|(topic, at)| BatchResult {
+                topic,
+                partition: at.partition,
+                offset: at.offset,
+            })
             .collect(),
     }))
 }

@@ -1,14 +1,18 @@
 //! The topic registry: each topic's log and checkpoints, created on first produce, restored at boot,
 //! and announced to whoever wants to know about new topics (the dispatchers).
 //!
-//! A topic maps to one directory and one log today. When topics grow partitions, this is the only
-//! place that changes: the log and its drain workers know nothing about directories.
+//! A topic maps to one directory and one log per partition; the logs and their drain workers know
+//! nothing about directories.
 //!
+//! - [`partition`]: a topic's partitions, their layout and the routing of a message to one.
 //! - [`settings`]: a topic's configuration (`topic.json`, the `PUT` body), validated.
 //! - [`retention`]: which segments retention deletes, and the pass that deletes them.
 
+pub mod partition;
 pub mod retention;
 pub mod settings;
+
+pub use partition::{NoSuchPartition, Partition, TopicLog};
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -21,22 +25,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use crate::storage::vfs::create_dir_durably;
-use crate::storage::{Checkpoints, Log, LogConfig, StorageError, Vfs};
-
-/// A topic's storage: its log and its consumers' checkpoints.
-#[derive(Debug)]
-pub struct TopicLog {
-    /// The topic.
-    pub topic: Topic,
-    /// Its messages.
-    pub log: Log,
-    /// Its dispatchers' positions.
-    pub checkpoints: Checkpoints,
-    /// Its directory.
-    pub dir: PathBuf,
-    /// Its `topic.json`, `None` when it has none (the broker's defaults apply).
-    config: RwLock<Option<TopicConfig>>,
-}
+use crate::storage::{LogConfig, StorageError, Vfs};
 
 /// All topics of a root dir.
 pub struct Registry {
@@ -120,23 +109,48 @@ impl Registry {
 
     /// A topic's configuration: its `topic.json`, or the defaults.
     pub fn config_of(&self, t: &TopicLog) -> TopicConfig {
-        t.config
+        let mut c = t
+            .config
             .read()
             .clone()
-            .unwrap_or_else(|| self.defaults.clone())
+            .unwrap_or_else(|| self.defaults.clone());
+        // What exists is the truth: a topic made with other defaults keeps its partitions.
+        c.partitions = t.partition_count();
+        c
     }
 
-    /// Durably stores a topic's new configuration in its `topic.json`.
+    /// Durably stores a topic's new configuration in its `topic.json`, first creating the
+    /// partitions it adds (a crash in between leaves partition directories that the next boot
+    /// opens: the topic has at least the partitions any configuration it ever had asked for).
+    /// Announces a grown topic again, so that dispatchers attach to its new partitions.
     pub async fn set_config(
         &self,
         t: &Arc<TopicLog>,
         config: TopicConfig,
     ) -> Result<(), StorageError> {
-        let (vfs, dir, stored) = (self.vfs.clone(), t.dir.clone(), config.clone());
-        tokio::task::spawn_blocking(move || settings::store(&*vfs, &dir, &stored))
-            .await
-            .expect("config task panicked")?;
+        let have = t.partition_count();
+        let (vfs, dir, stored, log_config) = (
+            self.vfs.clone(),
+            t.dir.clone(),
+            config.clone(),
+            self.log_config.clone(),
+        );
+        let added = tokio::task::spawn_blocking(move || {
+            let added = (have..stored.partitions)
+                .map(|p| partition::open_partition(&dir, p, &vfs, &log_config))
+                .collect::<Result<Vec<_>, _>>()?;
+            settings::store(&*vfs, &dir, &stored)?;
+            Ok::<_, StorageError>(added)
+        })
+        .await
+        .expect("config task panicked")?;
+        let grew = !added.is_empty();
+        t.extend(added);
         *t.config.write() = Some(config);
+        if grew {
+            tracing::info!(topic = %t.topic, partitions = t.partition_count(), "topic grew");
+            let _ = self.created.send(t.clone());
+        }
         Ok(())
     }
 
@@ -234,9 +248,12 @@ impl Registry {
             let vfs = self.vfs.clone();
             let config = self.log_config.clone();
             let topic_name = topic.clone();
-            let t = tokio::task::spawn_blocking(move || open_topic(topic_name, dir, vfs, config))
-                .await
-                .expect("topic creation panicked")?;
+            let partitions = self.defaults.partitions;
+            let t = tokio::task::spawn_blocking(move || {
+                open_topic(topic_name, dir, vfs, config, partitions)
+            })
+            .await
+            .expect("topic creation panicked")?;
             let t = Arc::new(t);
             self.topics.write().insert(topic.clone(), t.clone());
             if !topic.is_internal() {
@@ -253,15 +270,12 @@ impl Registry {
             .collect())
     }
 
-    /// Closes every log, leaving the exact on-disk layout (see [`Log::close`]); `false` if one
-    /// failed (it is logged), in which case the next boot must check every tail.
+    /// Closes every log, leaving the exact on-disk layout (see [`crate::storage::Log::close`]);
+    /// `false` if one failed (it is logged), in which case the next boot must check every tail.
     pub async fn close_all(&self) -> bool {
         let mut ok = true;
         for t in self.all() {
-            if let Err(e) = t.log.close().await {
-                tracing::warn!(topic = %t.topic, error = %e, "closing the log failed");
-                ok = false;
-            }
+            ok &= t.close().await;
         }
         ok
     }
@@ -272,21 +286,24 @@ impl Registry {
     }
 }
 
+/// Opens a topic: its configuration, and every partition it has on disk or that its
+/// configuration (else `default_partitions`) asks for. Blocking.
 fn open_topic(
     topic: Topic,
     dir: PathBuf,
     vfs: Arc<dyn Vfs>,
     config: LogConfig,
+    default_partitions: u32,
 ) -> Result<TopicLog, StorageError> {
-    let log = Log::open(&dir, vfs.clone(), config)?;
     let settings = settings::load(&*vfs, &dir)?;
-    Ok(TopicLog {
-        checkpoints: Checkpoints::new(dir.join("checkpoints"), vfs),
-        topic,
-        log,
-        dir,
-        config: RwLock::new(settings),
-    })
+    let wanted = settings
+        .as_ref()
+        .map_or(default_partitions, |c| c.partitions)
+        .max(partition::partitions_on_disk(&*vfs, &dir));
+    let partitions = (0..wanted)
+        .map(|p| partition::open_partition(&dir, p, &vfs, &config))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(TopicLog::new(topic, dir, partitions, settings))
 }
 
 /// Renames a topic's directory into the trash durably, then removes it.
@@ -358,7 +375,7 @@ fn restore_all(
                 continue;
             }
         };
-        let t = open_topic(topic.clone(), path, shared.clone(), config.clone())?;
+        let t = open_topic(topic.clone(), path, shared.clone(), config.clone(), 1)?;
         out.insert(topic, Arc::new(t));
         if last_report.elapsed() > Duration::from_secs(2) {
             tracing::info!(done = i + 1, total, "restoring topics");

@@ -8,7 +8,7 @@
 
 use mmmq_core::{StoredMessage, TopicConfig};
 
-use super::TopicLog;
+use super::Partition;
 use crate::storage::{SegmentSummary, StorageError};
 
 /// What one pass does to a topic.
@@ -78,16 +78,17 @@ pub fn plan(
 }
 
 /// The timestamp of a segment's last entry (blocking: one read).
-fn newest_timestamp(t: &TopicLog, s: &SegmentSummary) -> Option<u64> {
-    let payload = t.log.read(s.end.checked_sub(1)?).ok()??;
+fn newest_timestamp(p: &Partition, s: &SegmentSummary) -> Option<u64> {
+    let payload = p.log.read(s.end.checked_sub(1)?).ok()??;
     StoredMessage::from_payload(&payload)
         .ok()
         .map(|m| m.timestamp)
 }
 
-/// One retention pass over one topic; returns how many segments it deleted.
+/// One retention pass over one partition of `topic`; returns how many segments it deleted.
 pub async fn apply(
-    t: &std::sync::Arc<TopicLog>,
+    topic: &mmmq_core::Topic,
+    t: &std::sync::Arc<Partition>,
     config: &TopicConfig,
     now_ms: u64,
     floor: Option<u64>,
@@ -95,7 +96,7 @@ pub async fn apply(
     if config.retention_ms.is_none() && config.retention_bytes.is_none() {
         return Ok(0);
     }
-    let decide = |t: std::sync::Arc<TopicLog>, config: TopicConfig| async move {
+    let decide = |t: std::sync::Arc<Partition>, config: TopicConfig| async move {
         tokio::task::spawn_blocking(move || {
             let segments = t.log.segments();
             plan(
@@ -122,7 +123,7 @@ pub async fn apply(
         .await
         .expect("retention task panicked")?;
     if removed > 0 {
-        tracing::info!(topic = %t.topic, segments = removed, first_offset = t.log.first_offset(), "retention deleted segments");
+        tracing::info!(topic = %topic, partition = t.number, segments = removed, first_offset = t.log.first_offset(), "retention deleted segments");
     }
     Ok(removed)
 }

@@ -15,8 +15,6 @@ pub const TOPIC_FILE: &str = "topic.json";
 
 /// Most partitions a topic may have (§7).
 pub const MAX_PARTITIONS: u32 = 1024;
-/// Partitions this version can store; more come with partitioned topics.
-pub const SUPPORTED_PARTITIONS: u32 = 1;
 /// Longest produce-id memory a topic may ask for (the window is held in memory).
 pub const MAX_DEDUP_WINDOW_MS: u64 = 24 * 60 * 60 * 1000;
 
@@ -144,15 +142,6 @@ impl TopicUpdate {
                     ),
                 ));
             }
-            if p > SUPPORTED_PARTITIONS {
-                return Err(invalid(
-                    "partitions",
-                    format!(
-                        "this broker stores topics of {SUPPORTED_PARTITIONS} partition only \
-                         (partitioned topics come in a later version), got {p}"
-                    ),
-                ));
-            }
             next.partitions = p;
         }
         if let Some(v) = self.retention_ms {
@@ -223,7 +212,6 @@ mod tests {
     fn every_bad_value_names_its_field() {
         for (body, field) in [
             (r#"{"partitions": 0}"#, "partitions:"),
-            (r#"{"partitions": 2}"#, "partitions:"),
             (r#"{"partitions": 1025}"#, "partitions:"),
             (r#"{"partitions": "1"}"#, "partitions:"),
             (r#"{"retentionMs": -1}"#, "retentionMs:"),

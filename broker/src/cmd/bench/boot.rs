@@ -62,7 +62,7 @@ pub async fn run(cfg: BootBench, out: &mut (dyn Write + Send)) -> anyhow::Result
         .registry()
         .all()
         .first()
-        .map_or(0, |t| t.log.stats().segments);
+        .map_or(0, |t| t.first().log.stats().segments);
     // A clean stop leaves the marker: the next boot checks the tail quickly.
     broker.shutdown().await;
     drop(broker);

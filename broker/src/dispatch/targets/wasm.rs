@@ -40,8 +40,9 @@ struct Shared {
     log: GuestLog,
     current: ArcSwapOption<Compiled>,
     load_error: Mutex<Option<String>>,
-    /// Each topic's instance between calls. One instance per (dispatcher, topic), so state a
-    /// plugin keeps between calls (a per-key window) sees every message of its topic, in order.
+    /// Each partition's instance between calls. One instance per (dispatcher, topic,
+    /// partition), so state a plugin keeps between calls (a per-key window) sees every message of
+    /// its partition, in order (a key's messages are all in one partition).
     idle: Mutex<IdleInstances>,
     reloading: tokio::sync::Mutex<()>,
 }
@@ -52,19 +53,23 @@ struct Shared {
 /// `maxMemoryBytes`, however many topics match.
 pub const MAX_IDLE_INSTANCES: usize = 64;
 
-/// The instances of one dispatcher between calls, one per topic, least recently used first out.
+/// A topic and one of its partitions.
+type PartitionKey = (Topic, u32);
+
+/// The instances of one dispatcher between calls, one per partition, least recently used first
+/// out.
 #[derive(Default)]
 struct IdleInstances {
-    by_topic: HashMap<Topic, (u64, Instance)>,
+    by_topic: HashMap<PartitionKey, (u64, Instance)>,
     clock: u64,
 }
 
 impl IdleInstances {
-    fn take(&mut self, topic: &Topic) -> Option<Instance> {
+    fn take(&mut self, topic: &PartitionKey) -> Option<Instance> {
         self.by_topic.remove(topic).map(|(_, i)| i)
     }
 
-    fn put(&mut self, topic: Topic, instance: Instance) {
+    fn put(&mut self, topic: PartitionKey, instance: Instance) {
         self.clock += 1;
         self.by_topic.insert(topic, (self.clock, instance));
         if self.by_topic.len() > MAX_IDLE_INSTANCES
@@ -203,7 +208,7 @@ fn start_watcher(
 
 impl Shared {
     /// Keeps `instance` for its topic's next message, unless a newer version serves by now.
-    fn keep_idle(&self, topic: Topic, instance: Instance) {
+    fn keep_idle(&self, topic: PartitionKey, instance: Instance) {
         if self
             .current
             .load()
@@ -281,7 +286,7 @@ impl Shared {
                 content: d.envelope.content.get().to_owned(),
             })
             .collect();
-        let topic = batch[0].envelope.topic.clone();
+        let topic = (batch[0].envelope.topic.clone(), batch[0].envelope.partition);
         let idle = self
             .idle
             .lock()
