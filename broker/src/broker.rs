@@ -464,6 +464,7 @@ impl Broker {
             target: TargetSpec::InProcess,
             max_nack_retries,
             batch_max_messages: 1,
+            max_in_flight: 1,
             checkpoint_interval: std::time::Duration::from_millis(
                 crate::config::DEFAULT_CHECKPOINT_INTERVAL_MS,
             ),

@@ -37,6 +37,10 @@ fn one() -> u32 {
     1
 }
 
+fn one_usize() -> usize {
+    1
+}
+
 /// A topic's configuration (`topics/{topic}/topic.json`, `PUT /mmmq/topics/{topic}`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -196,6 +200,9 @@ pub struct DispatcherStatus {
     pub max_nack_retries: u32,
     /// Messages per delivery.
     pub batch_max_messages: usize,
+    /// Requests in flight per partition (lanes).
+    #[serde(default = "one_usize")]
+    pub max_in_flight: usize,
     /// Most time between checkpoint writes while positions keep coming.
     pub checkpoint_interval_ms: u64,
     /// Sum over topics.

@@ -413,6 +413,12 @@ impl Consumer {
 
     /// Answers by `policy`, on `port` (0 for a free one).
     pub async fn start_on(port: u16, policy: Arc<Policy>) -> Self {
+        Self::start_slow(port, policy, Duration::ZERO).await
+    }
+
+    /// As [`Consumer::start_on`], taking `delay` per request before it answers (a slow consumer;
+    /// requests are served concurrently).
+    pub async fn start_slow(port: u16, policy: Arc<Policy>, delay: Duration) -> Self {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
             .await
             .unwrap();
@@ -448,6 +454,9 @@ impl Consumer {
                             }
                         }
                         rec.lock().push((Instant::now(), v));
+                        if !delay.is_zero() {
+                            tokio::time::sleep(delay).await;
+                        }
                         match answer {
                             Answer::Ack => (axum::http::StatusCode::OK, r#"{"ack":"ACK"}"#),
                             Answer::Nack => (axum::http::StatusCode::OK, r#"{"ack":"NACK"}"#),

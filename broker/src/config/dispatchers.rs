@@ -77,6 +77,9 @@ pub struct DispatcherSpec {
     pub max_nack_retries: u32,
     /// Messages per delivery (host targets).
     pub batch_max_messages: usize,
+    /// Requests in flight per (topic, partition): messages go to this many lanes by key, each
+    /// lane one request at a time in offset order (`maxInFlight`, README, "Dispatchers").
+    pub max_in_flight: usize,
     /// Positions ACKed within this long of a checkpoint write go out together in the next one:
     /// the redelivery window after a crash, traded against fsyncs (`checkpointIntervalMs`).
     pub checkpoint_interval: Duration,
@@ -92,6 +95,7 @@ struct RawDispatcher {
     max_nack_retries: Option<u32>,
     batch_max_messages: Option<u64>,
     checkpoint_interval_ms: Option<u64>,
+    max_in_flight: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -120,6 +124,8 @@ pub const DEFAULT_PLUGIN_TIMEOUT_MS: u64 = 1_000;
 pub const DEFAULT_PLUGIN_MEMORY: u64 = 64 * 1024 * 1024;
 /// Default NACK resends.
 pub const DEFAULT_MAX_NACK_RETRIES: u32 = 3;
+/// Upper bound for `maxInFlight`.
+pub const MAX_IN_FLIGHT: u64 = 1024;
 /// Upper bound for `batchMaxMessages`.
 pub const MAX_BATCH_MESSAGES: u64 = 1000;
 /// Default `checkpointIntervalMs`: a busy consumer costs at most 20 checkpoint writes a second.
@@ -252,6 +258,12 @@ fn parse_entry(value: serde_json::Value, root_dir: &Path) -> Result<DispatcherSp
     if batch > 1 && matches!(target, TargetSpec::Plugin(_)) {
         return Err("`batchMaxMessages` applies to host targets only".into());
     }
+    let max_in_flight = raw.max_in_flight.unwrap_or(1);
+    if !(1..=MAX_IN_FLIGHT).contains(&max_in_flight) {
+        return Err(format!(
+            "`maxInFlight` must be 1 to {MAX_IN_FLIGHT}, not {max_in_flight}"
+        ));
+    }
     let max_nack_retries = raw.max_nack_retries.unwrap_or(DEFAULT_MAX_NACK_RETRIES);
     if max_nack_retries > 1000 {
         return Err("`maxNackRetries` must be at most 1000".into());
@@ -270,6 +282,7 @@ fn parse_entry(value: serde_json::Value, root_dir: &Path) -> Result<DispatcherSp
         target,
         max_nack_retries,
         batch_max_messages: batch as usize,
+        max_in_flight: max_in_flight as usize,
         checkpoint_interval: Duration::from_millis(checkpoint_ms),
     })
 }
@@ -370,6 +383,14 @@ mod tests {
             (
                 &format!(r#"[{{"consumerId":"a","pattern":"x",{host},"batchMaxMessages":0}}]"#),
                 "batchMaxMessages",
+            ),
+            (
+                &format!(r#"[{{"consumerId":"a","pattern":"x",{host},"maxInFlight":0}}]"#),
+                "`maxInFlight` must be 1 to 1024, not 0",
+            ),
+            (
+                &format!(r#"[{{"consumerId":"a","pattern":"x",{host},"maxInFlight":1025}}]"#),
+                "`maxInFlight` must be 1 to 1024, not 1025",
             ),
             (
                 r#"[{"consumerId":"a","pattern":"x","host":{"protocol":"HTTP","address":"h","port":70000}}]"#,

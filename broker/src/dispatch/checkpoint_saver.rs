@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::config::DispatcherSpec;
+use crate::storage::Position;
 use crate::topics::Partition;
 
 /// How long a failed checkpoint write waits before it is retried when no newer position comes.
@@ -24,7 +25,7 @@ const CHECKPOINT_RETRY: Duration = Duration::from_secs(1);
 /// what was ACKed in the last interval plus one write (at-least-once; a clean stop writes the
 /// final position at once). An interval of 0 writes after every delivery round again.
 pub(super) struct CheckpointSaver {
-    tx: watch::Sender<u64>,
+    tx: watch::Sender<Position>,
     /// Ends the wait between writes at a stop. (Waiting for the watch to close instead would wake
     /// the task on every position set, one cross-thread wake-up per ACK.)
     stop: CancellationToken,
@@ -32,7 +33,7 @@ pub(super) struct CheckpointSaver {
 }
 
 impl CheckpointSaver {
-    pub(super) fn spawn(topic: Arc<Partition>, spec: Arc<DispatcherSpec>, start: u64) -> Self {
+    pub(super) fn spawn(topic: Arc<Partition>, spec: Arc<DispatcherSpec>, start: Position) -> Self {
         let (tx, mut rx) = watch::channel(start);
         let stop = CancellationToken::new();
         let stopping = stop.clone();
@@ -52,14 +53,15 @@ impl CheckpointSaver {
                         rx.changed().await.is_err()
                     };
                     loop {
-                        let value = *rx.borrow_and_update();
-                        if written == Some(value) {
+                        let value = rx.borrow_and_update().clone();
+                        if written.as_ref() == Some(&value) {
                             break;
                         }
                         let topic = topic.clone();
                         let id = spec.consumer_id.clone();
+                        let stored = value.clone();
                         let r = tokio::task::spawn_blocking(move || {
-                            topic.checkpoints.write(&id, value)
+                            topic.checkpoints.write_position(&id, &stored)
                         })
                         .await
                         .expect("checkpoint write panicked");
@@ -92,8 +94,14 @@ impl CheckpointSaver {
         Self { tx, stop, task }
     }
 
+    /// Everything below `next` is done.
     pub(super) fn set(&self, next: u64) {
-        self.tx.send_replace(next);
+        self.tx.send_replace(Position::at(next));
+    }
+
+    /// A position with done ranges above its low watermark (parallel lanes).
+    pub(super) fn set_position(&self, position: Position) {
+        self.tx.send_replace(position);
     }
 
     /// Waits for the final position to be on disk.

@@ -14,6 +14,7 @@
 
 mod backoff;
 mod checkpoint_saver;
+mod lanes;
 pub mod target;
 pub mod targets;
 mod worker;
@@ -372,6 +373,7 @@ impl Dispatch {
                     target: r.target.status(),
                     max_nack_retries: r.spec.max_nack_retries,
                     batch_max_messages: r.spec.batch_max_messages,
+                    max_in_flight: r.spec.max_in_flight,
                     checkpoint_interval_ms: r.spec.checkpoint_interval.as_millis() as u64,
                     delivered: topics.iter().map(|t| t.delivered).sum(),
                     nacked: topics.iter().map(|t| t.nacked).sum(),

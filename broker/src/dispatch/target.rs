@@ -18,12 +18,15 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub struct Delivery {
     /// The message.
     pub envelope: Envelope,
+    /// The lane it is delivered in (0 unless the dispatcher has `maxInFlight` > 1): a target that
+    /// keeps state per caller (a plugin instance) keeps it per lane.
+    pub lane: u32,
 }
 
 impl Delivery {
     /// Wraps an envelope.
     pub fn new(envelope: Envelope) -> Self {
-        Self { envelope }
+        Self { envelope, lane: 0 }
     }
 }
 

@@ -28,15 +28,15 @@ use super::checkpoint_saver::CheckpointSaver;
 use super::target::{Delivery, Outcome, RunAnswer, Target, TargetError};
 use crate::config::DispatcherSpec;
 use crate::metrics::{ConsumerLabel, DispatchLabel, Metrics};
-use crate::storage::Entry;
+use crate::storage::{Entry, Position};
 use crate::topics::{Partition, Registry};
 
-const READ_BATCH: usize = 256;
+pub(super) const READ_BATCH: usize = 256;
 /// Messages handed at once to a target that answers per message (plugins, in-process handlers):
 /// for a plugin this amortises the hop to a blocking thread (two wake-ups, tens of microseconds)
 /// over sub-microsecond calls, while a reload still takes effect at the next run.
 const PER_MESSAGE_RUN: usize = 64;
-const READ_BYTES: usize = 4 << 20;
+pub(super) const READ_BYTES: usize = 4 << 20;
 
 /// Counters of one worker, shown in `GET /mmmq/dispatchers`.
 #[derive(Debug, Default)]
@@ -75,7 +75,7 @@ pub(super) struct Worker {
 }
 
 /// The worker was told to stop while waiting.
-struct Stopped;
+pub(super) struct Stopped;
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -99,24 +99,33 @@ impl Worker {
     }
 
     async fn drain(self) {
-        let Some(mut next) = self.start_offset().await else {
+        let Some(start) = self.start_position().await else {
             return;
         };
-        self.stats.next_offset.store(next, Ordering::Relaxed);
-        let saver = CheckpointSaver::spawn(self.partition.clone(), self.spec.clone(), next);
-        let mut committed = self.partition.log.subscribe();
-        let run_len = if self.target.answers_per_message() {
-            self.spec.batch_max_messages.max(PER_MESSAGE_RUN)
+        self.stats.next_offset.store(start.next, Ordering::Relaxed);
+        let saver =
+            CheckpointSaver::spawn(self.partition.clone(), self.spec.clone(), start.clone());
+        if self.spec.max_in_flight > 1 {
+            self.drain_lanes(start, &saver).await;
         } else {
-            self.spec.batch_max_messages.max(1)
-        };
+            self.drain_in_order(start, &saver).await;
+        }
+        saver.finish().await;
+    }
+
+    /// One request in flight, in offset order (README, "Dispatchers"). Offsets a checkpoint
+    /// written by parallel lanes says are done are skipped.
+    async fn drain_in_order(&self, start: Position, saver: &CheckpointSaver) {
+        let mut next = start.next;
+        let mut committed = self.partition.log.subscribe();
+        let run_len = self.run_len();
         'outer: loop {
             tokio::select! {
                 biased;
                 _ = self.cancel.cancelled() => break,
                 r = committed.wait_for(|&n| n > next) => if r.is_err() { break },
             }
-            self.skip_deleted(&mut next, &saver);
+            self.skip_deleted(&mut next, saver);
             let log = self.partition.log.clone();
             let from = next;
             let entries = match tokio::task::spawn_blocking(move || {
@@ -144,10 +153,14 @@ impl Worker {
                 // Retention may have deleted what was read but not delivered yet.
                 if entry.offset < self.partition.log.first_offset() {
                     run.clear();
-                    self.skip_deleted(&mut next, &saver);
+                    self.skip_deleted(&mut next, saver);
                     continue 'outer;
                 }
-                match self.to_delivery(entry) {
+                let done = start.is_done(entry.offset);
+                match self
+                    .to_delivery(entry)
+                    .and_then(|d| if done { Err(d.0) } else { Ok(d) })
+                {
                     Ok((offset, d)) => {
                         run.push((offset, d));
                         if run.len() < run_len {
@@ -156,7 +169,7 @@ impl Worker {
                     }
                     Err(offset) => {
                         if self
-                            .deliver_gathered(&mut run, &saver, &mut next)
+                            .deliver_gathered(&mut run, &mut |o| self.advance(saver, &mut next, o))
                             .await
                             .is_err()
                         {
@@ -169,7 +182,7 @@ impl Worker {
                     }
                 }
                 if self
-                    .deliver_gathered(&mut run, &saver, &mut next)
+                    .deliver_gathered(&mut run, &mut |o| self.advance(saver, &mut next, o))
                     .await
                     .is_err()
                 {
@@ -177,25 +190,24 @@ impl Worker {
                 }
             }
             if self
-                .deliver_gathered(&mut run, &saver, &mut next)
+                .deliver_gathered(&mut run, &mut |o| self.advance(saver, &mut next, o))
                 .await
                 .is_err()
             {
                 break;
             }
         }
-        saver.finish().await;
     }
 
     /// The checkpoint, or 0; clamped into the log's range.
-    async fn start_offset(&self) -> Option<u64> {
+    async fn start_position(&self) -> Option<Position> {
         let partition = self.partition.clone();
         let id = self.spec.consumer_id.clone();
-        let stored = tokio::task::spawn_blocking(move || partition.checkpoints.read(&id))
+        let stored = tokio::task::spawn_blocking(move || partition.checkpoints.read_position(&id))
             .await
             .expect("checkpoint read panicked");
-        let stored = match stored {
-            Ok(v) => v.unwrap_or(0),
+        let mut stored = match stored {
+            Ok(v) => v.unwrap_or_default(),
             Err(e) => {
                 // Starting from 0 would redeliver everything; refusing keeps the problem visible.
                 tracing::error!(error = %e, "cannot read the checkpoint; this dispatcher will not deliver this topic");
@@ -207,18 +219,37 @@ impl Worker {
             self.partition.log.first_offset(),
             self.partition.log.next_offset(),
         );
-        if stored > end {
+        if stored.next > end {
             tracing::warn!(
-                checkpoint = stored,
+                checkpoint = stored.next,
                 log_end = end,
                 "checkpoint is past the end of the log; continuing from the end"
             );
-            return Some(end);
+            return Some(Position::at(end));
         }
-        if stored < first {
-            self.note_skipped(stored, first);
+        if stored.next < first {
+            self.note_skipped(stored.next, first);
+            stored.next = first;
         }
-        Some(stored.max(first))
+        stored.done.retain(|&(_, e)| e > stored.next);
+        Some(stored)
+    }
+
+    /// Messages delivered as one run: a batch for a target that takes batches, up to
+    /// [`PER_MESSAGE_RUN`] for one that answers per message.
+    pub(super) fn run_len(&self) -> usize {
+        if self.target.answers_per_message() {
+            self.spec.batch_max_messages.max(PER_MESSAGE_RUN)
+        } else {
+            self.spec.batch_max_messages.max(1)
+        }
+    }
+
+    /// Everything below `offset + 1` is done (delivery in offset order).
+    fn advance(&self, saver: &CheckpointSaver, next: &mut u64, offset: u64) {
+        *next = offset + 1;
+        saver.set(*next);
+        self.stats.next_offset.store(*next, Ordering::Relaxed);
     }
 
     /// Behind the retention horizon: continues at the first offset still stored.
@@ -232,7 +263,7 @@ impl Worker {
         }
     }
 
-    fn note_skipped(&self, from: u64, to: u64) {
+    pub(super) fn note_skipped(&self, from: u64, to: u64) {
         tracing::warn!(
             first_skipped = from,
             last_skipped = to - 1,
@@ -246,7 +277,7 @@ impl Worker {
     }
 
     /// Decodes an entry; `Err(offset)` when it is corrupt (logged and counted here).
-    fn to_delivery(&self, entry: Entry) -> Result<(u64, Delivery), u64> {
+    pub(super) fn to_delivery(&self, entry: Entry) -> Result<(u64, Delivery), u64> {
         let offset = entry.offset;
         let problem = match entry.payload {
             Ok(bytes) => match StoredMessage::from_payload(&bytes) {
@@ -270,18 +301,12 @@ impl Worker {
     }
 
     /// Delivers the gathered run (as one batch when the target takes batches) and advances.
-    async fn deliver_gathered(
+    pub(super) async fn deliver_gathered(
         &self,
         run: &mut Vec<(u64, Delivery)>,
-        saver: &CheckpointSaver,
-        next: &mut u64,
+        advance: &mut (dyn FnMut(u64) + Send),
     ) -> Result<(), Stopped> {
         let mut items: std::collections::VecDeque<(u64, Delivery)> = std::mem::take(run).into();
-        let advance = |offset: u64, next: &mut u64| {
-            *next = offset + 1;
-            saver.set(*next);
-            self.stats.next_offset.store(*next, Ordering::Relaxed);
-        };
         while !items.is_empty() {
             if self.cancel.is_cancelled() {
                 return Err(Stopped);
@@ -289,7 +314,7 @@ impl Worker {
             if items.len() == 1 {
                 let (offset, d) = items.pop_front().expect("one item");
                 self.deliver_one(d, 0, None).await?;
-                advance(offset, next);
+                advance(offset);
                 continue;
             }
             let batch: Vec<Delivery> = items.iter().map(|(_, d)| d.clone()).collect();
@@ -297,7 +322,7 @@ impl Worker {
             for _ in 0..acked {
                 let (offset, d) = items.pop_front().expect("acked items exist");
                 self.acked(&d);
-                advance(offset, next);
+                advance(offset);
             }
             match stopped {
                 None => {}
@@ -305,7 +330,7 @@ impl Worker {
                     self.nacked();
                     let (offset, d) = items.pop_front().expect("the NACKed item exists");
                     self.deliver_one(d, 1, Some(reason)).await?;
-                    advance(offset, next);
+                    advance(offset);
                 }
                 // A NACKed batch goes again one message at a time, so only the failing ones
                 // are retried and dead-lettered.
@@ -316,7 +341,7 @@ impl Worker {
                             return Err(Stopped);
                         }
                         self.deliver_one(d, 0, None).await?;
-                        advance(offset, next);
+                        advance(offset);
                     }
                 }
             }
@@ -482,11 +507,11 @@ impl Worker {
         self.metrics.nacked.get_or_create(&self.label()).inc();
     }
 
-    fn record_error(&self, e: String) {
+    pub(super) fn record_error(&self, e: String) {
         *self.stats.last_error.lock() = Some((now_ms(), e));
     }
 
-    async fn sleep(&self, d: Duration) -> Result<(), Stopped> {
+    pub(super) async fn sleep(&self, d: Duration) -> Result<(), Stopped> {
         tokio::select! {
             _ = self.cancel.cancelled() => Err(Stopped),
             _ = tokio::time::sleep(d) => Ok(()),

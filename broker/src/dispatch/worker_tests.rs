@@ -163,6 +163,7 @@ fn spec(retries: u32, batch: usize, interval_ms: u64) -> Arc<DispatcherSpec> {
         target: TargetSpec::InProcess,
         max_nack_retries: retries,
         batch_max_messages: batch,
+        max_in_flight: 1,
         checkpoint_interval: Duration::from_millis(interval_ms),
     })
 }

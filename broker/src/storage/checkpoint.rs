@@ -16,6 +16,44 @@ use super::vfs::{OpenMode, Vfs, replace_durably};
 /// File extension of a checkpoint.
 pub const CHECKPOINT_EXT: &str = "checkpoint";
 
+/// A dispatcher's position in one log: the next offset to deliver (everything below it is done)
+/// and, when messages are delivered in parallel lanes, the ranges above it that are done too.
+///
+/// On disk (README, "Storage"): the first 8 bytes are always `next`, a big-endian u64 (MMMQ's
+/// checkpoint); each done range follows as two big-endian u64s, start and end (exclusive).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Position {
+    /// The low watermark: the first offset not yet done.
+    pub next: u64,
+    /// Ranges `[start, end)` above `next` that are done, in order, not touching each other.
+    pub done: Vec<(u64, u64)>,
+}
+
+impl Position {
+    /// A position with nothing done above `next`.
+    pub fn at(next: u64) -> Self {
+        Self {
+            next,
+            done: Vec::new(),
+        }
+    }
+
+    /// Whether `offset` is done.
+    pub fn is_done(&self, offset: u64) -> bool {
+        offset < self.next || self.done.iter().any(|&(s, e)| (s..e).contains(&offset))
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut raw = Vec::with_capacity(8 + 16 * self.done.len());
+        raw.extend_from_slice(&self.next.to_be_bytes());
+        for &(s, e) in &self.done {
+            raw.extend_from_slice(&s.to_be_bytes());
+            raw.extend_from_slice(&e.to_be_bytes());
+        }
+        raw
+    }
+}
+
 /// The checkpoint directory of one log.
 #[derive(Debug, Clone)]
 pub struct Checkpoints {
@@ -41,13 +79,24 @@ impl Checkpoints {
         self.dir.join(format!("{id}.{CHECKPOINT_EXT}"))
     }
 
-    /// The stored next offset of `id`, or `None` if it never committed one. Blocking.
+    /// The stored next offset of `id` (its low watermark), or `None` if it never committed
+    /// one. Blocking.
     pub fn read(&self, id: &ConsumerId) -> Result<Option<u64>, StorageError> {
+        Ok(self.read_position(id)?.map(|p| p.next))
+    }
+
+    /// The stored position of `id`, or `None` if it never committed one. Blocking.
+    pub fn read_position(&self, id: &ConsumerId) -> Result<Option<Position>, StorageError> {
         let path = self.path(id);
         if !self.vfs.exists(&path) {
             return Ok(None);
         }
         read_value(&*self.vfs, &path).map(Some)
+    }
+
+    /// Durably replaces the position of `id`. Blocking (two fsyncs).
+    pub fn write_position(&self, id: &ConsumerId, position: &Position) -> Result<(), StorageError> {
+        replace_durably(&*self.vfs, &self.path(id), &position.encode())
     }
 
     /// Durably replaces the next offset of `id`. Blocking (two fsyncs).
@@ -65,7 +114,7 @@ impl Checkpoints {
             if let Some(id) = name.strip_suffix(&format!(".{CHECKPOINT_EXT}")) {
                 out.push((
                     id.to_owned(),
-                    read_value(&*self.vfs, &self.dir.join(&name))?,
+                    read_value(&*self.vfs, &self.dir.join(&name))?.next,
                 ));
             }
         }
@@ -74,16 +123,30 @@ impl Checkpoints {
     }
 }
 
-fn read_value(vfs: &dyn Vfs, path: &Path) -> Result<u64, StorageError> {
+fn read_value(vfs: &dyn Vfs, path: &Path) -> Result<Position, StorageError> {
     let file = vfs.open(path, OpenMode::ReadOnly).at(path)?;
     let len = file.len().at(path)?;
-    if len != 8 {
+    if len < 8 || (len - 8) % 16 != 0 || len > 8 + 16 * MAX_DONE_RANGES {
         return Err(StorageError::Inconsistent {
             path: path.to_owned(),
-            reason: format!("a checkpoint is 8 bytes, this file has {len}"),
+            reason: format!(
+                "a checkpoint is 8 bytes, then 16 per done range (at most {MAX_DONE_RANGES}); this file has {len}"
+            ),
         });
     }
-    let mut raw = [0u8; 8];
+    let mut raw = vec![0u8; len as usize];
     file.read_exact_at(&mut raw, 0).at(path)?;
-    Ok(u64::from_be_bytes(raw))
+    let word = |i: usize| u64::from_be_bytes(raw[i..i + 8].try_into().expect("8 bytes"));
+    let done = (8..raw.len())
+        .step_by(16)
+        .map(|i| (word(i), word(i + 8)))
+        .collect();
+    Ok(Position {
+        next: word(0),
+        done,
+    })
 }
+
+/// Most done ranges a checkpoint holds (a lane stuck behind many others is bounded by the
+/// dispatcher's window long before this).
+pub const MAX_DONE_RANGES: u64 = 1 << 20;

@@ -35,7 +35,7 @@ pub mod scan;
 mod segment;
 pub mod vfs;
 
-pub use checkpoint::Checkpoints;
+pub use checkpoint::{Checkpoints, Position};
 pub use error::{CorruptEntry, StorageError};
 pub use files::FileCache;
 pub use log::{FlushMode, Log, LogConfig, LogStats, SegmentSummary};

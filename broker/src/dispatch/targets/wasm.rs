@@ -40,9 +40,9 @@ struct Shared {
     log: GuestLog,
     current: ArcSwapOption<Compiled>,
     load_error: Mutex<Option<String>>,
-    /// Each partition's instance between calls. One instance per (dispatcher, topic,
-    /// partition), so state a plugin keeps between calls (a per-key window) sees every message of
-    /// its partition, in order (a key's messages are all in one partition).
+    /// Each lane's instance between calls. One instance per (dispatcher, topic, partition, lane),
+    /// so state a plugin keeps between calls (a per-key window) sees every message of its lane,
+    /// in order (a key's messages are all in one partition, and in one lane of it).
     idle: Mutex<IdleInstances>,
     reloading: tokio::sync::Mutex<()>,
 }
@@ -53,8 +53,8 @@ struct Shared {
 /// `maxMemoryBytes`, however many topics match.
 pub const MAX_IDLE_INSTANCES: usize = 64;
 
-/// A topic and one of its partitions.
-type PartitionKey = (Topic, u32);
+/// A topic, one of its partitions, and a lane of it.
+type PartitionKey = (Topic, u32, u32);
 
 /// The instances of one dispatcher between calls, one per partition, least recently used first
 /// out.
@@ -286,7 +286,11 @@ impl Shared {
                 content: d.envelope.content.get().to_owned(),
             })
             .collect();
-        let topic = (batch[0].envelope.topic.clone(), batch[0].envelope.partition);
+        let topic = (
+            batch[0].envelope.topic.clone(),
+            batch[0].envelope.partition,
+            batch[0].lane,
+        );
         let idle = self
             .idle
             .lock()

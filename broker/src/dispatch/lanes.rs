@@ -1,0 +1,270 @@
+//! Parallel lanes (README, "Dispatchers", `maxInFlight`): up to N requests in flight per (topic,
+//! partition), while messages with the same key are still delivered one at a time, in offset
+//! order.
+//!
+//! A reader takes the partition's messages in offset order and puts each in one of N lanes by
+//! its key (Kafka's partitioner over N; no key: by offset). Each lane delivers its queue one
+//! request at a time with the worker's usual NACK retries, dead letters and backoff, so a NACK, a
+//! retry or a backoff holds back only its lane. What is done is tracked as a low watermark (every
+//! offset below it is done: the first 8 bytes of the checkpoint, as without lanes) plus the done
+//! offsets above it, which the checkpoint also keeps: after a clean stop nothing ACKed is
+//! delivered again, after a crash at most what was ACKed in the last checkpoint interval. The
+//! reader stays within a window of the watermark, so a lane stuck in backoff bounds the memory
+//! and the checkpoint instead of letting the others run away.
+
+use std::collections::BTreeSet;
+
+use mmmq_core::partition_for_key;
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, watch};
+
+use super::checkpoint_saver::CheckpointSaver;
+use super::target::Delivery;
+use super::worker::{READ_BATCH, READ_BYTES, Worker};
+use crate::storage::Position;
+
+/// How far (in offsets) the reader may run ahead of the low watermark, per lane.
+const WINDOW_PER_LANE: u64 = 64;
+/// The window over all lanes, at most.
+const MAX_WINDOW: u64 = 8192;
+
+/// What is done: everything below `next`, and `done` above it.
+struct Tracker {
+    next: u64,
+    done: BTreeSet<u64>,
+}
+
+impl Tracker {
+    fn new(start: &Position) -> Self {
+        let mut t = Self {
+            next: start.next,
+            done: start.done.iter().flat_map(|&(s, e)| s..e).collect(),
+        };
+        t.settle();
+        t
+    }
+
+    fn settle(&mut self) {
+        while self.done.remove(&self.next) {
+            self.next += 1;
+        }
+    }
+
+    fn done(&mut self, offset: u64) {
+        if offset >= self.next {
+            self.done.insert(offset);
+            self.settle();
+        }
+    }
+
+    /// Retention deleted everything below `first`.
+    fn skip_to(&mut self, first: u64) {
+        if first > self.next {
+            self.next = first;
+            self.done = self.done.split_off(&first);
+            self.settle();
+        }
+    }
+
+    fn position(&self) -> Position {
+        let mut done: Vec<(u64, u64)> = Vec::new();
+        for &o in &self.done {
+            match done.last_mut() {
+                Some((_, e)) if *e == o => *e += 1,
+                _ => done.push((o, o + 1)),
+            }
+        }
+        Position {
+            next: self.next,
+            done,
+        }
+    }
+}
+
+/// The lane of a message among `n`: by key as Kafka's partitioner would, else by offset.
+fn lane_of(key: Option<&str>, offset: u64, n: usize) -> usize {
+    match key {
+        Some(k) => partition_for_key(k, n as u32) as usize,
+        None => (offset % n as u64) as usize,
+    }
+}
+
+/// Shared by the reader and the lanes.
+struct Progress<'a> {
+    tracker: Mutex<Tracker>,
+    watermark: watch::Sender<u64>,
+    saver: &'a CheckpointSaver,
+}
+
+impl Progress<'_> {
+    fn update(&self, worker: &Worker, f: impl FnOnce(&mut Tracker)) {
+        let position = {
+            let mut t = self.tracker.lock();
+            f(&mut t);
+            t.position()
+        };
+        worker
+            .stats
+            .next_offset
+            .store(position.next, std::sync::atomic::Ordering::Relaxed);
+        self.watermark.send_replace(position.next);
+        self.saver.set_position(position);
+    }
+}
+
+impl Worker {
+    /// Delivers with `maxInFlight` lanes until cancelled.
+    pub(super) async fn drain_lanes(&self, start: Position, saver: &CheckpointSaver) {
+        let n = self.spec.max_in_flight;
+        let progress = Progress {
+            tracker: Mutex::new(Tracker::new(&start)),
+            watermark: watch::Sender::new(start.next),
+            saver,
+        };
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..n)
+            .map(|_| mpsc::channel::<(u64, Delivery)>(WINDOW_PER_LANE as usize))
+            .unzip();
+        let lanes = futures_util::future::join_all(
+            receivers.into_iter().map(|rx| self.lane(rx, &progress)),
+        );
+        let window = (WINDOW_PER_LANE * n as u64).min(MAX_WINDOW);
+        let reader = self.read_into_lanes(&start, senders, &progress, window);
+        futures_util::future::join(reader, lanes).await;
+    }
+
+    /// Reads the partition in offset order and hands each message to its lane.
+    async fn read_into_lanes(
+        &self,
+        start: &Position,
+        lanes: Vec<mpsc::Sender<(u64, Delivery)>>,
+        progress: &Progress<'_>,
+        window: u64,
+    ) {
+        let n = lanes.len();
+        let mut read_at = progress.tracker.lock().next;
+        let mut committed = self.partition.log.subscribe();
+        let mut watermark = progress.watermark.subscribe();
+        'outer: loop {
+            tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => break,
+                r = committed.wait_for(|&n| n > read_at) => if r.is_err() { break },
+            }
+            let first = self.partition.log.first_offset();
+            if read_at < first {
+                self.note_skipped(read_at, first);
+                progress.update(self, |t| t.skip_to(first));
+                read_at = first;
+            }
+            tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => break,
+                r = watermark.wait_for(|&w| read_at < w + window) => if r.is_err() { break },
+            }
+            let room = (*watermark.borrow() + window - read_at) as usize;
+            let log = self.partition.log.clone();
+            let from = read_at;
+            let entries = match tokio::task::spawn_blocking(move || {
+                log.read_from(from, READ_BATCH.min(room), READ_BYTES)
+            })
+            .await
+            .expect("read task panicked")
+            {
+                Ok(entries) => entries,
+                Err(_) if self.partition.log.first_offset() > from => continue,
+                Err(e) => {
+                    self.record_error(format!("reading offset {from}: {e}"));
+                    if self.sleep(super::backoff::START).await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            for entry in entries {
+                if self.cancel.is_cancelled() {
+                    break 'outer;
+                }
+                let offset = entry.offset;
+                read_at = offset + 1;
+                if start.is_done(offset) {
+                    progress.update(self, |t| t.done(offset));
+                    continue;
+                }
+                match self.to_delivery(entry) {
+                    Ok((offset, mut d)) => {
+                        let lane = lane_of(d.envelope.key.as_deref(), offset, n);
+                        d.lane = lane as u32;
+                        if lanes[lane].send((offset, d)).await.is_err() {
+                            break 'outer;
+                        }
+                    }
+                    Err(offset) => progress.update(self, |t| t.done(offset)),
+                }
+            }
+        }
+    }
+
+    /// One lane: its messages one request at a time, in offset order.
+    async fn lane(&self, mut rx: mpsc::Receiver<(u64, Delivery)>, progress: &Progress<'_>) {
+        let run_len = self.run_len();
+        while let Some(first) = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => None,
+            m = rx.recv() => m,
+        } {
+            let mut run = vec![first];
+            while run.len() < run_len {
+                match rx.try_recv() {
+                    Ok(m) => run.push(m),
+                    Err(_) => break,
+                }
+            }
+            let mut advance = |offset: u64| progress.update(self, |t| t.done(offset));
+            if self.deliver_gathered(&mut run, &mut advance).await.is_err() {
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_watermark_moves_past_every_done_offset_and_keeps_the_rest_as_ranges() {
+        let mut t = Tracker::new(&Position::at(10));
+        for o in [12, 13, 15, 11] {
+            t.done(o);
+        }
+        assert_eq!(
+            t.position(),
+            Position {
+                next: 10,
+                done: vec![(11, 14), (15, 16)]
+            }
+        );
+        t.done(10);
+        assert_eq!(
+            t.position(),
+            Position {
+                next: 14,
+                done: vec![(15, 16)]
+            }
+        );
+        // A checkpoint read back gives the same tracker.
+        let again = Tracker::new(&t.position());
+        assert_eq!(again.position(), t.position());
+        t.skip_to(20);
+        assert_eq!(t.position(), Position::at(20));
+    }
+
+    #[test]
+    fn a_key_always_has_the_same_lane() {
+        for n in [2, 7, 64] {
+            let lane = lane_of(Some("customer-42"), 0, n);
+            assert!((0..1000).all(|o| lane_of(Some("customer-42"), o, n) == lane));
+            assert!(lane < n);
+        }
+    }
+}
