@@ -110,6 +110,20 @@ pub struct PullPage {
     pub next: u64,
 }
 
+/// One host of a fleet, as `GET /mmmq/dispatchers` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HostHealth {
+    /// Where it POSTs.
+    pub url: String,
+    /// Whether it is taking lanes (`false` while it is resting after a communication failure).
+    pub healthy: bool,
+    /// Requests it answered (ACK or NACK).
+    pub answered: u64,
+    /// Communication failures.
+    pub failures: u64,
+}
+
 /// What `GET /mmmq/dispatchers` shows of a target.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "type", rename_all = "kebab-case")]
@@ -118,6 +132,11 @@ pub enum TargetStatus {
     Host {
         /// Where it POSTs.
         url: String,
+    },
+    /// A fleet of remote consumers serving one dispatcher (`hosts`).
+    Hosts {
+        /// Each host, in configuration order.
+        hosts: Vec<HostHealth>,
     },
     /// A Rust handler inside the embedding application.
     InProcess,

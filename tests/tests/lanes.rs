@@ -162,3 +162,91 @@ async fn a_clean_restart_with_lanes_delivers_nothing_twice() {
     check_per_key_order(&got, 50, 10);
     assert!(broker.terminate().success());
 }
+
+/// A fleet of three hosts, one of which fails for a while: its lanes move to the others (nothing
+/// lost, each key in order), and once it answers again it gets lanes back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fleet_moves_the_lanes_of_a_failing_host_and_gives_them_back() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let tmp = tempfile::tempdir().unwrap();
+    let acked: Arc<parking_lot::Mutex<Vec<(usize, Value)>>> = Arc::default();
+    let down: Arc<Vec<AtomicBool>> = Arc::new((0..3).map(|_| AtomicBool::new(false)).collect());
+    let mut consumers = Vec::new();
+    for h in 0..3 {
+        let (acked, down) = (acked.clone(), down.clone());
+        let policy = Arc::new(move |e: &Value| {
+            if down[h].load(Ordering::SeqCst) {
+                return Answer::Error;
+            }
+            acked.lock().push((h, e.clone()));
+            Answer::Ack
+        });
+        consumers.push(Consumer::start_slow(0, policy, Duration::from_millis(1)).await);
+    }
+    let host = |c: &Consumer| json!({"protocol": "HTTP", "address": "127.0.0.1", "port": c.port});
+    write_dispatchers(
+        tmp.path(),
+        &json!([{"consumerId": "fleet", "pattern": "fleet", "maxInFlight": 6,
+                 "hosts": consumers.iter().map(host).collect::<Vec<_>>()}]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    let wait_acked = |n: usize| {
+        let acked = acked.clone();
+        mmmq_tests::eventually(WAIT, "acknowledgements", move || {
+            (acked.lock().len() >= n).then_some(())
+        })
+    };
+    produce_keyed(&broker, "fleet", 30, 5).await;
+    wait_acked(150).await;
+    down[1].store(true, Ordering::SeqCst);
+    produce_keyed_from(&broker, "fleet", 30, 5, 10).await;
+    wait_acked(300).await;
+    let d = broker.dispatcher_when("fleet", |d| d["lag"] == 0).await;
+    assert!(
+        d["target"]["hosts"][1]["failures"].as_u64().unwrap() > 0,
+        "{d}"
+    );
+    down[1].store(false, Ordering::SeqCst);
+    let before = acked.lock().iter().filter(|(h, _)| *h == 1).count();
+    // Host 1 gets lanes back once its rest is over.
+    let mut round = 20;
+    loop {
+        produce_keyed_from(&broker, "fleet", 30, 1, round).await;
+        round += 1;
+        let n = 300 + 30 * (round - 20) as usize;
+        wait_acked(n).await;
+        if acked.lock().iter().filter(|(h, _)| *h == 1).count() > before {
+            break;
+        }
+        assert!(round < 400, "host 1 never got lanes back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let all: Vec<Value> = acked.lock().iter().map(|(_, e)| e.clone()).collect();
+    let mut last: BTreeMap<String, u64> = BTreeMap::new();
+    let mut seen = HashSet::new();
+    for e in &all {
+        let key = e["key"].as_str().unwrap().to_owned();
+        let seq = e["content"]["seq"].as_u64().unwrap();
+        assert!(
+            seen.insert((key.clone(), seq)),
+            "{key}/{seq} acknowledged twice"
+        );
+        if let Some(&before) = last.get(&key) {
+            assert!(seq > before, "key {key}: {seq} after {before}");
+        }
+        last.insert(key, seq);
+    }
+    let produced = broker.pull_all("fleet").await.len();
+    assert_eq!(all.len(), produced, "every message acknowledged once");
+}
+
+async fn produce_keyed_from(broker: &Broker, topic: &str, keys: u64, per_key: u64, from: u64) {
+    let mut batch = Vec::new();
+    for seq in from..from + per_key {
+        for k in 0..keys {
+            batch.push(json!({"topic": topic, "key": format!("k{k}"), "content": {"seq": seq}}));
+        }
+    }
+    let (status, b) = broker.post("/mmmq/messages/batch", &json!(batch)).await;
+    assert_eq!(status, 200, "{b}");
+}

@@ -323,6 +323,14 @@ pub async fn dispatchers(broker: &Conn, json: bool, out: &mut dyn Write) -> Resu
         .map(|d| {
             let target = match &d.target {
                 TargetStatus::Host { url } => url.clone(),
+                TargetStatus::Hosts { hosts } => hosts
+                    .iter()
+                    .map(|h| {
+                        let state = if h.healthy { "" } else { " (resting)" };
+                        format!("{}{state}", h.url)
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 TargetStatus::InProcess => "in-process handler".to_owned(),
                 TargetStatus::Plugin {
                     path,

@@ -18,6 +18,8 @@ use super::ConfigError;
 pub enum TargetSpec {
     /// A remote HTTP consumer (README, "Dispatchers").
     Host(HostSpec),
+    /// A fleet of remote HTTP consumers serving one dispatcher: lanes are spread over them.
+    Hosts(Vec<HostSpec>),
     /// A local WebAssembly component (README, "WebAssembly handlers").
     Plugin(PluginSpec),
     /// A Rust handler registered in-process by an application embedding the broker (never from
@@ -91,6 +93,7 @@ struct RawDispatcher {
     consumer_id: String,
     pattern: String,
     host: Option<RawHost>,
+    hosts: Option<Vec<RawHost>>,
     plugin: Option<RawPlugin>,
     max_nack_retries: Option<u32>,
     batch_max_messages: Option<u64>,
@@ -124,6 +127,8 @@ pub const DEFAULT_PLUGIN_TIMEOUT_MS: u64 = 1_000;
 pub const DEFAULT_PLUGIN_MEMORY: u64 = 64 * 1024 * 1024;
 /// Default NACK resends.
 pub const DEFAULT_MAX_NACK_RETRIES: u32 = 3;
+/// Most hosts in a fleet.
+pub const MAX_HOSTS: usize = 64;
 /// Upper bound for `maxInFlight`.
 pub const MAX_IN_FLIGHT: u64 = 1024;
 /// Upper bound for `batchMaxMessages`.
@@ -201,38 +206,30 @@ fn parse_entry(value: serde_json::Value, root_dir: &Path) -> Result<DispatcherSp
     })?;
     let consumer_id = ConsumerId::new(raw.consumer_id).map_err(|e| e.to_string())?;
     let pattern = TopicPattern::new(raw.pattern).map_err(|e| e.to_string())?;
-    let target = match (raw.host, raw.plugin) {
-        (Some(_), Some(_)) => return Err("has both `host` and `plugin`; give exactly one".into()),
-        (None, None) => return Err("has neither `host` nor `plugin`; give exactly one".into()),
-        (Some(h), None) => {
-            let https = match h.protocol.to_ascii_uppercase().as_str() {
-                "HTTP" => false,
-                "HTTPS" => true,
-                _ => {
-                    return Err(format!(
-                        "unknown protocol {:?} in `host`; use HTTP or HTTPS",
-                        h.protocol
-                    ));
-                }
-            };
-            if h.address.trim().is_empty() || h.address.contains(['/', ' ', '?', '#', '@']) {
-                return Err(format!(
-                    "`host.address` {:?} is not a host name or IP address",
-                    h.address
-                ));
-            }
-            if h.port == 0 {
-                return Err("`host.port` must be 1 to 65535".into());
-            }
-            TargetSpec::Host(HostSpec {
-                https,
-                address: h.address,
-                port: h.port,
-                timeout: positive_ms(h.timeout_ms, DEFAULT_HOST_TIMEOUT_MS, "host.timeoutMs")?,
-                auth_token: h.auth_token,
-            })
+    let target = match (raw.host, raw.hosts, raw.plugin) {
+        (None, None, None) => {
+            return Err("has neither `host`, `hosts` nor `plugin`; give exactly one".into());
         }
-        (None, Some(p)) => {
+        (Some(_), Some(_), _) => {
+            return Err("has both `host` and `hosts`; give one (`hosts` for a fleet)".into());
+        }
+        (Some(_), None, Some(_)) | (None, Some(_), Some(_)) => {
+            return Err("has both a host and `plugin`; give exactly one".into());
+        }
+        (Some(h), None, None) => TargetSpec::Host(host_spec(h, "host")?),
+        (None, Some(hosts), None) => {
+            if hosts.is_empty() || hosts.len() > MAX_HOSTS {
+                return Err(format!("`hosts` must list 1 to {MAX_HOSTS} hosts"));
+            }
+            TargetSpec::Hosts(
+                hosts
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, h)| host_spec(h, &format!("hosts[{i}]")))
+                    .collect::<Result<_, _>>()?,
+            )
+        }
+        (None, None, Some(p)) => {
             if p.path.trim().is_empty() {
                 return Err("`plugin.path` is empty".into());
             }
@@ -284,6 +281,40 @@ fn parse_entry(value: serde_json::Value, root_dir: &Path) -> Result<DispatcherSp
         batch_max_messages: batch as usize,
         max_in_flight: max_in_flight as usize,
         checkpoint_interval: Duration::from_millis(checkpoint_ms),
+    })
+}
+
+/// Checks one host object (`host`, or an element of `hosts`, named by `field`).
+fn host_spec(h: RawHost, field: &str) -> Result<HostSpec, String> {
+    let https = match h.protocol.to_ascii_uppercase().as_str() {
+        "HTTP" => false,
+        "HTTPS" => true,
+        _ => {
+            return Err(format!(
+                "unknown protocol {:?} in `{field}`; use HTTP or HTTPS",
+                h.protocol
+            ));
+        }
+    };
+    if h.address.trim().is_empty() || h.address.contains(['/', ' ', '?', '#', '@']) {
+        return Err(format!(
+            "`{field}.address` {:?} is not a host name or IP address",
+            h.address
+        ));
+    }
+    if h.port == 0 {
+        return Err(format!("`{field}.port` must be 1 to 65535"));
+    }
+    Ok(HostSpec {
+        https,
+        address: h.address,
+        port: h.port,
+        timeout: positive_ms(
+            h.timeout_ms,
+            DEFAULT_HOST_TIMEOUT_MS,
+            &format!("{field}.timeoutMs"),
+        )?,
+        auth_token: h.auth_token,
     })
 }
 
@@ -352,13 +383,13 @@ mod tests {
             ),
             (
                 r#"[{"consumerId":"a","pattern":"x"}]"#,
-                "neither `host` nor `plugin`",
+                "has neither `host`, `hosts` nor `plugin`",
             ),
             (
                 &format!(
                     r#"[{{"consumerId":"a","pattern":"x",{host},"plugin":{{"path":"p.wasm"}}}}]"#
                 ),
-                "both `host` and `plugin`",
+                "has both a host and `plugin`",
             ),
             (
                 &format!(r#"[{{"consumerId":"a","pattern":"x",{host},"colour":"red"}}]"#),
@@ -383,6 +414,18 @@ mod tests {
             (
                 &format!(r#"[{{"consumerId":"a","pattern":"x",{host},"batchMaxMessages":0}}]"#),
                 "batchMaxMessages",
+            ),
+            (
+                &format!(r#"[{{"consumerId":"a","pattern":"x",{host},"hosts":[]}}]"#),
+                "has both `host` and `hosts`",
+            ),
+            (
+                r#"[{"consumerId":"a","pattern":"x","hosts":[]}]"#,
+                "`hosts` must list 1 to 64 hosts",
+            ),
+            (
+                r#"[{"consumerId":"a","pattern":"x","hosts":[{"protocol":"HTTP","address":"h","port":1},{"protocol":"FTP","address":"h","port":1}]}]"#,
+                "unknown protocol \"FTP\" in `hosts[1]`",
             ),
             (
                 &format!(r#"[{{"consumerId":"a","pattern":"x",{host},"maxInFlight":0}}]"#),

@@ -4,6 +4,7 @@
 //! - [`wasm`]: a WebAssembly component, hot-reloaded when its file changes.
 //! - `in_process`: a Rust closure of an application that embeds the broker.
 
+mod fleet;
 mod http;
 mod in_process;
 pub mod wasm;
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use crate::config::{DispatcherSpec, TargetSpec};
 use crate::dispatch::target::{BoxFuture, Target};
 use crate::plugin::PluginEngine;
+pub use fleet::FleetTarget;
 pub use http::HttpTarget;
 pub use in_process::{Handler, InProcessTarget};
 pub use wasm::PluginTarget;
@@ -42,6 +44,12 @@ impl TargetFactory for Targets {
             match &spec.target {
                 TargetSpec::Host(h) => HttpTarget::new(h, spec.batch_max_messages > 1)
                     .map(|t| Arc::new(t) as Arc<dyn Target>)
+                    .map_err(|e| e.to_string()),
+                TargetSpec::Hosts(hosts) => hosts
+                    .iter()
+                    .map(|h| HttpTarget::new(h, spec.batch_max_messages > 1).map(|t| (t, h.url())))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(|members| Arc::new(FleetTarget::new(members)) as Arc<dyn Target>)
                     .map_err(|e| e.to_string()),
                 TargetSpec::Plugin(p) => {
                     let engine = self
