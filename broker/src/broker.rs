@@ -92,6 +92,8 @@ pub struct Broker {
     metrics: Arc<Metrics>,
     /// Stops the broker's own tasks (retention) at shutdown.
     background: CancellationToken,
+    /// Pull consumer groups.
+    groups: Arc<crate::groups::Groups>,
 }
 
 fn now_ms() -> u64 {
@@ -147,6 +149,7 @@ impl Broker {
                 .with_max_topics(config.max_topics)
                 .with_defaults(config.topic_defaults.clone()),
         );
+        let registry_for_groups = registry.clone();
         let dispatch = Dispatch::start(registry.clone(), metrics.clone(), factory);
         let report = dispatch.apply(specs).await?;
         let background = CancellationToken::new();
@@ -170,6 +173,7 @@ impl Broker {
             dispatch,
             metrics,
             background,
+            groups: Arc::new(crate::groups::Groups::new(registry_for_groups)),
         })
     }
 
@@ -186,6 +190,11 @@ impl Broker {
     /// The topics.
     pub fn registry(&self) -> &Arc<Registry> {
         &self.registry
+    }
+
+    /// Pull consumer groups.
+    pub fn groups(&self) -> &Arc<crate::groups::Groups> {
+        &self.groups
     }
 
     /// The metrics.

@@ -49,6 +49,7 @@
 pub mod broker;
 pub mod config;
 pub mod dispatch;
+pub mod groups;
 pub mod http;
 pub mod inspect;
 pub mod metrics;

@@ -28,8 +28,9 @@ pub use message::{ContentShape, Envelope, MAX_CONTENT_DEPTH, StoredMessage, cont
 pub use partition::{murmur2, partition_for_key};
 pub use pattern::{PatternError, TopicPattern};
 pub use status::{
-    DEFAULT_RETENTION_MS, DispatcherStatus, HostHealth, PartitionInfo, PullPage, ReloadReport,
-    TargetStatus, TopicConfig, TopicDetail, TopicInfo, TopicStatus,
+    DEFAULT_RETENTION_MS, DispatcherStatus, GroupMember, GroupPartition, GroupPoll, GroupStatus,
+    HostHealth, PartitionInfo, PullPage, ReloadReport, TargetStatus, TopicConfig, TopicDetail,
+    TopicInfo, TopicPartition, TopicStatus,
 };
 pub use topic::{ConsumerId, NameError, Topic};
 

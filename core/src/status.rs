@@ -237,3 +237,67 @@ pub struct DispatcherStatus {
     /// Per topic.
     pub topics: Vec<TopicStatus>,
 }
+
+/// A partition of a topic, as group assignments name it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TopicPartition {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: u32,
+}
+
+/// The answer to a group poll (`GET /mmmq/groups/{group}/messages`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GroupPoll {
+    /// Messages of the member's partitions, each partition's in offset order.
+    pub messages: Vec<Envelope>,
+    /// The partitions the member owns now.
+    pub assignment: Vec<TopicPartition>,
+}
+
+/// A group as `GET /mmmq/groups/{group}` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupStatus {
+    /// The group.
+    pub group: String,
+    /// The topic pattern it was created with.
+    pub pattern: String,
+    /// Live members.
+    pub members: Vec<GroupMember>,
+    /// Every partition the group consumes.
+    pub partitions: Vec<GroupPartition>,
+}
+
+/// One member of a group.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupMember {
+    /// Its name.
+    pub member: String,
+    /// Milliseconds since its last poll.
+    pub last_poll_ms_ago: u64,
+    /// How long it may go without polling before it is removed.
+    pub session_timeout_ms: u64,
+    /// The partitions it owns.
+    pub assignment: Vec<TopicPartition>,
+}
+
+/// One partition of a group.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupPartition {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: u32,
+    /// Its owner, if the group has live members.
+    pub owner: Option<String>,
+    /// The group's committed next offset.
+    pub committed: u64,
+    /// The partition's next offset.
+    pub next_offset: u64,
+    /// `nextOffset − committed`.
+    pub lag: u64,
+}

@@ -12,6 +12,7 @@
 
 mod admin;
 mod consume;
+mod groups;
 pub mod produce;
 pub mod serve;
 mod topics;
@@ -77,6 +78,14 @@ pub fn router(state: AppState) -> Router {
             get(topics::show).put(topics::put).delete(topics::delete),
         )
         .route("/mmmq/topics/{topic}/messages", get(consume::pull))
+        .route("/mmmq/groups", get(groups::list))
+        .route("/mmmq/groups/{group}", get(groups::show))
+        .route("/mmmq/groups/{group}/messages", get(groups::poll))
+        .route("/mmmq/groups/{group}/commit", post(groups::commit))
+        .route(
+            "/mmmq/groups/{group}/members/{member}",
+            axum::routing::delete(groups::leave),
+        )
         .route("/mmmq/dispatchers", get(admin::dispatchers))
         .route("/mmmq/admin/reload", post(admin::reload))
         .route("/metrics", get(admin::metrics));
@@ -143,6 +152,10 @@ pub enum ApiError {
     /// The request took longer than the per-request deadline (a body that trickles in).
     #[error("request not completed within {} s", .0.as_secs())]
     Timeout(std::time::Duration),
+    /// The request contradicts the state it acts on (a commit for a partition the member does
+    /// not own).
+    #[error("{0}")]
+    Conflict(String),
     /// Creating the topic would pass the broker's topic cap.
     #[error("{0}")]
     TopicLimit(String),
@@ -184,6 +197,18 @@ impl From<BrokerError> for ApiError {
     }
 }
 
+impl From<crate::groups::GroupError> for ApiError {
+    fn from(e: crate::groups::GroupError) -> Self {
+        use crate::groups::GroupError as G;
+        match e {
+            G::Invalid(_) => Self::BadRequest(e.to_string()),
+            G::Unknown(_) => Self::NotFound(e.to_string()),
+            G::NotOwner { .. } => Self::Conflict(e.to_string()),
+            G::Storage(_) => Self::Internal(e.to_string()),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = match &self {
@@ -194,6 +219,7 @@ impl IntoResponse for ApiError {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::TopicLimit(_) => StatusCode::FORBIDDEN,
+            Self::Conflict(_) => StatusCode::CONFLICT,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Starting | Self::NotDurable(_) | Self::PartialBatch { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE

@@ -70,6 +70,11 @@ impl Checkpoints {
         }
     }
 
+    /// The checkpoints in the subdirectory `sub` (a consumer group's, say), on the same disk.
+    pub fn nested(&self, sub: &str) -> Self {
+        Self::new(self.dir.join(sub), self.vfs.clone())
+    }
+
     /// The directory.
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -1,0 +1,197 @@
+//! Pull consumer groups end to end (README, "Consumer groups"): balanced ownership, positions,
+//! commits, session timeouts and `409` for a member that lost its partitions.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use mmmq_tests::Broker;
+use serde_json::{Value, json};
+
+async fn poll(broker: &Broker, member: &str) -> Value {
+    let (status, body) = broker
+        .get(&format!(
+            "/mmmq/groups/g/messages?member={member}&pattern=g6&max=1000&sessionTimeoutMs=600"
+        ))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+fn partitions_of(answer: &Value) -> BTreeSet<u64> {
+    answer["assignment"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["partition"].as_u64().unwrap())
+        .collect()
+}
+
+async fn commit(broker: &Broker, member: &str, partition: u64, offset: u64) -> (u16, Value) {
+    broker
+        .post(
+            "/mmmq/groups/g/commit",
+            &json!({"member": member, "offsets": [{"topic": "g6", "partition": partition, "offset": offset}]}),
+        )
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_members_share_six_partitions_and_a_silent_one_hands_them_over_at_the_commit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::start(tmp.path()).await;
+    broker
+        .put("/mmmq/topics/g6", &json!({"partitions": 6}))
+        .await;
+    // Everyone joins (nothing to read yet); then each owns two partitions, none shared.
+    for m in ["a", "b", "c"] {
+        poll(&broker, m).await;
+    }
+    for n in 0..60 {
+        broker.produce("g6", json!({"n": n})).await;
+    }
+    let status = broker.get("/mmmq/groups/g").await.1;
+    let mut owned: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+    for m in status["members"].as_array().unwrap() {
+        let parts = m["assignment"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["partition"].as_u64().unwrap())
+            .collect::<BTreeSet<_>>();
+        assert_eq!(parts.len(), 2, "{status}");
+        owned.insert(m["member"].as_str().unwrap().to_owned(), parts);
+    }
+    let all: BTreeSet<u64> = owned.values().flatten().copied().collect();
+    assert_eq!(all, (0..6).collect(), "{status}");
+    // Each member reads its partitions from the committed offset (0), and only those.
+    let mut got: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for m in ["a", "b", "c"] {
+        let answer = poll(&broker, m).await;
+        assert_eq!(partitions_of(&answer), owned[m]);
+        let msgs = answer["messages"].as_array().unwrap().clone();
+        assert!(
+            msgs.iter()
+                .all(|e| owned[m].contains(&e["partition"].as_u64().unwrap()))
+        );
+        assert_eq!(msgs.len(), 20, "{m}: {answer}");
+        got.insert(m.to_owned(), msgs);
+    }
+    // a and b commit everything; c commits 4 of one partition and nothing of the other.
+    for m in ["a", "b"] {
+        for &p in &owned[m] {
+            let (status, body) = commit(&broker, m, p, 10).await;
+            assert_eq!(status, 200, "{body}");
+        }
+    }
+    let c_parts: Vec<u64> = owned["c"].iter().copied().collect();
+    assert_eq!(commit(&broker, "c", c_parts[0], 4).await.0, 200);
+    // A commit past the partition's end, or for a partition not owned, is refused.
+    assert_eq!(commit(&broker, "a", c_parts[0], 5).await.0, 409);
+    let (status, e) = commit(&broker, "c", c_parts[1], 11).await;
+    assert_eq!(status, 400, "{e}");
+    // c goes silent; a and b keep polling and take its partitions after the session timeout,
+    // from c's committed offsets.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut taken: Vec<Value> = Vec::new();
+    loop {
+        for m in ["a", "b"] {
+            let answer = poll(&broker, m).await;
+            taken.extend(answer["messages"].as_array().unwrap().iter().cloned());
+        }
+        let status = broker.get("/mmmq/groups/g").await.1;
+        let members = status["members"].as_array().unwrap().len();
+        let covered: usize = taken.len();
+        if members == 2 && covered >= 16 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "c's partitions never moved: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let offsets = |p: u64| -> Vec<u64> {
+        taken
+            .iter()
+            .filter(|e| e["partition"] == p)
+            .map(|e| e["offset"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(offsets(c_parts[0]), (4..10).collect::<Vec<_>>());
+    assert_eq!(offsets(c_parts[1]), (0..10).collect::<Vec<_>>());
+    assert!(
+        taken
+            .iter()
+            .all(|e| c_parts.contains(&e["partition"].as_u64().unwrap()))
+    );
+    // The old owner's commit is refused now.
+    let (status, e) = commit(&broker, "c", c_parts[0], 10).await;
+    assert_eq!(status, 409, "{e}");
+    // Lag: partitions all committed by their owners are at 0 after they commit.
+    let status = broker.get("/mmmq/groups/g").await.1;
+    let lag: u64 = status["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["lag"].as_u64().unwrap())
+        .sum();
+    assert_eq!(lag, 6 + 10, "{status}");
+    // Committed offsets are durable: a restart keeps them.
+    assert!(broker.terminate().success());
+    let broker = Broker::start(tmp.path()).await;
+    let answer = poll(&broker, "z").await;
+    let firsts: BTreeMap<u64, u64> =
+        answer["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .fold(BTreeMap::new(), |mut m, e| {
+                m.entry(e["partition"].as_u64().unwrap())
+                    .or_insert(e["offset"].as_u64().unwrap());
+                m
+            });
+    assert_eq!(firsts.get(&c_parts[0]), Some(&4));
+    assert_eq!(firsts.get(&c_parts[1]), Some(&0));
+    assert_eq!(
+        firsts.len(),
+        2,
+        "the others were committed at their end: {firsts:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_group_requests_are_refused_naming_the_problem() {
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::start(tmp.path()).await;
+    for (path, what) in [
+        ("/mmmq/groups/g/messages?member=a%20b&pattern=x", "member"),
+        ("/mmmq/groups/g/messages?member=a&pattern=a..b", "pattern"),
+        ("/mmmq/groups/g%2Fx/messages?member=a&pattern=x", "group"),
+        (
+            "/mmmq/groups/g/messages?member=a&pattern=x&sessionTimeoutMs=1",
+            "sessionTimeoutMs",
+        ),
+    ] {
+        let (status, e) = broker.get(path).await;
+        assert_eq!(status, 400, "{path}: {e}");
+        assert!(e["error"].as_str().unwrap().contains(what), "{path}: {e}");
+    }
+    // The pattern is fixed at the first poll.
+    assert_eq!(
+        broker
+            .get("/mmmq/groups/g/messages?member=a&pattern=x")
+            .await
+            .0,
+        200
+    );
+    let (status, e) = broker
+        .get("/mmmq/groups/g/messages?member=b&pattern=y")
+        .await;
+    assert_eq!(status, 400, "{e}");
+    let (status, _) = broker.get("/mmmq/groups/nope").await;
+    assert_eq!(status, 404);
+    let (status, _) = broker.delete("/mmmq/groups/g/members/a").await;
+    assert_eq!(status, 200);
+    let (status, _) = broker.delete("/mmmq/groups/g/members/a").await;
+    assert_eq!(status, 404);
+}
