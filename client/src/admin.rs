@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use mmmq_core::{DispatcherStatus, TopicDetail, TopicInfo};
+use mmmq_core::{DispatcherStatus, GroupStatus, TopicDetail, TopicInfo};
 use serde::{Deserialize, Serialize};
 
 use crate::conn::{Conn, decode, status_error};
@@ -96,6 +96,11 @@ impl Admin {
             (404, _) => Err(ClientError::NoSuchTopic(name.to_owned())),
             (status, bytes) => Err(status_error(status, &bytes)),
         }
+    }
+
+    /// Every pull consumer group: members, assignments, committed offsets and lag.
+    pub async fn groups(&self) -> Result<Vec<GroupStatus>, ClientError> {
+        self.get("/mmmq/groups").await
     }
 
     /// Every dispatcher.

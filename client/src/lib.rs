@@ -26,16 +26,20 @@ mod admin;
 mod conn;
 mod consumer;
 mod error;
+mod group;
 mod producer;
 mod pull;
+mod stream;
 
 pub use admin::{Admin, TopicSettings};
 pub use consumer::Consumer;
 pub use error::ClientError;
+pub use group::GroupConsumer;
 pub use mmmq_core::error_chain;
 pub use mmmq_core::{
-    Ack, DispatcherStatus, Envelope, ErasedHandler, Message, PartitionInfo, PullPage, ReloadReport,
-    TargetStatus, TopicConfig, TopicDetail, TopicInfo, TopicStatus, erase,
+    Ack, DispatcherStatus, Envelope, ErasedHandler, GroupPoll, GroupStatus, HostHealth, Message,
+    PartitionInfo, PullPage, ReloadReport, TargetStatus, TopicConfig, TopicDetail, TopicInfo,
+    TopicPartition, TopicStatus, erase,
 };
 pub use producer::{Producer, Receipt, Record};
 pub use pull::PullConsumer;

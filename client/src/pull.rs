@@ -4,7 +4,7 @@ use futures_util::Stream;
 use mmmq_core::{Envelope, PullPage};
 
 use crate::conn::{Conn, decode, error_text, status_error};
-use crate::error::{ClientError, backoff};
+use crate::error::ClientError;
 
 /// Reads a topic from an offset with long polling (`GET /mmmq/topics/{topic}/messages`).
 ///
@@ -99,32 +99,12 @@ impl PullConsumer {
     /// Every message from the current position on, forever. Transient errors are yielded (and
     /// retried with backoff); others end the stream after being yielded.
     pub fn into_stream(self) -> impl Stream<Item = Result<Envelope, ClientError>> {
-        futures_util::stream::unfold(
-            (self, std::collections::VecDeque::new(), 0u32, false),
-            |(mut pull, mut buffered, mut failures, done)| async move {
-                if done {
-                    return None;
-                }
-                loop {
-                    if let Some(e) = buffered.pop_front() {
-                        return Some((Ok(e), (pull, buffered, 0, false)));
-                    }
-                    if failures > 0 {
-                        tokio::time::sleep(backoff(failures)).await;
-                    }
-                    match pull.poll().await {
-                        Ok(messages) => {
-                            failures = 0;
-                            buffered.extend(messages);
-                        }
-                        Err(e) => {
-                            let transient = e.is_transient();
-                            failures += 1;
-                            return Some((Err(e), (pull, buffered, failures, !transient)));
-                        }
-                    }
-                }
-            },
-        )
+        crate::stream::envelopes(self)
+    }
+}
+
+impl crate::stream::Polls for PullConsumer {
+    async fn poll_messages(&mut self) -> Result<Vec<Envelope>, ClientError> {
+        self.poll().await
     }
 }

@@ -195,3 +195,69 @@ async fn bad_group_requests_are_refused_naming_the_problem() {
     let (status, _) = broker.delete("/mmmq/groups/g/members/a").await;
     assert_eq!(status, 404);
 }
+
+/// `mmmq-client`'s `GroupConsumer`: two members share a topic's partitions, read every message
+/// once between them, and auto-commit what they processed; `mmmq groups` shows the group.
+#[tokio::test(flavor = "multi_thread")]
+async fn group_consumers_from_the_client_crate_share_a_topic_and_commit() {
+    use futures_util::StreamExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::start(tmp.path()).await;
+    broker
+        .put("/mmmq/topics/gc", &json!({"partitions": 4}))
+        .await;
+    let member = |name: &str| {
+        mmmq_client::GroupConsumer::new(&broker.url, "workers", name, "gc")
+            .unwrap()
+            .wait(Duration::from_millis(200))
+            .max(7)
+    };
+    let (mut one, mut two) = (member("one"), member("two"));
+    // Both join before there is anything to read.
+    one.poll().await.unwrap();
+    two.poll().await.unwrap();
+    for n in 0..80 {
+        broker.produce("gc", json!({"n": n})).await;
+    }
+    let mut seen = BTreeSet::new();
+    let (s1, s2) = (Box::pin(one.into_stream()), Box::pin(two.into_stream()));
+    let mut both = futures_util::stream::select(s1, s2);
+    while seen.len() < 80 {
+        let e = tokio::time::timeout(Duration::from_secs(30), both.next())
+            .await
+            .expect("messages keep coming")
+            .unwrap()
+            .unwrap();
+        assert!(seen.insert(e.content.get().to_owned()), "{e:?} twice");
+    }
+    // The last batches are committed at the members' next polls.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let _ = tokio::time::timeout(Duration::from_millis(300), both.next()).await;
+        let status = broker.get("/mmmq/groups/workers").await.1;
+        let lag: u64 = status["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["lag"].as_u64().unwrap())
+            .sum();
+        if lag == 0 {
+            assert_eq!(status["members"].as_array().unwrap().len(), 2, "{status}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never committed: {status}"
+        );
+    }
+    let out = std::process::Command::new(mmmq_tests::mmmq_bin())
+        .args(["groups", "--broker", &broker.url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("GROUP"), "{text}");
+    assert!(
+        text.contains("workers") && text.contains("one,two"),
+        "{text}"
+    );
+}

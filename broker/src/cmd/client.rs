@@ -308,6 +308,41 @@ fn show_topic(d: &TopicDetail, out: &mut dyn Write) -> Result<(), CliError> {
     Ok(())
 }
 
+/// `mmmq groups`.
+pub async fn groups(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
+    let all = Admin::new(&broker.url)?
+        .auth_token(broker.token.clone())
+        .groups()
+        .await?;
+    if json {
+        writeln!(out, "{}", serde_json::to_string(&all).expect("encodes"))?;
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = all
+        .iter()
+        .map(|g| {
+            let members: Vec<&str> = g.members.iter().map(|m| m.member.as_str()).collect();
+            vec![
+                g.group.clone(),
+                g.pattern.clone(),
+                if members.is_empty() {
+                    "-".to_owned()
+                } else {
+                    members.join(",")
+                },
+                g.partitions.len().to_string(),
+                g.partitions.iter().map(|p| p.lag).sum::<u64>().to_string(),
+            ]
+        })
+        .collect();
+    table(
+        &["GROUP", "PATTERN", "MEMBERS", "PARTITIONS", "LAG"],
+        &rows,
+        out,
+    )?;
+    Ok(())
+}
+
 /// `mmmq dispatchers`.
 pub async fn dispatchers(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
     let all = Admin::new(&broker.url)?

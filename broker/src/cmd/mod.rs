@@ -77,6 +77,14 @@ enum Command {
         #[command(subcommand)]
         what: topic::TopicCommand,
     },
+    /// The broker's pull consumer groups: members, partitions and lag.
+    Groups {
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        broker: BrokerArg,
+    },
     /// The broker's dispatchers and their status as a table.
     Dispatchers {
         /// JSON instead of a table.
@@ -292,6 +300,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Topic { what } => topic::run(what),
+        Command::Groups { json, broker } => {
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(client::groups(&broker.conn(), json, &mut std::io::stdout()))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Dispatchers { json, broker } => {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(client::dispatchers(
