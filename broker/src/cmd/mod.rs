@@ -222,6 +222,8 @@ enum BenchCommand {
     Boot(bench::boot::BootBench),
     /// Many idle topics, each with a dispatcher: resident memory and threads.
     Topics(bench::topics::TopicsBench),
+    /// Delivery through a slow consumer with maxInFlight lanes, and pull consumer groups.
+    Consume(bench::consume::ConsumeBench),
     /// Many stored messages: resident memory after boot and while reading the oldest.
     Memory(bench::memory::MemoryBench),
     /// Produce without end into a topic with small segments and a small retentionBytes: disk use
@@ -350,6 +352,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     BenchCommand::Boot(cfg) => bench::boot::run(cfg, out).await,
                     BenchCommand::Topics(cfg) => bench::topics::run(cfg, out).await,
                     BenchCommand::Memory(cfg) => bench::memory::run(cfg, out).await,
+                    BenchCommand::Consume(cfg) => bench::consume::run(cfg, out).await,
                     BenchCommand::Soak(cfg) => bench::soak::run(cfg, out).await,
                 }
             })?;

@@ -24,6 +24,10 @@ pub struct HttpBench {
     /// Producers of the end-to-end run.
     #[arg(long, default_value_t = 16)]
     pub e2e_producers: usize,
+    /// Partition counts of a topic produced to by the most producers (keyless: round robin),
+    /// each as a ratio to the first.
+    #[arg(long, value_delimiter = ',', default_value = "1,8")]
+    pub partitions: Vec<u32>,
 }
 
 /// Durable produce over HTTP (1 and 64 keep-alive clients), batch produce, and end to end through
@@ -85,6 +89,29 @@ pub async fn run(cfg: HttpBench, out: &mut (dyn Write + Send)) -> anyhow::Result
                 "bench": "http", "what": "produce", "producers": p, "message_bytes": cfg.run.message_bytes,
                 "msgs_per_s": r.rate().round(), "mb_per_s": r.rate() * mb, "p50_us": r.p50_us, "p99_us": r.p99_us,
                 "storage_alone_msgs_per_s": storage.rate().round(), "ratio_to_storage": r.rate() / storage.rate(),
+            })
+        )?;
+    }
+    let most = cfg.producers.iter().copied().max().unwrap_or(64);
+    let mut first_rate = None;
+    let http = reqwest::Client::new();
+    for &n in &cfg.partitions {
+        let topic = format!("produce.parts{n}");
+        let r = http
+            .put(format!("{base}/mmmq/topics/{topic}"))
+            .json(&json!({"partitions": n}))
+            .send()
+            .await?;
+        anyhow::ensure!(r.status() == 200, "creating {topic}: {}", r.status());
+        let r = http_load(&base, most, cfg.run.duration, started, 1, &topic, &pad).await?;
+        let base_rate = *first_rate.get_or_insert(r.rate());
+        writeln!(
+            out,
+            "{}",
+            json!({
+                "bench": "http", "what": "produce_partitions", "producers": most, "partitions": n,
+                "msgs_per_s": r.rate().round(), "p50_us": r.p50_us, "p99_us": r.p99_us,
+                "ratio_to_first": r.rate() / base_rate,
             })
         )?;
     }

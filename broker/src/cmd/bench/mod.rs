@@ -7,6 +7,7 @@
 //! holds what they share ([`Latencies`], scratch directories, a broker on a free port).
 
 pub mod boot;
+pub mod consume;
 pub mod embedded;
 pub mod http;
 pub mod memory;
