@@ -7,10 +7,13 @@ use std::time::Duration;
 use mmmq_tests::Broker;
 use serde_json::{Value, json};
 
+/// Polls as `member`; `c` is the one that goes silent, with a short session timeout (long enough
+/// for a loaded machine between its polls), the others have a long one.
 async fn poll(broker: &Broker, member: &str) -> Value {
+    let session = if member == "c" { 3000 } else { 60_000 };
     let (status, body) = broker
         .get(&format!(
-            "/mmmq/groups/g/messages?member={member}&pattern=g6&max=1000&sessionTimeoutMs=600"
+            "/mmmq/groups/g/messages?member={member}&pattern=g6&max=1000&sessionTimeoutMs={session}"
         ))
         .await;
     assert_eq!(status, 200, "{body}");
@@ -46,9 +49,11 @@ async fn three_members_share_six_partitions_and_a_silent_one_hands_them_over_at_
     for m in ["a", "b", "c"] {
         poll(&broker, m).await;
     }
-    for n in 0..60 {
-        broker.produce("g6", json!({"n": n})).await;
-    }
+    let batch: Vec<Value> = (0..60)
+        .map(|n| json!({"topic": "g6", "content": {"n": n}}))
+        .collect();
+    let (status, b) = broker.post("/mmmq/messages/batch", &json!(batch)).await;
+    assert_eq!(status, 200, "{b}");
     let status = broker.get("/mmmq/groups/g").await.1;
     let mut owned: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
     for m in status["members"].as_array().unwrap() {

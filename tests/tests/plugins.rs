@@ -761,3 +761,43 @@ async fn the_misbehaving_guest_table_under_load_affects_only_that_plugin() {
         "a huge guest log line reached the broker's log"
     );
 }
+
+/// A plugin with `maxInFlight` lanes: an instance per lane, so each instance sees its keys'
+/// messages in offset order (the testbed's `lanes` build NACKs, and so dead-letters, a message of
+/// a key that steps back behind the last one its instance saw), and every message of every
+/// partition is handled once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plugin_with_lanes_gets_an_instance_per_lane_each_in_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The `lanes` build checks order per key: a lane's instance sees only its keys.
+    deploy_plugin(
+        tmp.path(),
+        &plugin_wasm("testbed", Some("lanes")),
+        "testbed.wasm",
+    );
+    write_dispatchers(
+        tmp.path(),
+        &json!([plugin_dispatcher(
+            "lanes",
+            "pl.*",
+            "testbed.wasm",
+            json!({"maxInFlight": 8})
+        )]),
+    );
+    let broker = Broker::start_with(tmp.path(), &["--default-partitions", "2"]).await;
+    let batch: Vec<Value> = (0..400)
+        .map(|i| json!({"topic": "pl.a", "key": format!("k{}", i % 40), "content": {"i": i}}))
+        .collect();
+    let (status, b) = broker.post("/mmmq/messages/batch", &json!(batch)).await;
+    assert_eq!(status, 200, "{b}");
+    let status = broker
+        .dispatcher_when("lanes", |s| s["delivered"] == 400)
+        .await;
+    assert_eq!(status["deadLettered"], 0, "{status}");
+    assert_eq!(status["nacked"], 0, "{status}");
+    let handled = broker.handled();
+    assert_eq!(handled.len(), 400);
+    // Several instances took part (one per lane and partition that had messages).
+    let firsts = handled.iter().filter(|h| h.seen == 1).count();
+    assert!(firsts > 2, "{firsts} instances");
+}
