@@ -65,6 +65,24 @@ pub enum BrokerError {
     NoSuchPartition(#[from] crate::topics::NoSuchPartition),
 }
 
+/// How an in-process handler is delivered to ([`Broker::handle_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandlerOptions {
+    /// Resends after a NACK (`Err`) before the message is dead-lettered (default 3).
+    pub max_nack_retries: u32,
+    /// Lanes: concurrent calls per partition, each key one at a time (default 1).
+    pub max_in_flight: usize,
+}
+
+impl Default for HandlerOptions {
+    fn default() -> Self {
+        Self {
+            max_nack_retries: config::DEFAULT_MAX_NACK_RETRIES,
+            max_in_flight: 1,
+        }
+    }
+}
+
 /// Where a produced message went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Produced {
@@ -462,6 +480,38 @@ impl Broker {
         Fut: std::future::Future<Output = Result<(), E>> + Send + 'static,
         E: std::fmt::Display + 'static,
     {
+        let options = HandlerOptions {
+            max_nack_retries,
+            ..HandlerOptions::default()
+        };
+        self.handle_with(consumer_id, pattern, options, handler)
+            .await
+    }
+
+    /// As [`Broker::handle`], with chosen NACK resends and `maxInFlight` lanes (README,
+    /// "Dispatchers"): with more than one lane the handler is called concurrently, each key's
+    /// messages still one at a time, in offset order.
+    pub async fn handle_with<T, F, Fut, E>(
+        &self,
+        consumer_id: &str,
+        pattern: &str,
+        options: HandlerOptions,
+        handler: F,
+    ) -> Result<(), BrokerError>
+    where
+        T: serde::de::DeserializeOwned + Send + 'static,
+        F: Fn(mmmq_core::Message<T>) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), E>> + Send + 'static,
+        E: std::fmt::Display + 'static,
+    {
+        let max = config::dispatchers::MAX_IN_FLIGHT as usize;
+        if !(1..=max).contains(&options.max_in_flight) {
+            return Err(BrokerError::InvalidName(format!(
+                "maxInFlight must be 1 to {max}, not {}",
+                options.max_in_flight
+            )));
+        }
+        let max_nack_retries = options.max_nack_retries;
         let consumer_id =
             ConsumerId::new(consumer_id).map_err(|e| BrokerError::InvalidName(e.to_string()))?;
         let pattern =
@@ -473,7 +523,7 @@ impl Broker {
             target: TargetSpec::InProcess,
             max_nack_retries,
             batch_max_messages: 1,
-            max_in_flight: 1,
+            max_in_flight: options.max_in_flight,
             checkpoint_interval: std::time::Duration::from_millis(
                 crate::config::DEFAULT_CHECKPOINT_INTERVAL_MS,
             ),

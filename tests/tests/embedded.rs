@@ -210,3 +210,67 @@ async fn content_that_does_not_fit_is_a_nack_and_names_are_checked() {
     );
     broker.shutdown().await;
 }
+
+/// An in-process handler with lanes is called concurrently, each key's messages one at a time in
+/// offset order, every message once.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_in_process_handler_with_lanes_runs_keys_in_parallel_each_in_order() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::open(ServeConfig::new(tmp.path())).await.unwrap();
+    let seen: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let options = mmmq::broker::HandlerOptions {
+        max_in_flight: 8,
+        ..Default::default()
+    };
+    {
+        let (seen, now, most) = (seen.clone(), now.clone(), most.clone());
+        broker
+            .handle_with("par", "par", options, move |m: Message<Job>| {
+                let (seen, now, most) = (seen.clone(), now.clone(), most.clone());
+                async move {
+                    let running = now.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(running, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    seen.lock().push((m.key.clone().unwrap(), m.content.n));
+                    now.fetch_sub(1, Ordering::SeqCst);
+                    Ok::<(), String>(())
+                }
+            })
+            .await
+            .unwrap();
+    }
+    for n in 0..200 {
+        let key = format!("k{}", n % 20);
+        broker
+            .produce_json("par", Some(&key), &Job { n })
+            .await
+            .unwrap();
+    }
+    eventually(WAIT, "200 handled", || {
+        (seen.lock().len() == 200).then_some(())
+    })
+    .await;
+    let mut last: std::collections::HashMap<String, u64> = Default::default();
+    for (key, n) in seen.lock().iter() {
+        if let Some(&before) = last.get(key) {
+            assert!(*n > before, "{key}: {n} after {before}");
+        }
+        last.insert(key.clone(), *n);
+    }
+    assert!(most.load(Ordering::SeqCst) > 1, "never concurrent");
+    let bad = mmmq::broker::HandlerOptions {
+        max_in_flight: 0,
+        ..Default::default()
+    };
+    assert!(
+        broker
+            .handle_with("bad", "x", bad, |_m: Message<Job>| async {
+                Ok::<(), String>(())
+            })
+            .await
+            .is_err()
+    );
+    broker.shutdown().await;
+}
