@@ -23,8 +23,10 @@ fn parse_envelopes(body: &[u8]) -> Result<Vec<Envelope>, serde_json::Error> {
 /// Each handler is registered with a topic pattern and a content type. For every message, every
 /// handler whose pattern matches runs in registration order; the answer is ACK if all of them
 /// returned `Ok`, NACK otherwise (content that does not deserialize into the handler's type is a
-/// NACK with the reason logged). Messages of one topic arrive one request at a time from the
-/// broker, so they are handled in order; different topics are handled concurrently.
+/// NACK with the reason logged). Requests are handled concurrently: without lanes the broker sends
+/// one partition's messages one request at a time, so they are handled in order; with a
+/// dispatcher's `maxInFlight` lanes several requests of one partition come at once, each key's
+/// still one at a time.
 ///
 /// ```no_run
 /// # async fn demo() -> std::io::Result<()> {
