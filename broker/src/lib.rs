@@ -8,11 +8,13 @@
 //!   embedding application and the binary use: produce, pull, topics, dispatcher status, reload,
 //!   in-process handlers, metrics.
 //! - [`produce`]: [`produce::ProduceItem`], what a produce may carry, checked in one place.
-//! - [`dispatch`]: dispatchers, their drain workers (`worker`, `backoff`, `checkpoint_saver`) and
-//!   their targets (`dispatch::targets::{http, wasm, in_process}`).
+//! - [`dispatch`]: dispatchers, their drain workers (`worker`, `lanes`, `backoff`,
+//!   `checkpoint_saver`) and their targets (`dispatch::targets::{http, fleet, wasm, in_process}`).
+//! - [`groups`]: pull consumer groups: membership, balanced partition ownership, commits.
 //! - [`plugin`]: the WebAssembly runtime (engine, limits, sandbox) and the plugin tools; it knows
 //!   nothing of dispatchers.
-//! - [`topics`]: the registry of topics (one log and its checkpoints each), created on first use.
+//! - [`topics`]: the registry of topics (each a set of partitions, one log and its checkpoints
+//!   each), their configuration and retention; created on first use or by the topic API.
 //! - [`config`]: `serve` settings with their defaults and validation, and the strict
 //!   `dispatchers.json` loader.
 //! - [`metrics`]: Prometheus metrics.

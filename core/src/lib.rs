@@ -25,7 +25,7 @@ pub mod topic;
 pub use ack::Ack;
 pub use handler::{ErasedHandler, HandlerFuture, Message, erase};
 pub use message::{ContentShape, Envelope, MAX_CONTENT_DEPTH, StoredMessage, content_shape};
-pub use partition::{murmur2, partition_for_key};
+pub use partition::{MAX_PARTITIONS, murmur2, partition_for_key};
 pub use pattern::{PatternError, TopicPattern};
 pub use status::{
     DEFAULT_RETENTION_MS, DispatcherStatus, GroupMember, GroupPartition, GroupPoll, GroupStatus,

@@ -3,6 +3,9 @@
 //! `toPositive(murmur2(utf8(key))) % partitions`, so a key lands on the partition a Kafka producer
 //! would choose; a message without a key goes to any partition (the caller's round robin).
 
+/// Most partitions a topic may have (README, "Topics").
+pub const MAX_PARTITIONS: u32 = 1024;
+
 /// Kafka's `Utils.murmur2`: 32-bit MurmurHash2 with Kafka's seed, over little-endian 4-byte words.
 pub fn murmur2(data: &[u8]) -> u32 {
     const SEED: u32 = 0x9747_b28c;

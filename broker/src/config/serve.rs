@@ -152,7 +152,7 @@ impl ServeConfig {
             }
         }
         let partitions = self.topic_defaults.partitions;
-        let max = crate::topics::settings::MAX_PARTITIONS;
+        let max = mmmq_core::MAX_PARTITIONS;
         if !(1..=max).contains(&partitions) {
             return Err(ConfigError::Setting {
                 name: "--default-partitions",

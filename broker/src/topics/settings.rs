@@ -13,8 +13,7 @@ use crate::storage::vfs::{Vfs, read_whole, replace_durably};
 /// The file a topic's configuration is kept in, inside its directory.
 pub const TOPIC_FILE: &str = "topic.json";
 
-/// Most partitions a topic may have (§7).
-pub const MAX_PARTITIONS: u32 = 1024;
+pub use mmmq_core::MAX_PARTITIONS;
 /// Longest produce-id memory a topic may ask for (the window is held in memory).
 pub const MAX_DEDUP_WINDOW_MS: u64 = 24 * 60 * 60 * 1000;
 
