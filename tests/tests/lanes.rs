@@ -339,3 +339,122 @@ async fn sigkill_with_lanes_loses_nothing_and_keeps_each_key_in_order() {
         kills.len()
     );
 }
+
+/// A consumer process (Python's `http.server`) that ACKs everything and appends each envelope it
+/// ACKs to `log` as a JSON line; killed with SIGKILL, it is gone, connections and all.
+fn python_consumer(port: u16, log: &std::path::Path) -> std::process::Child {
+    let script = r#"
+import http.server, json, sys
+port, log = int(sys.argv[1]), sys.argv[2]
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        items = json.loads(body)
+        items = items if isinstance(items, list) else [items]
+        with open(log, "a") as f:
+            for e in items:
+                f.write(json.dumps(e) + "\n")
+        out = b'{"ack":"ACK"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer.allow_reuse_address = True
+http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+"#;
+    std::process::Command::new("python3")
+        .args(["-c", script, &port.to_string()])
+        .arg(log)
+        .spawn()
+        .expect("python3 runs")
+}
+
+fn logged(log: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// A fleet of three consumer processes, one killed (SIGKILL) mid-stream: its lanes move to the
+/// others, every message arrives, each key in order per host; restarted, it gets lanes again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fleet_survives_a_host_killed_mid_stream_and_takes_it_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ports: Vec<u16> = (0..3).map(|_| mmmq_tests::free_port()).collect();
+    let logs: Vec<std::path::PathBuf> = (0..3)
+        .map(|h| tmp.path().join(format!("host{h}.jsonl")))
+        .collect();
+    let mut hosts: Vec<std::process::Child> = (0..3)
+        .map(|h| python_consumer(ports[h], &logs[h]))
+        .collect();
+    let hosts_json: Vec<Value> = ports
+        .iter()
+        .map(|p| json!({"protocol": "HTTP", "address": "127.0.0.1", "port": p, "timeoutMs": 2000}))
+        .collect();
+    write_dispatchers(
+        tmp.path(),
+        &json!([{"consumerId": "py", "pattern": "py", "maxInFlight": 6, "hosts": hosts_json}]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    let total = |logs: &[std::path::PathBuf]| logs.iter().map(|l| logged(l).len()).sum::<usize>();
+    produce_keyed(&broker, "py", 30, 20).await;
+    mmmq_tests::eventually(WAIT, "some deliveries", || {
+        (total(&logs) > 100).then_some(())
+    })
+    .await;
+    hosts[1].kill().unwrap();
+    hosts[1].wait().unwrap();
+    produce_keyed_from(&broker, "py", 30, 20, 20).await;
+    broker.dispatcher_when("py", |d| d["lag"] == 0).await;
+    // Every message arrived (a request the killed host read but never answered comes again).
+    let all: Vec<Value> = logs.iter().flat_map(|l| logged(l)).collect();
+    let unique: HashSet<(String, u64)> = all
+        .iter()
+        .map(|e| {
+            (
+                e["key"].as_str().unwrap().to_owned(),
+                e["content"]["seq"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(unique.len(), 30 * 40);
+    // Each host saw each key's messages in order.
+    for log in &logs {
+        let mut last: BTreeMap<String, u64> = BTreeMap::new();
+        for e in logged(log) {
+            let key = e["key"].as_str().unwrap().to_owned();
+            let seq = e["content"]["seq"].as_u64().unwrap();
+            if let Some(&before) = last.get(&key) {
+                assert!(seq >= before, "{key}: {seq} after {before}");
+            }
+            last.insert(key, seq);
+        }
+    }
+    let d = broker.dispatcher_when("py", |_| true).await;
+    assert_eq!(d["target"]["hosts"][1]["healthy"], false, "{d}");
+    // Back on its port, it gets lanes again.
+    hosts[1] = python_consumer(ports[1], &logs[1]);
+    let before = logged(&logs[1]).len();
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut seq = 40;
+    while logged(&logs[1]).len() == before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "host 1 never got lanes back"
+        );
+        produce_keyed_from(&broker, "py", 30, 1, seq).await;
+        seq += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for mut h in hosts {
+        let _ = h.kill();
+        let _ = h.wait();
+    }
+}
