@@ -17,6 +17,7 @@ use crate::metrics::{Metrics, TopicLabel};
 pub use crate::produce::{ProduceError, ProduceItem};
 use crate::storage::{FileCache, OsFs, StorageError, Vfs, clean};
 use crate::topics::Registry;
+use crate::topics::dedup::Claim;
 
 mod topic_admin;
 
@@ -90,6 +91,9 @@ pub struct Produced {
     pub partition: u32,
     /// Its offset in that partition.
     pub offset: u64,
+    /// Its id was seen within the topic's `dedupWindowMs`: nothing was appended, and this is
+    /// where the first message with the id went.
+    pub duplicate: bool,
 }
 
 /// Most messages one pull answers.
@@ -224,13 +228,51 @@ impl Broker {
     /// where it went once it is durable.
     pub async fn produce(&self, item: ProduceItem) -> Result<Produced, BrokerError> {
         let topic = self.registry.get_or_create(item.topic()).await?;
+        let Some(id) = item.id() else {
+            return self.append_one(&topic, &item).await;
+        };
+        let window = self.registry.config_of(&topic).dedup_window_ms;
+        loop {
+            let seen = match topic.dedup.claim(id, now_ms(), window) {
+                Claim::Stored(partition, offset) => Some((partition, offset)),
+                // `None`: the first one failed: this one may store it.
+                Claim::Pending(slot) => slot.wait().await,
+                Claim::New(slot) => {
+                    return match self.append_one(&topic, &item).await {
+                        Ok(at) => {
+                            topic.dedup.stored(id, &slot, at.partition, at.offset);
+                            Ok(at)
+                        }
+                        Err(e) => {
+                            topic.dedup.withdraw(id, &slot);
+                            Err(e)
+                        }
+                    };
+                }
+            };
+            if let Some((partition, offset)) = seen {
+                return Ok(Produced {
+                    partition,
+                    offset,
+                    duplicate: true,
+                });
+            }
+        }
+    }
+
+    async fn append_one(
+        &self,
+        topic: &crate::topics::TopicLog,
+        item: &ProduceItem,
+    ) -> Result<Produced, BrokerError> {
         let partition = topic.route(item.partition(), item.key())?;
-        let payload = stored_payload(&item);
+        let payload = stored_payload(item);
         let offset = partition.log.append(&payload).await?;
         self.count_in(item.topic(), 1, payload.len());
         Ok(Produced {
             partition: partition.number,
             offset,
+            duplicate: false,
         })
     }
 
@@ -255,10 +297,32 @@ impl Broker {
         // Every topic exists (or the batch is refused, e.g. past the topic cap) and every
         // message has its partition before anything is appended.
         let topics = self.registry.get_or_create_all(&names).await?;
+        let topic_of = |item: &ProduceItem| {
+            topics[names.iter().position(|n| n == item.topic()).expect("named")].clone()
+        };
+        let mut routes = Vec::with_capacity(items.len());
+        for item in &items {
+            routes.push(topic_of(item).route(item.partition(), item.key())?);
+        }
+        // Ids: a new one is appended and then published; one seen (before, or earlier in this
+        // batch) waits for where its first message went.
+        let now = now_ms();
+        let windows: Vec<u64> = topics
+            .iter()
+            .map(|t| self.registry.config_of(t).dedup_window_ms)
+            .collect();
+        let mut claims: Vec<Option<Claim>> = Vec::with_capacity(items.len());
+        for item in &items {
+            claims.push(item.id().map(|id| {
+                let i = names.iter().position(|n| n == item.topic()).expect("named");
+                topics[i].dedup.claim(id, now, windows[i])
+            }));
+        }
         let mut groups: Vec<(Topic, Arc<crate::topics::Partition>, Vec<usize>)> = Vec::new();
-        for (i, item) in items.iter().enumerate() {
-            let t = &topics[names.iter().position(|n| n == item.topic()).expect("named")];
-            let partition = t.route(item.partition(), item.key())?;
+        for (i, (item, partition)) in items.iter().zip(routes).enumerate() {
+            if matches!(claims[i], Some(Claim::Pending(_) | Claim::Stored(..))) {
+                continue;
+            }
             match groups
                 .iter_mut()
                 .find(|(n, p, _)| n == item.topic() && Arc::ptr_eq(p, &partition))
@@ -285,14 +349,44 @@ impl Broker {
                 Ok(first) => {
                     self.count_in(&topic, indexes.len() as u64, bytes);
                     for (k, &i) in indexes.iter().enumerate() {
+                        let offset = first + k as u64;
+                        if let (Some(Claim::New(slot)), Some(id)) = (&claims[i], items[i].id()) {
+                            topic_of(&items[i])
+                                .dedup
+                                .stored(id, slot, partition, offset);
+                        }
                         stored[i] = Some(Produced {
                             partition,
-                            offset: first + k as u64,
+                            offset,
+                            duplicate: false,
                         });
                     }
                 }
-                Err(e) => failure = failure.or(Some(e)),
+                Err(e) => {
+                    for &i in &indexes {
+                        if let (Some(Claim::New(slot)), Some(id)) = (&claims[i], items[i].id()) {
+                            topic_of(&items[i]).dedup.withdraw(id, slot);
+                        }
+                    }
+                    failure = failure.or(Some(e));
+                }
             }
+        }
+        for (i, claim) in claims.iter().enumerate() {
+            let seen = match claim {
+                Some(Claim::Stored(p, o)) => Some((*p, *o)),
+                // `None`: the first one's append failed; this element was not stored either.
+                Some(Claim::Pending(slot)) => slot.wait().await,
+                _ => continue,
+            };
+            stored[i] = seen.map(|(partition, offset)| Produced {
+                partition,
+                offset,
+                duplicate: true,
+            });
+        }
+        if failure.is_none() && stored.iter().any(Option::is_none) {
+            failure = Some(StorageError::Closed);
         }
         match failure {
             None => Ok(stored
@@ -562,6 +656,7 @@ fn stored_payload(item: &ProduceItem) -> Vec<u8> {
         timestamp: now_ms(),
         key: item.key().map(str::to_owned),
         content: item.content().to_owned(),
+        id: item.id().map(str::to_owned),
     }
     .to_payload()
 }

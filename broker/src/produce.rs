@@ -5,6 +5,9 @@
 use mmmq_core::{MAX_CONTENT_DEPTH, NameError, Topic};
 use serde_json::value::RawValue;
 
+/// The longest produce `id` (README, "Idempotent produce").
+pub const MAX_ID_CHARS: usize = 128;
+
 /// Keys are for partitioning; a key this long is a mistake.
 pub const MAX_KEY_BYTES: usize = 1024;
 
@@ -37,6 +40,12 @@ pub enum ProduceError {
     /// (`1e999`) and lone UTF-16 surrogates (`"\ud800"`). Consumers would NACK it forever.
     #[error("content is JSON that consumers cannot parse: {0}")]
     Unparseable(String),
+    /// An idempotency id that is empty or longer than [`MAX_ID_CHARS`].
+    #[error("id must be 1 to {MAX_ID_CHARS} characters, not {len}")]
+    BadId {
+        /// Its length in characters.
+        len: usize,
+    },
     /// A key longer than [`MAX_KEY_BYTES`].
     #[error("key is {len} bytes; the limit is {MAX_KEY_BYTES}")]
     KeyTooLong {
@@ -52,6 +61,7 @@ pub struct ProduceItem {
     key: Option<String>,
     content: Box<RawValue>,
     partition: Option<u32>,
+    id: Option<String>,
 }
 
 impl ProduceItem {
@@ -94,7 +104,26 @@ impl ProduceItem {
             key,
             content,
             partition: None,
+            id: None,
         })
+    }
+
+    /// Gives it an idempotency id: a second produce of the same id to the same topic within the
+    /// topic's `dedupWindowMs` appends nothing and answers the first one's position.
+    pub fn with_id(mut self, id: Option<String>) -> Result<Self, ProduceError> {
+        if let Some(id) = &id {
+            let len = id.chars().count();
+            if !(1..=MAX_ID_CHARS).contains(&len) {
+                return Err(ProduceError::BadId { len });
+            }
+        }
+        self.id = id;
+        Ok(self)
+    }
+
+    /// Its idempotency id, if it has one.
+    pub fn id(&self) -> Option<&str> {
+        self.id.as_deref()
     }
 
     /// Sends it to this partition instead of routing it by its key (a produce that names a

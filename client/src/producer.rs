@@ -15,6 +15,10 @@ pub struct Receipt {
     pub partition: u32,
     /// Its offset in that partition.
     pub offset: u64,
+    /// Its id had been produced before within the topic's dedupe window: nothing was stored,
+    /// and this is where the first one went (a retry whose first attempt had succeeded).
+    #[serde(default)]
+    pub duplicate: bool,
 }
 
 /// One message of a batch.
@@ -31,6 +35,10 @@ pub struct Record<T> {
     /// A partition to store it in, instead of routing by the key.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub partition: Option<u32>,
+    /// An idempotency id (1–128 characters); the producer gives one when this is `None` (see
+    /// [`Producer::ids`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }
 
 impl<T> Record<T> {
@@ -41,7 +49,14 @@ impl<T> Record<T> {
             content,
             key: None,
             partition: None,
+            id: None,
         }
+    }
+
+    /// The same record with this idempotency id.
+    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
     }
 
     /// The same record with a key.
@@ -71,17 +86,48 @@ struct BatchResult {
     #[serde(default)]
     partition: u32,
     offset: Option<u64>,
+    #[serde(default)]
+    duplicate: bool,
 }
 
 /// Produces messages to a broker. Cheap to clone (clones share the connection pool).
 ///
 /// A produce that is NACKed (the broker could not make it durable) or that cannot reach the broker
-/// is retried up to [`Producer::retries`] more times with backoff (100 ms doubling). Note that a
-/// retry after a timeout can store a message twice: the first attempt may have succeeded.
+/// is retried up to [`Producer::retries`] more times with backoff (100 ms doubling). Every message
+/// gets an idempotency id (unless [`Producer::ids`] turns that off), so a retry after a timeout
+/// whose first attempt had succeeded stores nothing twice: the broker answers the first one's
+/// position (`Receipt::duplicate`).
 #[derive(Debug, Clone)]
 pub struct Producer {
     conn: Conn,
     retries: u32,
+    ids: Option<std::sync::Arc<IdSource>>,
+}
+
+/// Unique ids for one producer: a prefix no other producer shares, then a counter.
+#[derive(Debug)]
+struct IdSource {
+    prefix: String,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl IdSource {
+    fn new() -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        static PRODUCERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = PRODUCERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self {
+            prefix: format!("{:x}-{nanos:x}-{n:x}", std::process::id()),
+            next: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> String {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("{}-{n:x}", self.prefix)
+    }
 }
 
 impl Producer {
@@ -102,7 +148,18 @@ impl Producer {
         Ok(Self {
             conn: Conn::new(broker, timeout)?,
             retries: 3,
+            ids: Some(std::sync::Arc::new(IdSource::new())),
         })
+    }
+
+    /// Whether every message gets an idempotency id (default `true`).
+    pub fn ids(mut self, on: bool) -> Self {
+        self.ids = on.then(|| std::sync::Arc::new(IdSource::new()));
+        self
+    }
+
+    fn next_id(&self) -> Option<String> {
+        self.ids.as_ref().map(|s| s.next())
     }
 
     /// Sets how many times a NACKed or unreachable produce is retried (default 3).
@@ -128,7 +185,7 @@ impl Producer {
         content: &T,
     ) -> Result<Receipt, ClientError> {
         let body = serde_json::to_vec(
-            &serde_json::json!({"topic": topic, "key": key, "content": content}),
+            &serde_json::json!({"topic": topic, "key": key, "content": content, "id": self.next_id()}),
         )?;
         self.post("/mmmq/messages", body).await
     }
@@ -142,7 +199,7 @@ impl Producer {
         content: &T,
     ) -> Result<Receipt, ClientError> {
         let body = serde_json::to_vec(&serde_json::json!(
-            {"topic": topic, "partition": partition, "key": key, "content": content}
+            {"topic": topic, "partition": partition, "key": key, "content": content, "id": self.next_id()}
         ))?;
         self.post("/mmmq/messages", body).await
     }
@@ -154,9 +211,21 @@ impl Producer {
         key: Option<&str>,
         json: &str,
     ) -> Result<Receipt, ClientError> {
+        self.send_raw_as(topic, key, None, json).await
+    }
+
+    /// As [`Producer::send_raw`], with a chosen idempotency id (`None`: the producer's own).
+    pub async fn send_raw_as(
+        &self,
+        topic: &str,
+        key: Option<&str>,
+        id: Option<&str>,
+        json: &str,
+    ) -> Result<Receipt, ClientError> {
         let content: &serde_json::value::RawValue = serde_json::from_str(json)?;
+        let id = id.map(str::to_owned).or_else(|| self.next_id());
         let body = serde_json::to_vec(
-            &serde_json::json!({"topic": topic, "key": key, "content": content}),
+            &serde_json::json!({"topic": topic, "key": key, "content": content, "id": id}),
         )?;
         self.post("/mmmq/messages", body).await
     }
@@ -172,6 +241,18 @@ impl Producer {
         records: &[Record<T>],
     ) -> Result<Vec<Receipt>, ClientError> {
         let mut receipts: Vec<Option<Receipt>> = vec![None; records.len()];
+        // Ids are given once, before the first attempt, so every retry carries the same ones.
+        // (The content is borrowed as it is: raw JSON keeps its bytes.)
+        let bodies: Vec<Record<&T>> = records
+            .iter()
+            .map(|r| Record {
+                topic: r.topic.clone(),
+                content: &r.content,
+                key: r.key.clone(),
+                partition: r.partition,
+                id: r.id.clone().or_else(|| self.next_id()),
+            })
+            .collect();
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -179,7 +260,7 @@ impl Producer {
                 .filter(|&i| receipts[i].is_none())
                 .collect();
             let body =
-                serde_json::to_vec(&pending.iter().map(|&i| &records[i]).collect::<Vec<_>>())?;
+                serde_json::to_vec(&pending.iter().map(|&i| &bodies[i]).collect::<Vec<_>>())?;
             let sent = self
                 .conn
                 .send(reqwest::Method::POST, "/mmmq/messages/batch", Some(body))
@@ -193,6 +274,7 @@ impl Producer {
                             topic: r.topic,
                             partition: r.partition,
                             offset,
+                            duplicate: r.duplicate,
                         });
                     }
                 }

@@ -87,6 +87,10 @@ pub struct StoredMessage {
     pub key: Option<String>,
     /// The producer's content, verbatim.
     pub content: Box<RawValue>,
+    /// The producer's idempotency id, when it gave one (absent from payloads without one, so
+    /// older payloads read the same).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }
 
 impl StoredMessage {
@@ -110,6 +114,7 @@ impl StoredMessage {
             timestamp: self.timestamp,
             key: self.key,
             content: self.content,
+            id: self.id,
         }
     }
 }
@@ -130,7 +135,10 @@ pub struct Envelope {
     pub timestamp: u64,
     /// The producer's optional key; `null` when none was given.
     pub key: Option<String>,
-    /// The producer's content, verbatim.
+    /// The producer's idempotency id, when it gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The producer's content, verbatim (last, so that its bytes end the envelope).
     pub content: Box<RawValue>,
 }
 
@@ -177,6 +185,7 @@ mod tests {
             timestamp: 1_764_400_000_000,
             key: None,
             content: RawValue::from_string(content.to_owned()).unwrap(),
+            id: None,
         };
         let back = StoredMessage::from_payload(&msg.to_payload()).unwrap();
         assert_eq!(back.content.get(), content);

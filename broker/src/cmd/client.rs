@@ -37,6 +37,16 @@ pub struct Conn {
     pub token: Option<String>,
 }
 
+/// A receipt as `mmmq produce` prints it: `{"offset","partition","topic"}`, plus
+/// `"duplicate":true` when the id had been produced before.
+fn receipt(r: &mmmq_client::Receipt) -> serde_json::Value {
+    let mut v = serde_json::json!({"topic": r.topic, "partition": r.partition, "offset": r.offset});
+    if r.duplicate {
+        v["duplicate"] = serde_json::Value::Bool(true);
+    }
+    v
+}
+
 /// Lines sent per batch request when producing from stdin.
 const STDIN_BATCH: usize = 100;
 
@@ -44,8 +54,7 @@ const STDIN_BATCH: usize = 100;
 /// message as a JSON line.
 pub async fn produce(
     broker: &Conn,
-    topic: &str,
-    key: Option<&str>,
+    (topic, key, id): (&str, Option<&str>, Option<&str>),
     json: Option<&str>,
     out: &mut dyn Write,
 ) -> Result<u64, CliError> {
@@ -53,12 +62,8 @@ pub async fn produce(
     if let Some(json) = json {
         serde_json::from_str::<&RawValue>(json)
             .map_err(|error| CliError::BadLine { line: 1, error })?;
-        let r = producer.send_raw(topic, key, json).await?;
-        writeln!(
-            out,
-            "{}",
-            serde_json::json!({"topic": r.topic, "partition": r.partition, "offset": r.offset})
-        )?;
+        let r = producer.send_raw_as(topic, key, id, json).await?;
+        writeln!(out, "{}", receipt(&r))?;
         return Ok(1);
     }
     let stdin = std::io::stdin();
@@ -79,16 +84,15 @@ pub async fn produce(
                     .map_err(|error| CliError::BadLine { line: i + 1, error })?;
                 let mut record = Record::new(topic, content);
                 record.key = key.map(str::to_owned);
+                // `--id P` with stdin: line N's id is `P-N`, so feeding the same input again
+                // stores nothing twice.
+                record.id = id.map(|p| format!("{p}-{}", i + 1));
                 batch.push(record);
             }
         }
         if batch.len() >= STDIN_BATCH || (next.is_none() && !batch.is_empty()) {
             for r in producer.send_batch(&batch).await? {
-                writeln!(
-                    out,
-                    "{}",
-                    serde_json::json!({"topic": r.topic, "partition": r.partition, "offset": r.offset})
-                )?;
+                writeln!(out, "{}", receipt(&r))?;
             }
             sent += batch.len() as u64;
             batch.clear();

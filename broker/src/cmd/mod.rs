@@ -42,6 +42,10 @@ enum Command {
         /// An optional key.
         #[arg(long)]
         key: Option<String>,
+        /// An idempotency id: producing it again within the topic's dedupe window stores nothing
+        /// (with stdin, line N gets `ID-N`). Without it each message gets a fresh one.
+        #[arg(long)]
+        id: Option<String>,
         /// The content as JSON; without it, one message per line of stdin.
         json: Option<String>,
         #[command(flatten)]
@@ -266,6 +270,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Produce {
             topic,
             key,
+            id,
             json,
             broker,
         } => {
@@ -273,8 +278,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let mut out = std::io::stdout();
             rt.block_on(client::produce(
                 &broker.conn(),
-                &topic,
-                key.as_deref(),
+                (&topic, key.as_deref(), id.as_deref()),
                 json.as_deref(),
                 &mut out,
             ))?;

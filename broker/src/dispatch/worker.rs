@@ -452,6 +452,7 @@ impl Worker {
             timestamp: now_ms(),
             key: d.envelope.key.clone(),
             content: RawValue::from_string(content.to_string()).expect("json! is valid JSON"),
+            id: None,
         }
         .to_payload();
         let mut backoff = Backoff::new();

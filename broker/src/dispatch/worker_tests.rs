@@ -144,6 +144,7 @@ async fn setup(n: u64) -> Setup {
             timestamp: 0,
             key: None,
             content: RawValue::from_string(format!(r#"{{"n":{i},"mark":"m{i}m"}}"#)).unwrap(),
+            id: None,
         }
         .to_payload();
         topic.log.append(&payload).await.unwrap();
@@ -446,6 +447,7 @@ async fn a_worker_behind_the_retention_horizon_continues_at_the_first_offset() {
             timestamp: 0,
             key: None,
             content: RawValue::from_string(format!("{i}")).unwrap(),
+            id: None,
         }
         .to_payload();
         s.topic.log.append(&payload).await.unwrap();

@@ -21,6 +21,12 @@ struct ProduceRequest {
     key: Option<String>,
     #[serde(default)]
     partition: Option<u32>,
+    #[serde(default)]
+    id: Option<String>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 #[derive(Serialize)]
@@ -29,6 +35,8 @@ pub(super) struct ProduceAck {
     topic: Topic,
     partition: u32,
     offset: u64,
+    #[serde(skip_serializing_if = "is_false")]
+    duplicate: bool,
 }
 
 #[derive(Serialize)]
@@ -36,6 +44,8 @@ pub(super) struct BatchResult {
     topic: Topic,
     partition: u32,
     offset: u64,
+    #[serde(skip_serializing_if = "is_false")]
+    duplicate: bool,
 }
 
 #[derive(Serialize)]
@@ -66,7 +76,7 @@ pub fn parse_batch(body: &[u8], max_content: usize) -> Result<Vec<ProduceItem>, 
 
 fn validate(req: ProduceRequest, max_content: usize) -> Result<ProduceItem, String> {
     ProduceItem::new(req.topic, req.key, req.content, max_content)
-        .map(|item| item.with_partition(req.partition))
+        .and_then(|item| item.with_partition(req.partition).with_id(req.id))
         .map_err(|e| e.to_string())
 }
 
@@ -86,6 +96,7 @@ pub(super) async fn produce(
         topic,
         partition: at.partition,
         offset: at.offset,
+        duplicate: at.duplicate,
     }))
 }
 
@@ -133,6 +144,7 @@ pub(super) async fn produce_batch(
                 topic,
                 partition: at.partition,
                 offset: at.offset,
+                duplicate: at.duplicate,
             })
             .collect(),
     }))

@@ -8,6 +8,7 @@
 //! - [`settings`]: a topic's configuration (`topic.json`, the `PUT` body), validated.
 //! - [`retention`]: which segments retention deletes, and the pass that deletes them.
 
+pub mod dedup;
 pub mod partition;
 pub mod retention;
 pub mod settings;
@@ -303,7 +304,19 @@ fn open_topic(
     let partitions = (0..wanted)
         .map(|p| partition::open_partition(&dir, p, &vfs, &config))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(TopicLog::new(topic, dir, partitions, settings))
+    let window = settings
+        .as_ref()
+        .map_or(TopicConfig::default().dedup_window_ms, |c| {
+            c.dedup_window_ms
+        });
+    let t = TopicLog::new(topic, dir, partitions, settings);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    for p in t.partitions() {
+        dedup::rebuild(&t.dedup, &p, window, now)?;
+    }
+    Ok(t)
 }
 
 /// Renames a topic's directory into the trash durably, then removes it.

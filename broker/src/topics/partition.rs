@@ -75,6 +75,8 @@ pub struct TopicLog {
     pub(super) config: RwLock<Option<TopicConfig>>,
     /// Where the next keyless message goes.
     round_robin: AtomicU32,
+    /// Produce ids seen within the topic's `dedupWindowMs`.
+    pub dedup: super::dedup::Dedup,
 }
 
 /// A produce names a partition the topic does not have.
@@ -102,6 +104,7 @@ impl TopicLog {
             partitions: RwLock::new(partitions.into_iter().map(Arc::new).collect()),
             config: RwLock::new(config),
             round_robin: AtomicU32::new(0),
+            dedup: super::dedup::Dedup::default(),
         }
     }
 

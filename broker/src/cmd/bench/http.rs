@@ -73,7 +73,16 @@ pub async fn run(cfg: HttpBench, out: &mut (dyn Write + Send)) -> anyhow::Result
     let pad = "x".repeat(cfg.run.message_bytes);
     for &p in &cfg.producers {
         let topic = format!("produce.p{p}");
-        let r = http_load(&base, p, cfg.run.duration, started, 1, &topic, &pad).await?;
+        let r = http_load(
+            &base,
+            p,
+            cfg.run.duration,
+            started,
+            (1, false),
+            &topic,
+            &pad,
+        )
+        .await?;
         let storage = run_appenders(
             &scratch.path().join(format!("storage-{p}")),
             FlushMode::GroupCommit,
@@ -103,7 +112,16 @@ pub async fn run(cfg: HttpBench, out: &mut (dyn Write + Send)) -> anyhow::Result
             .send()
             .await?;
         anyhow::ensure!(r.status() == 200, "creating {topic}: {}", r.status());
-        let r = http_load(&base, most, cfg.run.duration, started, 1, &topic, &pad).await?;
+        let r = http_load(
+            &base,
+            most,
+            cfg.run.duration,
+            started,
+            (1, false),
+            &topic,
+            &pad,
+        )
+        .await?;
         let base_rate = *first_rate.get_or_insert(r.rate());
         writeln!(
             out,
@@ -115,7 +133,37 @@ pub async fn run(cfg: HttpBench, out: &mut (dyn Write + Send)) -> anyhow::Result
             })
         )?;
     }
-    let r = http_load(&base, 8, cfg.run.duration, started, 100, "batch.t", &pad).await?;
+    // Batches with and without produce ids, in the same run: what the dedupe costs.
+    for (ids, topic) in [(false, "batch.noids"), (true, "batch.ids")] {
+        let r = http_load(
+            &base,
+            most,
+            cfg.run.duration,
+            started,
+            (100, ids),
+            topic,
+            &pad,
+        )
+        .await?;
+        writeln!(
+            out,
+            "{}",
+            json!({
+                "bench": "http", "what": "batch_produce_ids", "producers": most, "batch": 100, "ids": ids,
+                "msgs_per_s": r.rate().round(), "p50_us_per_request": r.p50_us, "p99_us_per_request": r.p99_us,
+            })
+        )?;
+    }
+    let r = http_load(
+        &base,
+        8,
+        cfg.run.duration,
+        started,
+        (100, false),
+        "batch.t",
+        &pad,
+    )
+    .await?;
     writeln!(
         out,
         "{}",
@@ -131,7 +179,7 @@ pub async fn run(cfg: HttpBench, out: &mut (dyn Write + Send)) -> anyhow::Result
         cfg.e2e_producers,
         cfg.run.duration,
         started,
-        1,
+        (1, false),
         "e2e.t",
         &pad,
     )
@@ -178,7 +226,7 @@ async fn http_load(
     producers: usize,
     duration: Duration,
     clock: Instant,
-    batch: usize,
+    (batch, ids): (usize, bool),
     topic: &str,
     pad: &str,
 ) -> anyhow::Result<LoadResult> {
@@ -186,7 +234,7 @@ async fn http_load(
     let start = Instant::now();
     let deadline = start + duration;
     let mut tasks = Vec::new();
-    for _ in 0..producers {
+    for producer in 0..producers {
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(1)
             .build()?;
@@ -199,13 +247,25 @@ async fn http_load(
         let pad = pad.to_owned();
         tasks.push(tokio::spawn(async move {
             let mut lat = Latencies::default();
+            let mut n = 0u64;
             while Instant::now() < deadline {
                 let t = clock.elapsed().as_secs_f64();
-                let one = format!(r#"{{"topic":"{topic}","content":{{"t":{t},"pad":"{pad}"}}}}"#);
+                let mut one = || {
+                    n += 1;
+                    let id = if ids {
+                        format!(r#""id":"p{producer}-{n}","#)
+                    } else {
+                        String::new()
+                    };
+                    format!(r#"{{"topic":"{topic}",{id}"content":{{"t":{t},"pad":"{pad}"}}}}"#)
+                };
                 let body = if batch == 1 {
-                    one
+                    one()
                 } else {
-                    format!("[{}]", vec![one; batch].join(","))
+                    format!(
+                        "[{}]",
+                        (0..batch).map(|_| one()).collect::<Vec<_>>().join(",")
+                    )
                 };
                 let sent = Instant::now();
                 let r = client
