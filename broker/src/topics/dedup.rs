@@ -78,15 +78,71 @@ struct Inner {
 /// a load that would otherwise hold more ids than this in memory), and a warning says so.
 pub const MAX_IDS: usize = 2_000_000;
 
-/// The ids of one topic within its window.
-#[derive(Debug, Default)]
+/// Shards of a topic's ids: claims of different ids rarely wait for each other.
+const SHARDS: usize = 16;
+
+/// The ids of one topic within its window, sharded by the id's hash.
+#[derive(Debug)]
 pub struct Dedup {
-    inner: Mutex<Inner>,
+    shards: Vec<Shard>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl Default for Dedup {
+    fn default() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            hasher: Default::default(),
+        }
+    }
 }
 
 impl Dedup {
+    fn shard(&self, id: &str) -> &Shard {
+        use std::hash::BuildHasher;
+        &self.shards[(self.hasher.hash_one(id) % SHARDS as u64) as usize]
+    }
+
+    /// Claims `id` at `now_ms` with a window of `window_ms`.
+    pub fn claim(&self, id: &str, now_ms: u64, window_ms: u64) -> Claim {
+        self.shard(id).claim(id, now_ms, window_ms)
+    }
+
+    /// The append of a new claim stored its message at (`partition`, `offset`).
+    pub fn stored(&self, id: &str, slot: &Arc<Slot>, partition: u32, offset: u64) {
+        self.shard(id).stored(id, slot, partition, offset)
+    }
+
+    /// The append of a new claim failed: the id is free again.
+    pub fn withdraw(&self, id: &str, slot: &Arc<Slot>) {
+        self.shard(id).withdraw(id, slot)
+    }
+
+    /// Remembers an id found in the log at boot.
+    pub fn remember(&self, id: String, at_ms: u64, partition: u32, offset: u64) {
+        self.shard(&id).remember(id, at_ms, partition, offset)
+    }
+
+    /// How many ids are remembered (tests, metrics).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(Shard::len).sum()
+    }
+
+    /// Whether no id is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One shard of a topic's ids.
+#[derive(Debug, Default)]
+struct Shard {
+    inner: Mutex<Inner>,
+}
+
+impl Shard {
     fn expire(inner: &mut Inner, horizon: u64) {
-        let mut over = inner.order.len().saturating_sub(MAX_IDS);
+        let mut over = inner.order.len().saturating_sub(MAX_IDS / SHARDS);
         if over > 0 && !inner.capped {
             inner.capped = true;
             tracing::warn!(
@@ -160,14 +216,8 @@ impl Dedup {
         }
     }
 
-    /// How many ids are remembered (tests, metrics).
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.inner.lock().ids.len()
-    }
-
-    /// Whether no id is remembered.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
