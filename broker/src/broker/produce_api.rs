@@ -1,0 +1,211 @@
+//! Producing (README, "HTTP API", "Topics", "Idempotent produce"): routing to partitions,
+//! produce ids, and batches appended a partition's share per commit.
+
+use std::sync::Arc;
+
+use mmmq_core::{StoredMessage, Topic};
+
+use super::{Broker, BrokerError, Produced, now_ms};
+use crate::metrics::TopicLabel;
+use crate::produce::ProduceItem;
+use crate::storage::StorageError;
+use crate::topics::dedup::Claim;
+
+impl Broker {
+    /// Appends one message to the partition it routes to (README, "Topics"); resolves with
+    /// where it went once it is durable.
+    pub async fn produce(&self, item: ProduceItem) -> Result<Produced, BrokerError> {
+        let topic = self.registry.get_or_create(item.topic()).await?;
+        let Some(id) = item.id() else {
+            return self.append_one(&topic, &item).await;
+        };
+        let window = self.registry.config_of(&topic).dedup_window_ms;
+        loop {
+            let seen = match topic.dedup.claim(id, now_ms(), window) {
+                Claim::Stored(partition, offset) => Some((partition, offset)),
+                // `None`: the first one failed: this one may store it.
+                Claim::Pending(slot) => slot.wait().await,
+                Claim::New(slot) => {
+                    return match self.append_one(&topic, &item).await {
+                        Ok(at) => {
+                            topic.dedup.stored(id, &slot, at.partition, at.offset);
+                            Ok(at)
+                        }
+                        Err(e) => {
+                            topic.dedup.withdraw(id, &slot);
+                            Err(e)
+                        }
+                    };
+                }
+            };
+            if let Some((partition, offset)) = seen {
+                return Ok(Produced {
+                    partition,
+                    offset,
+                    duplicate: true,
+                });
+            }
+        }
+    }
+
+    async fn append_one(
+        &self,
+        topic: &crate::topics::TopicLog,
+        item: &ProduceItem,
+    ) -> Result<Produced, BrokerError> {
+        let partition = topic.route(item.partition(), item.key())?;
+        let payload = stored_payload(item);
+        let offset = partition.log.append(&payload).await?;
+        self.count_in(item.topic(), 1, payload.len());
+        Ok(Produced {
+            partition: partition.number,
+            offset,
+            duplicate: false,
+        })
+    }
+
+    /// Appends messages, each partition's share at consecutive offsets in one commit,
+    /// partitions in parallel. Resolves with where each message went, in request order.
+    ///
+    /// Every message is routed before anything is appended (a partition that does not exist
+    /// refuses the whole batch). Each partition's share is atomic; the batch as a whole is not
+    /// (partitions are independent logs). When a commit fails the answer is exact:
+    /// [`BrokerError::PartialBatch`] says where every element that was stored went, so a retry
+    /// of the others duplicates nothing.
+    pub async fn produce_batch(
+        &self,
+        items: Vec<ProduceItem>,
+    ) -> Result<Vec<Produced>, BrokerError> {
+        let mut names: Vec<Topic> = Vec::new();
+        for item in &items {
+            if !names.contains(item.topic()) {
+                names.push(item.topic().clone());
+            }
+        }
+        // Every topic exists (or the batch is refused, e.g. past the topic cap) and every
+        // message has its partition before anything is appended.
+        let topics = self.registry.get_or_create_all(&names).await?;
+        let topic_of = |item: &ProduceItem| {
+            topics[names.iter().position(|n| n == item.topic()).expect("named")].clone()
+        };
+        let mut routes = Vec::with_capacity(items.len());
+        for item in &items {
+            routes.push(topic_of(item).route(item.partition(), item.key())?);
+        }
+        // Ids: a new one is appended and then published; one seen (before, or earlier in this
+        // batch) waits for where its first message went.
+        let now = now_ms();
+        let windows: Vec<u64> = topics
+            .iter()
+            .map(|t| self.registry.config_of(t).dedup_window_ms)
+            .collect();
+        let mut claims: Vec<Option<Claim>> = Vec::with_capacity(items.len());
+        for item in &items {
+            claims.push(item.id().map(|id| {
+                let i = names.iter().position(|n| n == item.topic()).expect("named");
+                topics[i].dedup.claim(id, now, windows[i])
+            }));
+        }
+        let mut groups: Vec<(Topic, Arc<crate::topics::Partition>, Vec<usize>)> = Vec::new();
+        for (i, (item, partition)) in items.iter().zip(routes).enumerate() {
+            if matches!(claims[i], Some(Claim::Pending(_) | Claim::Stored(..))) {
+                continue;
+            }
+            match groups
+                .iter_mut()
+                .find(|(n, p, _)| n == item.topic() && Arc::ptr_eq(p, &partition))
+            {
+                Some((_, _, v)) => v.push(i),
+                None => groups.push((item.topic().clone(), partition, vec![i])),
+            }
+        }
+        let mut set = tokio::task::JoinSet::new();
+        for (topic, partition, indexes) in groups {
+            let payloads: Vec<Vec<u8>> =
+                indexes.iter().map(|&i| stored_payload(&items[i])).collect();
+            set.spawn(async move {
+                let bytes: usize = payloads.iter().map(Vec::len).sum();
+                let first = partition.log.append_batch(&payloads).await;
+                (topic, partition.number, indexes, bytes, first)
+            });
+        }
+        let mut stored = vec![None; items.len()];
+        let mut failure = None;
+        while let Some(joined) = set.join_next().await {
+            let (topic, partition, indexes, bytes, first) = joined.expect("append task panicked");
+            match first {
+                Ok(first) => {
+                    self.count_in(&topic, indexes.len() as u64, bytes);
+                    for (k, &i) in indexes.iter().enumerate() {
+                        let offset = first + k as u64;
+                        if let (Some(Claim::New(slot)), Some(id)) = (&claims[i], items[i].id()) {
+                            topic_of(&items[i])
+                                .dedup
+                                .stored(id, slot, partition, offset);
+                        }
+                        stored[i] = Some(Produced {
+                            partition,
+                            offset,
+                            duplicate: false,
+                        });
+                    }
+                }
+                Err(e) => {
+                    for &i in &indexes {
+                        if let (Some(Claim::New(slot)), Some(id)) = (&claims[i], items[i].id()) {
+                            topic_of(&items[i]).dedup.withdraw(id, slot);
+                        }
+                    }
+                    failure = failure.or(Some(e));
+                }
+            }
+        }
+        for (i, claim) in claims.iter().enumerate() {
+            let seen = match claim {
+                Some(Claim::Stored(p, o)) => Some((*p, *o)),
+                // `None`: the first one's append failed; this element was not stored either.
+                Some(Claim::Pending(slot)) => slot.wait().await,
+                _ => continue,
+            };
+            stored[i] = seen.map(|(partition, offset)| Produced {
+                partition,
+                offset,
+                duplicate: true,
+            });
+        }
+        if failure.is_none() && stored.iter().any(Option::is_none) {
+            failure = Some(StorageError::Closed);
+        }
+        match failure {
+            None => Ok(stored
+                .into_iter()
+                .map(|o| o.expect("every partition stored"))
+                .collect()),
+            Some(error) => Err(BrokerError::PartialBatch { error, stored }),
+        }
+    }
+
+    fn count_in(&self, topic: &Topic, messages: u64, bytes: usize) {
+        let label = TopicLabel {
+            topic: topic.to_string(),
+        };
+        self.metrics
+            .messages_in
+            .get_or_create(&label)
+            .inc_by(messages);
+        self.metrics
+            .bytes_in
+            .get_or_create(&label)
+            .inc_by(bytes as u64);
+    }
+}
+
+pub(super) fn stored_payload(item: &ProduceItem) -> Vec<u8> {
+    StoredMessage {
+        timestamp: now_ms(),
+        key: item.key().map(str::to_owned),
+        content: item.content().to_owned(),
+        id: item.id().map(str::to_owned),
+    }
+    .to_payload()
+}
