@@ -111,17 +111,26 @@ impl Broker {
         broker
     }
 
-    /// POSTs JSON to a path; returns the status and the JSON answer.
-    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let r = self
-            .http
-            .post(format!("{}{path}", self.url))
-            .json(body)
-            .send()
-            .await
-            .expect("request");
+    /// Sends `method` with an optional JSON body to a path; returns the status and the JSON
+    /// answer (`null` when the answer is not JSON).
+    pub async fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
+        let mut r = self.http.request(method, format!("{}{path}", self.url));
+        if let Some(body) = body {
+            r = r.json(body);
+        }
+        let r = r.send().await.expect("request");
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// POSTs JSON to a path; returns the status and the JSON answer.
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.request(reqwest::Method::POST, path, Some(body)).await
     }
 
     /// POSTs `body` as it is (JSON the test wrote by hand, byte for byte); returns the status and
@@ -141,39 +150,17 @@ impl Broker {
 
     /// GETs a path; returns the status and the JSON answer.
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let r = self
-            .http
-            .get(format!("{}{path}", self.url))
-            .send()
-            .await
-            .expect("request");
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
+        self.request(reqwest::Method::GET, path, None).await
     }
 
     /// PUTs JSON to a path; returns the status and the JSON answer.
     pub async fn put(&self, path: &str, body: &Value) -> (u16, Value) {
-        let r = self
-            .http
-            .put(format!("{}{path}", self.url))
-            .json(body)
-            .send()
-            .await
-            .expect("request");
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
+        self.request(reqwest::Method::PUT, path, Some(body)).await
     }
 
     /// DELETEs a path; returns the status and the JSON answer.
     pub async fn delete(&self, path: &str) -> (u16, Value) {
-        let r = self
-            .http
-            .delete(format!("{}{path}", self.url))
-            .send()
-            .await
-            .expect("request");
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
+        self.request(reqwest::Method::DELETE, path, None).await
     }
 
     /// The value of a counter or gauge in `/metrics` (summed over its labels), 0 if absent.

@@ -187,8 +187,7 @@ pub async fn topics(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<()
         .auth_token(broker.token.clone())
         .topics()
         .await?;
-    if json {
-        writeln!(out, "{}", serde_json::to_string(&topics).expect("encodes"))?;
+    if print_json(json, &topics, out)? {
         return Ok(());
     }
     let rows: Vec<Vec<String>> = topics
@@ -263,8 +262,7 @@ pub async fn topic(
             return Ok(());
         }
     };
-    if json {
-        writeln!(out, "{}", serde_json::to_string(&detail).expect("encodes"))?;
+    if print_json(json, &detail, out)? {
         return Ok(());
     }
     show_topic(&detail, out)
@@ -312,14 +310,25 @@ fn show_topic(d: &TopicDetail, out: &mut dyn Write) -> Result<(), CliError> {
     Ok(())
 }
 
+/// With `--json`, prints `value` as one line and says so (the caller prints nothing else).
+fn print_json<T: serde::Serialize>(
+    json: bool,
+    value: &T,
+    out: &mut dyn Write,
+) -> Result<bool, CliError> {
+    if json {
+        writeln!(out, "{}", serde_json::to_string(value).expect("encodes"))?;
+    }
+    Ok(json)
+}
+
 /// `mmmq groups`.
 pub async fn groups(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
     let all = Admin::new(&broker.url)?
         .auth_token(broker.token.clone())
         .groups()
         .await?;
-    if json {
-        writeln!(out, "{}", serde_json::to_string(&all).expect("encodes"))?;
+    if print_json(json, &all, out)? {
         return Ok(());
     }
     let rows: Vec<Vec<String>> = all
@@ -353,8 +362,7 @@ pub async fn dispatchers(broker: &Conn, json: bool, out: &mut dyn Write) -> Resu
         .auth_token(broker.token.clone())
         .dispatchers()
         .await?;
-    if json {
-        writeln!(out, "{}", serde_json::to_string(&all).expect("encodes"))?;
+    if print_json(json, &all, out)? {
         return Ok(());
     }
     let rows: Vec<Vec<String>> = all
