@@ -259,7 +259,16 @@ async fn a_plugin_directory_created_after_start_is_picked_up() {
     // The plugin logs before its answer is counted: wait on the count.
     let s = broker.dispatcher_when("tb", |s| s["delivered"] == 1).await;
     assert_eq!(s["target"]["loadError"], Value::Null, "{s}");
-    assert!(broker.handled().iter().any(|h| h.topic == "late"));
+    // The log line travels through the broker's stdout, read by another thread than the status
+    // request: wait for it rather than assume it arrived first.
+    eventually(WAIT, "the plugin's line for `late`", || {
+        broker
+            .handled()
+            .iter()
+            .any(|h| h.topic == "late")
+            .then_some(())
+    })
+    .await;
 }
 
 /// Each (dispatcher, topic) has an instance of its own, so state a plugin keeps between calls
@@ -795,7 +804,11 @@ async fn a_plugin_with_lanes_gets_an_instance_per_lane_each_in_order() {
         .await;
     assert_eq!(status["deadLettered"], 0, "{status}");
     assert_eq!(status["nacked"], 0, "{status}");
-    let handled = broker.handled();
+    let handled = eventually(WAIT, "400 log lines", || {
+        let h = broker.handled();
+        (h.len() >= 400).then_some(h)
+    })
+    .await;
     assert_eq!(handled.len(), 400);
     // Several instances took part (one per lane and partition that had messages).
     let firsts = handled.iter().filter(|h| h.seen == 1).count();

@@ -389,22 +389,28 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.config();
     // Refused before the port is taken, so a typo is one clear line, not a half-started broker.
     config.validate()?;
+    let shutdown = shutdown_signal();
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, root_dir = %args.root_dir.display(), "listening");
-    mmmq::server::run(listener, config, shutdown_signal()).await?;
+    mmmq::server::run(listener, config, shutdown).await?;
     Ok(())
 }
 
-/// SIGINT or SIGTERM.
-async fn shutdown_signal() {
+/// SIGINT or SIGTERM. The handlers are installed here, before the port is announced, not when
+/// the future is first polled: a signal sent as soon as the broker listens must stop it cleanly,
+/// not end it by the default action.
+fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
     }
 }
 
