@@ -73,6 +73,9 @@ pub struct HandlerOptions {
     pub max_nack_retries: u32,
     /// Lanes: concurrent calls per partition, each key one at a time (default 1).
     pub max_in_flight: usize,
+    /// At-least-once (the default) or at-most-once: the handler is never called twice for a
+    /// message, an `Err` dead-letters it at once (README, "Delivery modes").
+    pub delivery: config::DeliveryMode,
 }
 
 impl Default for HandlerOptions {
@@ -80,6 +83,7 @@ impl Default for HandlerOptions {
         Self {
             max_nack_retries: config::DEFAULT_MAX_NACK_RETRIES,
             max_in_flight: 1,
+            delivery: config::DeliveryMode::AtLeastOnce,
         }
     }
 }
@@ -434,6 +438,7 @@ impl Broker {
             checkpoint_interval: std::time::Duration::from_millis(
                 crate::config::DEFAULT_CHECKPOINT_INTERVAL_MS,
             ),
+            delivery: options.delivery,
         };
         self.dispatch
             .add_pinned(spec, Arc::new(InProcessTarget::new(erased)))

@@ -65,6 +65,8 @@ pub struct Metrics {
     pub corrupt_skipped: Family<DispatchLabel, Counter>,
     /// Messages retention deleted before a dispatcher delivered them.
     pub skipped: Family<DispatchLabel, Counter>,
+    /// Messages an at-most-once dispatcher dropped after a communication failure.
+    pub dropped: Family<DispatchLabel, Counter>,
     /// Segments deleted by retention, by topic.
     pub segments_deleted: Family<TopicLabel, Counter>,
     /// Retention passes over every topic completed (one at boot, then every check interval).
@@ -100,6 +102,7 @@ impl Metrics {
             dead_lettered: Family::default(),
             corrupt_skipped: Family::default(),
             skipped: Family::default(),
+            dropped: Family::default(),
             segments_deleted: Family::default(),
             retention_passes: Counter::default(),
             delivery_latency: Family::new_with_constructor(latency_histogram),
@@ -157,6 +160,11 @@ impl Metrics {
             "messages_skipped_by_retention",
             "Messages retention deleted before a dispatcher delivered them",
             m.skipped.clone(),
+        );
+        registry.register(
+            "messages_dropped",
+            "Messages an at-most-once dispatcher dropped after a communication failure",
+            m.dropped.clone(),
         );
         registry.register(
             "retention_segments_deleted",

@@ -41,6 +41,10 @@ fn one_usize() -> usize {
     1
 }
 
+fn at_least_once() -> String {
+    "at-least-once".into()
+}
+
 /// A topic's configuration (`topics/{topic}/topic.json`, `PUT /mmmq/topics/{topic}`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -201,6 +205,9 @@ pub struct TopicStatus {
     pub skipped: u64,
     /// Communication failures retried.
     pub retries: u64,
+    /// Messages an at-most-once dispatcher dropped after a communication failure.
+    #[serde(default)]
+    pub dropped: u64,
     /// The last problem on this topic.
     pub last_error: Option<String>,
 }
@@ -224,12 +231,18 @@ pub struct DispatcherStatus {
     pub max_in_flight: usize,
     /// Most time between checkpoint writes while positions keep coming.
     pub checkpoint_interval_ms: u64,
+    /// `"at-least-once"` or `"at-most-once"`.
+    #[serde(default = "at_least_once")]
+    pub delivery: String,
     /// Sum over topics.
     pub delivered: u64,
     /// Sum over topics.
     pub nacked: u64,
     /// Sum over topics.
     pub dead_lettered: u64,
+    /// Sum over topics (at-most-once dispatchers).
+    #[serde(default)]
+    pub dropped: u64,
     /// Sum over topics.
     pub lag: u64,
     /// The most recent problem on any topic.

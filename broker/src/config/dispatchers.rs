@@ -55,6 +55,28 @@ impl HostSpec {
     }
 }
 
+/// What a dispatcher promises about repeats and losses (`delivery`, README, "Delivery modes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeliveryMode {
+    /// The position moves after the answer: a crash may deliver a message again, nothing is lost.
+    #[default]
+    AtLeastOnce,
+    /// The position moves (durably) before the message is sent: nothing is ever sent twice; a
+    /// failure drops the message, a NACK dead-letters it at once, a crash may lose what was
+    /// claimed but not yet sent.
+    AtMostOnce,
+}
+
+impl DeliveryMode {
+    /// The name in `dispatchers.json` and in status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AtLeastOnce => "at-least-once",
+            Self::AtMostOnce => "at-most-once",
+        }
+    }
+}
+
 /// A WebAssembly handler.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PluginSpec {
@@ -85,6 +107,8 @@ pub struct DispatcherSpec {
     /// Positions ACKed within this long of a checkpoint write go out together in the next one:
     /// the redelivery window after a crash, traded against fsyncs (`checkpointIntervalMs`).
     pub checkpoint_interval: Duration,
+    /// At-least-once (the default) or at-most-once (`delivery`).
+    pub delivery: DeliveryMode,
 }
 
 #[derive(Deserialize)]
@@ -99,6 +123,7 @@ struct RawDispatcher {
     batch_max_messages: Option<u64>,
     checkpoint_interval_ms: Option<u64>,
     max_in_flight: Option<u64>,
+    delivery: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -273,6 +298,15 @@ fn parse_entry(value: serde_json::Value, root_dir: &Path) -> Result<DispatcherSp
             "`checkpointIntervalMs` must be 0 to {MAX_CHECKPOINT_INTERVAL_MS}, not {checkpoint_ms}"
         ));
     }
+    let delivery = match raw.delivery.as_deref() {
+        None | Some("at-least-once") => DeliveryMode::AtLeastOnce,
+        Some("at-most-once") => DeliveryMode::AtMostOnce,
+        Some(other) => {
+            return Err(format!(
+                "`delivery` must be \"at-least-once\" or \"at-most-once\", not {other:?}"
+            ));
+        }
+    };
     Ok(DispatcherSpec {
         consumer_id,
         pattern,
@@ -281,6 +315,7 @@ fn parse_entry(value: serde_json::Value, root_dir: &Path) -> Result<DispatcherSp
         batch_max_messages: batch as usize,
         max_in_flight: max_in_flight as usize,
         checkpoint_interval: Duration::from_millis(checkpoint_ms),
+        delivery,
     })
 }
 
@@ -434,6 +469,16 @@ mod tests {
             (
                 &format!(r#"[{{"consumerId":"a","pattern":"x",{host},"maxInFlight":1025}}]"#),
                 "`maxInFlight` must be 1 to 1024, not 1025",
+            ),
+            (
+                &format!(
+                    r#"[{{"consumerId":"a","pattern":"x",{host},"delivery":"exactly-once"}}]"#
+                ),
+                "`delivery` must be \"at-least-once\" or \"at-most-once\", not \"exactly-once\"",
+            ),
+            (
+                &format!(r#"[{{"consumerId":"a","pattern":"x",{host},"delivery":1}}]"#),
+                "delivery: invalid type",
             ),
             (
                 r#"[{"consumerId":"a","pattern":"x","host":{"protocol":"HTTP","address":"h","port":70000}}]"#,

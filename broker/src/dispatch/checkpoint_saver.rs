@@ -8,7 +8,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::config::DispatcherSpec;
+use super::claims::Claimer;
+use crate::config::{DeliveryMode, DispatcherSpec};
 use crate::storage::Position;
 use crate::topics::Partition;
 
@@ -24,16 +25,63 @@ const CHECKPOINT_RETRY: Duration = Duration::from_secs(1);
 /// (dispatcher, topic) costs at most 20 checkpoint writes a second, and a crash redelivers at most
 /// what was ACKed in the last interval plus one write (at-least-once; a clean stop writes the
 /// final position at once). An interval of 0 writes after every delivery round again.
+///
+/// At-most-once (`delivery`, README, "Delivery modes") turns this around: the positions set while
+/// delivering are only kept in memory, and what reaches the disk while running is a *claim*
+/// ([`CheckpointSaver::claim`], [`super::claims`]): a position past messages not sent yet, written
+/// and synced before any of them is sent. A crash then resumes after the claim (what was claimed and not sent is
+/// lost, nothing is sent twice); a clean stop writes the true position, so it loses nothing.
 pub(super) struct CheckpointSaver {
     tx: watch::Sender<Position>,
     /// Ends the wait between writes at a stop. (Waiting for the watch to close instead would wake
     /// the task on every position set, one cross-thread wake-up per ACK.)
     stop: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
+    /// The background writer (at-least-once) or nothing (at-most-once: claims are written by
+    /// the caller, the true position at [`CheckpointSaver::finish`]).
+    task: Option<tokio::task::JoinHandle<()>>,
+    claims: Option<Claims>,
+}
+
+/// At-most-once: the claim writer, and where the true position goes at the end.
+struct Claims {
+    partition: Arc<Partition>,
+    spec: Arc<DispatcherSpec>,
+    claimer: Claimer,
 }
 
 impl CheckpointSaver {
-    pub(super) fn spawn(topic: Arc<Partition>, spec: Arc<DispatcherSpec>, start: Position) -> Self {
+    /// Chooses the way of saving from the dispatcher's `delivery`.
+    pub(super) fn new(
+        partition: Arc<Partition>,
+        spec: Arc<DispatcherSpec>,
+        start: Position,
+    ) -> Self {
+        match spec.delivery {
+            DeliveryMode::AtLeastOnce => Self::spawn(partition, spec, start),
+            DeliveryMode::AtMostOnce => Self {
+                claims: Some(Claims {
+                    claimer: Claimer::spawn(partition.clone(), spec.consumer_id.clone(), &start),
+                    partition,
+                    spec,
+                }),
+                tx: watch::Sender::new(start),
+                stop: CancellationToken::new(),
+                task: None,
+            },
+        }
+    }
+
+    /// At-most-once: waits until everything below `needed` is durably claimed (claims run
+    /// ahead in the background, never past `limit`, what has been read). A no-op for
+    /// at-least-once. `None` when the claim writer has stopped.
+    pub(super) async fn claim(&self, needed: u64, limit: u64) -> Option<()> {
+        match &self.claims {
+            Some(c) => c.claimer.cover(needed, limit).await,
+            None => Some(()),
+        }
+    }
+
+    fn spawn(topic: Arc<Partition>, spec: Arc<DispatcherSpec>, start: Position) -> Self {
         let (tx, mut rx) = watch::channel(start);
         let stop = CancellationToken::new();
         let stopping = stop.clone();
@@ -91,7 +139,12 @@ impl CheckpointSaver {
             }
             .in_current_span(),
         );
-        Self { tx, stop, task }
+        Self {
+            tx,
+            stop,
+            task: Some(task),
+            claims: None,
+        }
     }
 
     /// Everything below `next` is done.
@@ -107,7 +160,24 @@ impl CheckpointSaver {
     /// Waits for the final position to be on disk.
     pub(super) async fn finish(self) {
         self.stop.cancel();
-        drop(self.tx);
-        let _ = self.task.await;
+        if let Some(task) = self.task {
+            drop(self.tx);
+            let _ = task.await;
+            return;
+        }
+        let Some(c) = self.claims else { return };
+        c.claimer.finish().await;
+        // At-most-once: the true position (every message sent or dropped), below the claim.
+        let position = self.tx.borrow().clone();
+        let id = c.spec.consumer_id.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            c.partition.checkpoints.write_position(&id, &position)
+        })
+        .await
+        .expect("checkpoint write panicked");
+        if let Err(e) = written {
+            // The claim on disk stays: messages claimed and not sent are skipped, none repeated.
+            tracing::error!(error = %e, "cannot write the final position; the last claim stays");
+        }
     }
 }

@@ -21,12 +21,15 @@ use tokio::sync::{mpsc, watch};
 use super::checkpoint_saver::CheckpointSaver;
 use super::target::Delivery;
 use super::worker::{READ_BATCH, READ_BYTES, Worker};
+use crate::config::DeliveryMode;
 use crate::storage::Position;
 
 /// How far (in offsets) the reader may run ahead of the low watermark, per lane.
 const WINDOW_PER_LANE: u64 = 64;
 /// The window over all lanes, at most.
 const MAX_WINDOW: u64 = 8192;
+/// Messages waiting in a lane, at-most-once.
+const AT_MOST_ONCE_QUEUE: usize = 4;
 
 /// What is done: everything below `next`, and `done` above it.
 struct Tracker {
@@ -121,8 +124,13 @@ impl Worker {
             watermark: watch::Sender::new(start.next),
             saver,
         };
+        // At-most-once: what waits in a lane is claimed and lost in a crash, so lanes hold little.
+        let queue = match self.spec.delivery {
+            DeliveryMode::AtLeastOnce => WINDOW_PER_LANE as usize,
+            DeliveryMode::AtMostOnce => AT_MOST_ONCE_QUEUE,
+        };
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..n)
-            .map(|_| mpsc::channel::<(u64, Delivery)>(WINDOW_PER_LANE as usize))
+            .map(|_| mpsc::channel::<(u64, Delivery)>(queue))
             .unzip();
         let lanes = futures_util::future::join_all(
             receivers.into_iter().map(|rx| self.lane(rx, &progress)),
@@ -180,6 +188,7 @@ impl Worker {
                     continue;
                 }
             };
+            let read_end = entries.last().map_or(from, |e| e.offset + 1);
             for entry in entries {
                 if self.cancel.is_cancelled() {
                     break 'outer;
@@ -194,6 +203,14 @@ impl Worker {
                     Ok((offset, mut d)) => {
                         let lane = lane_of(d.envelope.key.as_deref(), offset, n);
                         d.lane = lane as u32;
+                        // At-most-once: claimed before it reaches a lane.
+                        if self
+                            .claim(progress.saver, offset + 1, read_end)
+                            .await
+                            .is_err()
+                        {
+                            break 'outer;
+                        }
                         if lanes[lane].send((offset, d)).await.is_err() {
                             break 'outer;
                         }

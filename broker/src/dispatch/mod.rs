@@ -12,8 +12,10 @@
 //! - this module: [`Dispatch`], which starts and stops workers as dispatchers are configured and
 //!   topics appear, and reports their status.
 
+mod at_most_once;
 mod backoff;
 mod checkpoint_saver;
+mod claims;
 mod lanes;
 pub mod target;
 pub mod targets;
@@ -363,6 +365,7 @@ impl Dispatch {
                             corrupt_skipped: w.stats.corrupt_skipped.load(Ordering::Relaxed),
                             skipped: w.stats.skipped.load(Ordering::Relaxed),
                             retries: w.stats.retries.load(Ordering::Relaxed),
+                            dropped: w.stats.dropped.load(Ordering::Relaxed),
                             last_error: last_error.map(|(_, e)| e),
                         }
                     })
@@ -375,9 +378,11 @@ impl Dispatch {
                     batch_max_messages: r.spec.batch_max_messages,
                     max_in_flight: r.spec.max_in_flight,
                     checkpoint_interval_ms: r.spec.checkpoint_interval.as_millis() as u64,
+                    delivery: r.spec.delivery.as_str().to_owned(),
                     delivered: topics.iter().map(|t| t.delivered).sum(),
                     nacked: topics.iter().map(|t| t.nacked).sum(),
                     dead_lettered: topics.iter().map(|t| t.dead_lettered).sum(),
+                    dropped: topics.iter().map(|t| t.dropped).sum(),
                     lag: topics.iter().map(|t| t.lag).sum(),
                     last_error: latest.map(|(_, e)| e),
                     topics,

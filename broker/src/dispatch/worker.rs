@@ -26,7 +26,7 @@ use tracing::Instrument;
 use super::backoff::{self, Backoff};
 use super::checkpoint_saver::CheckpointSaver;
 use super::target::{Delivery, Outcome, RunAnswer, Target, TargetError};
-use crate::config::DispatcherSpec;
+use crate::config::{DeliveryMode, DispatcherSpec};
 use crate::metrics::{ConsumerLabel, DispatchLabel, Metrics};
 use crate::storage::{Entry, Position};
 use crate::topics::{Partition, Registry};
@@ -55,6 +55,8 @@ pub struct WorkerStats {
     pub skipped: AtomicU64,
     /// Communication failures retried.
     pub retries: AtomicU64,
+    /// Messages dropped after a communication failure (at-most-once).
+    pub dropped: AtomicU64,
     /// The last thing that went wrong, and when (milliseconds since the Unix epoch), so that a
     /// dispatcher's status can name its most recent problem over all topics.
     pub last_error: Mutex<Option<(u64, String)>>,
@@ -84,7 +86,7 @@ fn now_ms() -> u64 {
 }
 
 impl Worker {
-    fn label(&self) -> DispatchLabel {
+    pub(super) fn label(&self) -> DispatchLabel {
         DispatchLabel {
             consumer: self.spec.consumer_id.to_string(),
             topic: self.topic.to_string(),
@@ -103,8 +105,7 @@ impl Worker {
             return;
         };
         self.stats.next_offset.store(start.next, Ordering::Relaxed);
-        let saver =
-            CheckpointSaver::spawn(self.partition.clone(), self.spec.clone(), start.clone());
+        let saver = CheckpointSaver::new(self.partition.clone(), self.spec.clone(), start.clone());
         if self.spec.max_in_flight > 1 {
             self.drain_lanes(start, &saver).await;
         } else {
@@ -144,6 +145,7 @@ impl Worker {
                     continue;
                 }
             };
+            let read_end = entries.last().map_or(next, |e| e.offset + 1);
             let mut run: Vec<(u64, Delivery)> = Vec::new();
             for entry in entries {
                 // A stop takes effect between messages, not after a whole read batch.
@@ -169,7 +171,7 @@ impl Worker {
                     }
                     Err(offset) => {
                         if self
-                            .deliver_gathered(&mut run, &mut |o| self.advance(saver, &mut next, o))
+                            .send_run(&mut run, saver, &mut next, read_end)
                             .await
                             .is_err()
                         {
@@ -182,7 +184,7 @@ impl Worker {
                     }
                 }
                 if self
-                    .deliver_gathered(&mut run, &mut |o| self.advance(saver, &mut next, o))
+                    .send_run(&mut run, saver, &mut next, read_end)
                     .await
                     .is_err()
                 {
@@ -190,13 +192,29 @@ impl Worker {
                 }
             }
             if self
-                .deliver_gathered(&mut run, &mut |o| self.advance(saver, &mut next, o))
+                .send_run(&mut run, saver, &mut next, read_end)
                 .await
                 .is_err()
             {
                 break;
             }
         }
+    }
+
+    /// Delivers a gathered run in offset order and advances past it; at-most-once, after a
+    /// claim covers it (`read_end`: how far has been read).
+    async fn send_run(
+        &self,
+        run: &mut Vec<(u64, Delivery)>,
+        saver: &CheckpointSaver,
+        next: &mut u64,
+        read_end: u64,
+    ) -> Result<(), Stopped> {
+        if let Some(&(last, _)) = run.last() {
+            self.claim(saver, last + 1, read_end).await?;
+        }
+        self.deliver_gathered(run, &mut |o| self.advance(saver, next, o))
+            .await
     }
 
     /// The checkpoint, or 0; clamped into the log's range.
@@ -306,6 +324,9 @@ impl Worker {
         run: &mut Vec<(u64, Delivery)>,
         advance: &mut (dyn FnMut(u64) + Send),
     ) -> Result<(), Stopped> {
+        if self.spec.delivery == DeliveryMode::AtMostOnce {
+            return self.deliver_each_once(run, advance).await;
+        }
         let mut items: std::collections::VecDeque<(u64, Delivery)> = std::mem::take(run).into();
         while !items.is_empty() {
             if self.cancel.is_cancelled() {
@@ -370,7 +391,7 @@ impl Worker {
 
     /// Counts a communication failure, logs it on the first of a streak and at the longest
     /// backoff (not on every retry), and waits out the backoff.
-    async fn failed(
+    pub(super) async fn failed(
         &self,
         d: &Delivery,
         why: TargetError,
@@ -440,7 +461,12 @@ impl Worker {
         }
     }
 
-    async fn dead_letter(&self, d: &Delivery, reason: &str, attempts: u32) -> Result<(), Stopped> {
+    pub(super) async fn dead_letter(
+        &self,
+        d: &Delivery,
+        reason: &str,
+        attempts: u32,
+    ) -> Result<(), Stopped> {
         let dlq = Topic::dead_letter(&self.spec.consumer_id);
         let content = serde_json::json!({
             "consumerId": self.spec.consumer_id,
@@ -491,7 +517,7 @@ impl Worker {
         }
     }
 
-    fn acked(&self, d: &Delivery) {
+    pub(super) fn acked(&self, d: &Delivery) {
         self.stats.delivered.fetch_add(1, Ordering::Relaxed);
         self.metrics.delivered.get_or_create(&self.label()).inc();
         let latency = now_ms().saturating_sub(d.envelope.timestamp) as f64 / 1000.0;
@@ -503,7 +529,7 @@ impl Worker {
             .observe(latency);
     }
 
-    fn nacked(&self) {
+    pub(super) fn nacked(&self) {
         self.stats.nacked.fetch_add(1, Ordering::Relaxed);
         self.metrics.nacked.get_or_create(&self.label()).inc();
     }

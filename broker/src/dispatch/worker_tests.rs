@@ -166,6 +166,7 @@ fn spec(retries: u32, batch: usize, interval_ms: u64) -> Arc<DispatcherSpec> {
         batch_max_messages: batch,
         max_in_flight: 1,
         checkpoint_interval: Duration::from_millis(interval_ms),
+        delivery: crate::config::DeliveryMode::AtLeastOnce,
     })
 }
 
@@ -463,3 +464,6 @@ async fn a_worker_behind_the_retention_horizon_continues_at_the_first_offset() {
     assert_eq!(stats.skipped.load(Ordering::Relaxed), 9);
     assert_eq!(stats.delivered.load(Ordering::Relaxed), 3);
 }
+
+#[path = "at_most_once_tests.rs"]
+mod at_most_once_tests;

@@ -48,12 +48,17 @@ impl Member {
 /// A dispatcher target over several hosts.
 pub struct FleetTarget {
     members: Vec<Member>,
+    /// At-most-once: a message a host failed to answer may have reached it, so it is not sent to
+    /// another host (the worker drops it); the next messages go to the healthy hosts.
+    no_second_host: bool,
 }
 
 impl FleetTarget {
-    /// A fleet of `targets` (with their URLs, for status).
-    pub fn new(targets: Vec<(HttpTarget, String)>) -> Self {
+    /// A fleet of `targets` (with their URLs, for status); `at_most_once` stops a failed message
+    /// from being tried on a second host.
+    pub fn new(targets: Vec<(HttpTarget, String)>, at_most_once: bool) -> Self {
         Self {
+            no_second_host: at_most_once,
             members: targets
                 .into_iter()
                 .map(|(target, url)| Member {
@@ -99,7 +104,7 @@ impl Target for FleetTarget {
                         member.failed();
                         tracing::warn!(host = %member.url, lane = batch[0].lane, "host failed; its lanes go to the others while it rests");
                         last = Some(answer);
-                        if stop.is_cancelled() {
+                        if stop.is_cancelled() || self.no_second_host {
                             break;
                         }
                     }

@@ -11,7 +11,7 @@ pub mod wasm;
 
 use std::sync::Arc;
 
-use crate::config::{DispatcherSpec, TargetSpec};
+use crate::config::{DeliveryMode, DispatcherSpec, TargetSpec};
 use crate::dispatch::target::{BoxFuture, Target};
 use crate::plugin::PluginEngine;
 pub use fleet::FleetTarget;
@@ -49,7 +49,10 @@ impl TargetFactory for Targets {
                     .iter()
                     .map(|h| HttpTarget::new(h, spec.batch_max_messages > 1).map(|t| (t, h.url())))
                     .collect::<Result<Vec<_>, _>>()
-                    .map(|members| Arc::new(FleetTarget::new(members)) as Arc<dyn Target>)
+                    .map(|members| {
+                        let at_most_once = spec.delivery == DeliveryMode::AtMostOnce;
+                        Arc::new(FleetTarget::new(members, at_most_once)) as Arc<dyn Target>
+                    })
                     .map_err(|e| e.to_string()),
                 TargetSpec::Plugin(p) => {
                     let engine = self
