@@ -331,6 +331,18 @@ impl Broker {
         self.dispatch.status().await
     }
 
+    /// Starts delivering `consumer_id`'s dead letters again to its own target (README,
+    /// "Dead-letter redrive"): offsets `from`…`to`−1 of `__dlq.<consumerId>`, by default from
+    /// where the last redrive stopped to the end. Progress is in the dispatcher's status.
+    pub async fn redrive(
+        &self,
+        consumer_id: &str,
+        from: Option<u64>,
+        to: Option<u64>,
+    ) -> Result<mmmq_core::RedriveStatus, crate::dispatch::redrive::RedriveError> {
+        self.dispatch.redrive(consumer_id, from, to).await
+    }
+
     /// Produces `content` to `topic` from inside the application (the embedded use): checked by
     /// the same rules as a produce over HTTP ([`ProduceItem::new`]), durable when it returns.
     pub async fn produce_json<T: serde::Serialize + ?Sized>(

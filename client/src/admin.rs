@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use mmmq_core::{DispatcherStatus, GroupStatus, TopicDetail, TopicInfo};
+use mmmq_core::{DispatcherStatus, GroupStatus, RedriveStatus, TopicDetail, TopicInfo};
 use serde::{Deserialize, Serialize};
 
 use crate::conn::{Conn, decode, status_error};
@@ -106,5 +106,33 @@ impl Admin {
     /// Every dispatcher.
     pub async fn dispatchers(&self) -> Result<Vec<DispatcherStatus>, ClientError> {
         self.get("/mmmq/dispatchers").await
+    }
+
+    /// Delivers `consumer_id`'s dead letters again to its own target: offsets `from`…`to`−1 of
+    /// `__dlq.<consumerId>` (`None`: from where the last redrive stopped; to the end). Answers
+    /// the redrive's status as it starts; its progress is in [`Admin::dispatchers`].
+    pub async fn redrive(
+        &self,
+        consumer_id: &str,
+        from: Option<u64>,
+        to: Option<u64>,
+    ) -> Result<RedriveStatus, ClientError> {
+        let mut body = serde_json::Map::new();
+        if let Some(f) = from {
+            body.insert("from".into(), f.into());
+        }
+        if let Some(t) = to {
+            body.insert("to".into(), t.into());
+        }
+        let body = serde_json::to_vec(&body).expect("a map serializes");
+        let path = format!("/mmmq/dispatchers/{consumer_id}/redrive");
+        match self
+            .conn
+            .send(reqwest::Method::POST, &path, Some(body))
+            .await?
+        {
+            (200, bytes) => decode(&bytes),
+            (status, bytes) => Err(status_error(status, &bytes)),
+        }
     }
 }

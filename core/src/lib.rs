@@ -29,8 +29,8 @@ pub use partition::{MAX_PARTITIONS, murmur2, partition_for_key};
 pub use pattern::{PatternError, TopicPattern};
 pub use status::{
     DEFAULT_RETENTION_MS, DispatcherStatus, GroupMember, GroupPartition, GroupPoll, GroupStatus,
-    HostHealth, PartitionInfo, PullPage, ReloadReport, TargetStatus, TopicConfig, TopicDetail,
-    TopicInfo, TopicPartition, TopicStatus,
+    HostHealth, PartitionInfo, PullPage, RedrivePartition, RedriveStatus, ReloadReport,
+    TargetStatus, TopicConfig, TopicDetail, TopicInfo, TopicPartition, TopicStatus,
 };
 pub use topic::{ConsumerId, NameError, Topic};
 

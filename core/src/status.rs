@@ -249,6 +249,50 @@ pub struct DispatcherStatus {
     pub last_error: Option<String>,
     /// Per topic.
     pub topics: Vec<TopicStatus>,
+    /// The last dead-letter redrive since the dispatcher started, running or finished.
+    #[serde(default)]
+    pub redrive: Option<RedriveStatus>,
+}
+
+/// A dead-letter redrive (`POST /mmmq/dispatchers/{consumerId}/redrive`): the dead letters of
+/// `__dlq.<consumerId>` delivered again to the dispatcher's own target.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RedriveStatus {
+    /// Still delivering.
+    pub running: bool,
+    /// When it was asked for (milliseconds since the Unix epoch).
+    pub started_at: u64,
+    /// Dead letters redriven so far (delivered, dead-lettered again or dropped).
+    pub redriven: u64,
+    /// Dead letters still to go.
+    pub remaining: u64,
+    /// Redriven messages the consumer ACKed.
+    pub delivered: u64,
+    /// NACK answers during the redrive.
+    pub nacked: u64,
+    /// Redriven messages that failed again and were dead-lettered again (with their history).
+    pub dead_lettered: u64,
+    /// Redriven messages dropped after a communication failure (at-most-once dispatchers).
+    pub dropped: u64,
+    /// The range of each partition of the dead-letter topic, and how far it got.
+    pub partitions: Vec<RedrivePartition>,
+    /// The last problem.
+    pub last_error: Option<String>,
+}
+
+/// One partition of a redrive: offsets `from`…`to`−1 of the dead-letter topic.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RedrivePartition {
+    /// The partition of the dead-letter topic.
+    pub partition: u32,
+    /// The first offset redriven.
+    pub from: u64,
+    /// The end (exclusive).
+    pub to: u64,
+    /// The next offset to redrive.
+    pub next: u64,
 }
 
 /// A partition of a topic, as group assignments name it.

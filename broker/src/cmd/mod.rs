@@ -8,6 +8,7 @@
 
 mod bench;
 mod client;
+mod dlq;
 mod topic;
 
 use std::path::PathBuf;
@@ -80,6 +81,11 @@ enum Command {
     Topic {
         #[command(subcommand)]
         what: topic::TopicCommand,
+    },
+    /// A dispatcher's dead letters, and delivering them again (redrive).
+    Dlq {
+        #[command(subcommand)]
+        what: dlq::DlqCommand,
     },
     /// The broker's pull consumer groups: members, partitions and lag.
     Groups {
@@ -306,6 +312,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Topic { what } => topic::run(what),
+        Command::Dlq { what } => dlq::run(what),
         Command::Groups { json, broker } => {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(client::groups(&broker.conn(), json, &mut std::io::stdout()))?;

@@ -12,6 +12,7 @@ use super::claims::Claimer;
 use crate::config::{DeliveryMode, DispatcherSpec};
 use crate::storage::Position;
 use crate::topics::Partition;
+use mmmq_core::ConsumerId;
 
 /// How long a failed checkpoint write waits before it is retried when no newer position comes.
 const CHECKPOINT_RETRY: Duration = Duration::from_secs(1);
@@ -45,24 +46,35 @@ pub(super) struct CheckpointSaver {
 /// At-most-once: the claim writer, and where the true position goes at the end.
 struct Claims {
     partition: Arc<Partition>,
-    spec: Arc<DispatcherSpec>,
+    id: ConsumerId,
     claimer: Claimer,
 }
 
 impl CheckpointSaver {
-    /// Chooses the way of saving from the dispatcher's `delivery`.
+    /// Chooses the way of saving from the dispatcher's `delivery`; positions are stored under
+    /// `id` in the partition's checkpoints, or kept in memory only when `id` is `None` (a
+    /// redrive of an explicit range, which nothing resumes).
     pub(super) fn new(
         partition: Arc<Partition>,
         spec: Arc<DispatcherSpec>,
+        id: Option<ConsumerId>,
         start: Position,
     ) -> Self {
+        let Some(id) = id else {
+            return Self {
+                tx: watch::Sender::new(start),
+                stop: CancellationToken::new(),
+                task: None,
+                claims: None,
+            };
+        };
         match spec.delivery {
-            DeliveryMode::AtLeastOnce => Self::spawn(partition, spec, start),
+            DeliveryMode::AtLeastOnce => Self::spawn(partition, spec, id, start),
             DeliveryMode::AtMostOnce => Self {
                 claims: Some(Claims {
-                    claimer: Claimer::spawn(partition.clone(), spec.consumer_id.clone(), &start),
+                    claimer: Claimer::spawn(partition.clone(), id.clone(), &start),
                     partition,
-                    spec,
+                    id,
                 }),
                 tx: watch::Sender::new(start),
                 stop: CancellationToken::new(),
@@ -81,7 +93,12 @@ impl CheckpointSaver {
         }
     }
 
-    fn spawn(topic: Arc<Partition>, spec: Arc<DispatcherSpec>, start: Position) -> Self {
+    fn spawn(
+        topic: Arc<Partition>,
+        spec: Arc<DispatcherSpec>,
+        id: ConsumerId,
+        start: Position,
+    ) -> Self {
         let (tx, mut rx) = watch::channel(start);
         let stop = CancellationToken::new();
         let stopping = stop.clone();
@@ -106,7 +123,7 @@ impl CheckpointSaver {
                             break;
                         }
                         let topic = topic.clone();
-                        let id = spec.consumer_id.clone();
+                        let id = id.clone();
                         let stored = value.clone();
                         let r = tokio::task::spawn_blocking(move || {
                             topic.checkpoints.write_position(&id, &stored)
@@ -169,7 +186,7 @@ impl CheckpointSaver {
         c.claimer.finish().await;
         // At-most-once: the true position (every message sent or dropped), below the claim.
         let position = self.tx.borrow().clone();
-        let id = c.spec.consumer_id.clone();
+        let id = c.id.clone();
         let written = tokio::task::spawn_blocking(move || {
             c.partition.checkpoints.write_position(&id, &position)
         })

@@ -8,7 +8,11 @@
 //!   them from specs.
 //! - `worker`: the drain loop of one (dispatcher, topic): order, retries, dead letters.
 //! - `backoff`: the 1 s → 60 s schedule of retries while a consumer or the disk is down.
-//! - `checkpoint_saver`: persisting a worker's position in the background, batched.
+//! - `checkpoint_saver`: persisting a worker's position in the background, batched; `claims`:
+//!   at-most-once positions made durable before sending, and `at_most_once`: sending each
+//!   message once.
+//! - `lanes`: `maxInFlight` lanes over one partition.
+//! - [`redrive`]: dead letters delivered again to their dispatcher.
 //! - this module: [`Dispatch`], which starts and stops workers as dispatchers are configured and
 //!   topics appear, and reports their status.
 
@@ -17,6 +21,7 @@ mod backoff;
 mod checkpoint_saver;
 mod claims;
 mod lanes;
+pub mod redrive;
 pub mod target;
 pub mod targets;
 mod worker;
@@ -71,6 +76,8 @@ struct Running {
     cancel: CancellationToken,
     /// One worker per (topic, partition): partitions are delivered independently.
     workers: BTreeMap<(Topic, u32), WorkerHandle>,
+    /// The last dead-letter redrive, running or done.
+    redrive: Option<redrive::RedriveRun>,
 }
 
 /// A running dispatcher as a reload sees it before deciding what to change.
@@ -166,6 +173,8 @@ impl Dispatch {
                 cancel: cancel.clone(),
                 registry: self.registry.clone(),
                 metrics: self.metrics.clone(),
+                checkpoint_id: Some(r.spec.consumer_id.clone()),
+                redrive: None,
             };
             tracing::info!(consumer_id = %r.spec.consumer_id, topic = %topic.topic, partition = partition.number, "dispatcher subscribed");
             r.workers.insert(
@@ -288,6 +297,7 @@ impl Dispatch {
                 target,
                 cancel: self.shutdown.child_token(),
                 workers: BTreeMap::new(),
+                redrive: None,
             };
             for t in &topics {
                 self.start_worker(&mut r, t);
@@ -318,6 +328,7 @@ impl Dispatch {
             target,
             cancel: self.shutdown.child_token(),
             workers: BTreeMap::new(),
+            redrive: None,
         };
         for t in &self.registry.all() {
             self.start_worker(&mut r, t);
@@ -386,6 +397,7 @@ impl Dispatch {
                     lag: topics.iter().map(|t| t.lag).sum(),
                     last_error: latest.map(|(_, e)| e),
                     topics,
+                    redrive: r.redrive.as_ref().map(redrive::RedriveRun::status),
                 }
             })
             .collect()
@@ -395,10 +407,16 @@ impl Dispatch {
     /// checkpoints are written before this returns, so nothing writes into the topic's directory
     /// afterwards. A topic created again under the name gets new workers.
     pub async fn forget_topic(&self, topic: &Topic) {
-        let handles: Vec<WorkerHandle> = {
+        let (handles, redrives): (Vec<WorkerHandle>, Vec<redrive::RedriveRun>) = {
             let mut running = self.running.lock();
             let mut handles = Vec::new();
+            let mut redrives = Vec::new();
             for r in running.values_mut() {
+                if *topic == Topic::dead_letter(&r.spec.consumer_id)
+                    && let Some(run) = r.redrive.take()
+                {
+                    redrives.push(run);
+                }
                 let keys: Vec<(Topic, u32)> = r
                     .workers
                     .keys()
@@ -407,8 +425,11 @@ impl Dispatch {
                     .collect();
                 handles.extend(keys.iter().filter_map(|k| r.workers.remove(k)));
             }
-            handles
+            (handles, redrives)
         };
+        for run in redrives {
+            run.stop().await;
+        }
         for w in handles {
             w.cancel.cancel();
             let _ = w.join.await;
@@ -447,6 +468,9 @@ async fn stop(r: Running) {
     r.cancel.cancel();
     for (_, w) in r.workers {
         let _ = w.join.await;
+    }
+    if let Some(run) = r.redrive {
+        run.stop().await;
     }
     tracing::info!(consumer_id = %r.spec.consumer_id, "dispatcher stopped");
 }

@@ -21,12 +21,19 @@ pub struct Delivery {
     /// The lane it is delivered in (0 unless the dispatcher has `maxInFlight` > 1): a target that
     /// keeps state per caller (a plugin instance) keeps it per lane.
     pub lane: u32,
+    /// A redriven dead letter: its earlier failures (`{"reason","attempts","deadLetteredAt",
+    /// "dlqOffset"}`, oldest first), kept if it is dead-lettered again.
+    pub history: Option<std::sync::Arc<Vec<serde_json::Value>>>,
 }
 
 impl Delivery {
     /// Wraps an envelope.
     pub fn new(envelope: Envelope) -> Self {
-        Self { envelope, lane: 0 }
+        Self {
+            envelope,
+            lane: 0,
+            history: None,
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use mmmq_core::{StoredMessage, Topic};
+use mmmq_core::{ConsumerId, StoredMessage, Topic};
 use parking_lot::Mutex;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
@@ -74,6 +74,11 @@ pub(super) struct Worker {
     pub cancel: CancellationToken,
     pub registry: Arc<Registry>,
     pub metrics: Arc<Metrics>,
+    /// Where its position is stored in the partition's checkpoints: the consumerId, `__redrive`
+    /// for a redrive that continues the last one, none for a redrive of an explicit range.
+    pub checkpoint_id: Option<ConsumerId>,
+    /// Set when this worker redrives a dead-letter partition (README, "Dead-letter redrive").
+    pub redrive: Option<super::redrive::Range>,
 }
 
 /// The worker was told to stop while waiting.
@@ -105,8 +110,13 @@ impl Worker {
             return;
         };
         self.stats.next_offset.store(start.next, Ordering::Relaxed);
-        let saver = CheckpointSaver::new(self.partition.clone(), self.spec.clone(), start.clone());
-        if self.spec.max_in_flight > 1 {
+        let saver = CheckpointSaver::new(
+            self.partition.clone(),
+            self.spec.clone(),
+            self.checkpoint_id.clone(),
+            start.clone(),
+        );
+        if self.spec.max_in_flight > 1 && self.redrive.is_none() {
             self.drain_lanes(start, &saver).await;
         } else {
             self.drain_in_order(start, &saver).await;
@@ -121,6 +131,12 @@ impl Worker {
         let mut committed = self.partition.log.subscribe();
         let run_len = self.run_len();
         'outer: loop {
+            // A redrive ends at its `to`.
+            let max = match &self.redrive {
+                Some(r) if next >= r.to => break,
+                Some(r) => READ_BATCH.min((r.to - next) as usize),
+                None => READ_BATCH,
+            };
             tokio::select! {
                 biased;
                 _ = self.cancel.cancelled() => break,
@@ -129,22 +145,21 @@ impl Worker {
             self.skip_deleted(&mut next, saver);
             let log = self.partition.log.clone();
             let from = next;
-            let entries = match tokio::task::spawn_blocking(move || {
-                log.read_from(from, READ_BATCH, READ_BYTES)
-            })
-            .await
-            .expect("read task panicked")
-            {
-                Ok(entries) => entries,
-                Err(_) if self.partition.log.first_offset() > from => continue,
-                Err(e) => {
-                    self.record_error(format!("reading offset {next}: {e}"));
-                    if self.sleep(backoff::START).await.is_err() {
-                        break;
+            let entries =
+                match tokio::task::spawn_blocking(move || log.read_from(from, max, READ_BYTES))
+                    .await
+                    .expect("read task panicked")
+                {
+                    Ok(entries) => entries,
+                    Err(_) if self.partition.log.first_offset() > from => continue,
+                    Err(e) => {
+                        self.record_error(format!("reading offset {next}: {e}"));
+                        if self.sleep(backoff::START).await.is_err() {
+                            break;
+                        }
+                        continue;
                     }
-                    continue;
-                }
-            };
+                };
             let read_end = entries.last().map_or(next, |e| e.offset + 1);
             let mut run: Vec<(u64, Delivery)> = Vec::new();
             for entry in entries {
@@ -217,13 +232,18 @@ impl Worker {
             .await
     }
 
-    /// The checkpoint, or 0; clamped into the log's range.
+    /// The checkpoint, or 0 (a redrive: its `from`); clamped into the log's range.
     async fn start_position(&self) -> Option<Position> {
         let partition = self.partition.clone();
-        let id = self.spec.consumer_id.clone();
-        let stored = tokio::task::spawn_blocking(move || partition.checkpoints.read_position(&id))
-            .await
-            .expect("checkpoint read panicked");
+        let id = self.checkpoint_id.clone();
+        let from = self.redrive.as_ref().and_then(|r| r.from);
+        let stored = tokio::task::spawn_blocking(move || match (from, id) {
+            (Some(from), _) => Ok(Some(Position::at(from))),
+            (None, Some(id)) => partition.checkpoints.read_position(&id),
+            (None, None) => Ok(None),
+        })
+        .await
+        .expect("checkpoint read panicked");
         let mut stored = match stored {
             Ok(v) => v.unwrap_or_default(),
             Err(e) => {
@@ -299,6 +319,10 @@ impl Worker {
         let offset = entry.offset;
         let problem = match entry.payload {
             Ok(bytes) => match StoredMessage::from_payload(&bytes) {
+                Ok(msg) if self.redrive.is_some() => match self.unwrap_dead_letter(msg, offset) {
+                    Ok(d) => return Ok((offset, d)),
+                    Err(e) => format!("offset {offset}: not a dead letter: {e}"),
+                },
                 Ok(msg) => {
                     let envelope =
                         msg.into_envelope(self.topic.clone(), self.partition.number, offset);
@@ -468,12 +492,16 @@ impl Worker {
         attempts: u32,
     ) -> Result<(), Stopped> {
         let dlq = Topic::dead_letter(&self.spec.consumer_id);
-        let content = serde_json::json!({
+        let mut content = serde_json::json!({
             "consumerId": self.spec.consumer_id,
             "reason": reason,
             "attempts": attempts,
             "envelope": d.envelope,
         });
+        // Dead-lettered again after a redrive: the earlier failures come along.
+        if let Some(history) = &d.history {
+            content["history"] = serde_json::Value::Array(history.to_vec());
+        }
         let payload = StoredMessage {
             timestamp: now_ms(),
             key: d.envelope.key.clone(),

@@ -190,6 +190,8 @@ fn spawn_worker(s: &Setup, spec: Arc<DispatcherSpec>, target: Arc<Scripted>) -> 
         cancel: cancel.clone(),
         registry: s.registry.clone(),
         metrics: Arc::new(Metrics::new()),
+        checkpoint_id: Some(ConsumerId::new("w").unwrap()),
+        redrive: None,
     };
     Running {
         task: tokio::spawn(worker.run()),

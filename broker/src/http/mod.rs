@@ -87,6 +87,10 @@ pub fn router(state: AppState) -> Router {
             axum::routing::delete(groups::leave),
         )
         .route("/mmmq/dispatchers", get(admin::dispatchers))
+        .route(
+            "/mmmq/dispatchers/{consumer_id}/redrive",
+            post(admin::redrive),
+        )
         .route("/mmmq/admin/reload", post(admin::reload))
         .route("/metrics", get(admin::metrics));
     // Without a token the check is not layered at all: a middleware is a boxed future and a

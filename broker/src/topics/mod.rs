@@ -249,7 +249,14 @@ impl Registry {
             let vfs = self.vfs.clone();
             let config = self.log_config.clone();
             let topic_name = topic.clone();
-            let partitions = self.defaults.partitions;
+            // A dead-letter topic has one partition, so its offsets are the order in which
+            // messages failed and a redrive's `from`/`to` name them (README, "Dead-letter
+            // redrive"); the topic API can still grow it.
+            let partitions = if topic.is_internal() {
+                1
+            } else {
+                self.defaults.partitions
+            };
             let t = tokio::task::spawn_blocking(move || {
                 open_topic(topic_name, dir, vfs, config, partitions)
             })

@@ -1,0 +1,261 @@
+//! Dead-letter redrive (README, "Dead-letter redrive"): the dead letters of `__dlq.<consumerId>`
+//! delivered again to that dispatcher's own target, in order, with its usual retries.
+//!
+//! A redrive is a drain worker per partition of the dead-letter topic that reads the dead letters
+//! in offset order, unwraps each one's original envelope and stops at the end of its range. A
+//! message that fails again is dead-lettered again, to the end of the same topic, carrying the
+//! failures before it (`history`), so the next redrive can take it. Other dispatchers never see
+//! a redrive: it goes to this dispatcher's target only. Without `from` a redrive continues where
+//! the last one stopped (its position is a checkpoint named `__redrive` of the dead-letter
+//! partition); with `from` it covers that range and remembers nothing.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use mmmq_core::{ConsumerId, Envelope, RedrivePartition, RedriveStatus, StoredMessage, Topic};
+use serde::Deserialize;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::target::Delivery;
+use super::worker::{Worker, WorkerStats};
+use super::{Dispatch, Running};
+
+/// The checkpoint name of a redrive's position in a dead-letter partition.
+const REDRIVE_CHECKPOINT: &str = "__redrive";
+
+/// What a redrive worker covers of its partition.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Range {
+    /// Where it starts (`None`: the checkpoint).
+    pub from: Option<u64>,
+    /// Where it stops (exclusive).
+    pub to: u64,
+}
+
+/// Why a redrive was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RedriveError {
+    /// No dispatcher has this consumerId.
+    #[error("no dispatcher {0:?}")]
+    UnknownDispatcher(String),
+    /// `from` is past `to`.
+    #[error("`from` ({from}) is after `to` ({to})")]
+    BadRange {
+        /// Asked start.
+        from: u64,
+        /// Asked end.
+        to: u64,
+    },
+    /// One redrive at a time per dispatcher.
+    #[error("a redrive of {0:?} is already running; its progress is in the dispatcher's status")]
+    AlreadyRunning(String),
+    /// The broker is stopping.
+    #[error("the broker is shutting down")]
+    ShuttingDown,
+    /// The position of the last redrive could not be read.
+    #[error("cannot read the position of the last redrive: {0}")]
+    Storage(#[from] crate::storage::StorageError),
+}
+
+/// A redrive of one dispatcher, running or done.
+pub(super) struct RedriveRun {
+    started_at: u64,
+    cancel: CancellationToken,
+    parts: Vec<Part>,
+}
+
+struct Part {
+    partition: u32,
+    from: u64,
+    to: u64,
+    stats: Arc<WorkerStats>,
+    join: tokio::task::JoinHandle<()>,
+}
+
+impl RedriveRun {
+    fn running(&self) -> bool {
+        self.parts.iter().any(|p| !p.join.is_finished())
+    }
+
+    pub(super) fn status(&self) -> RedriveStatus {
+        let sum = |f: fn(&WorkerStats) -> &std::sync::atomic::AtomicU64| {
+            self.parts
+                .iter()
+                .map(|p| f(&p.stats).load(Ordering::Relaxed))
+                .sum::<u64>()
+        };
+        let partitions: Vec<RedrivePartition> = self
+            .parts
+            .iter()
+            .map(|p| RedrivePartition {
+                partition: p.partition,
+                from: p.from,
+                to: p.to,
+                next: p.stats.next_offset.load(Ordering::Relaxed).max(p.from),
+            })
+            .collect();
+        let remaining = partitions.iter().map(|p| p.to.saturating_sub(p.next)).sum();
+        let last_error = self
+            .parts
+            .iter()
+            .filter_map(|p| p.stats.last_error.lock().clone())
+            .max_by_key(|(at, _)| *at)
+            .map(|(_, e)| e);
+        let delivered = sum(|s| &s.delivered);
+        let dead_lettered = sum(|s| &s.dead_lettered);
+        let dropped = sum(|s| &s.dropped);
+        RedriveStatus {
+            running: self.running(),
+            started_at: self.started_at,
+            redriven: delivered + dead_lettered + dropped,
+            remaining,
+            delivered,
+            nacked: sum(|s| &s.nacked),
+            dead_lettered,
+            dropped,
+            partitions,
+            last_error,
+        }
+    }
+
+    /// Stops it (its dispatcher stops, or the dead-letter topic is deleted) and waits.
+    pub(super) async fn stop(self) {
+        self.cancel.cancel();
+        for p in self.parts {
+            let _ = p.join.await;
+        }
+    }
+}
+
+/// The dead letter as the worker wrote it.
+#[derive(Deserialize)]
+struct DeadLetter {
+    reason: String,
+    attempts: u64,
+    envelope: Envelope,
+    #[serde(default)]
+    history: Vec<Value>,
+}
+
+impl Worker {
+    /// The original message of a dead letter at `dlq_offset`, carrying its failures so far.
+    pub(super) fn unwrap_dead_letter(
+        &self,
+        msg: StoredMessage,
+        dlq_offset: u64,
+    ) -> Result<Delivery, serde_json::Error> {
+        let dead: DeadLetter = serde_json::from_str(msg.content.get())?;
+        let mut history = dead.history;
+        history.push(serde_json::json!({
+            "reason": dead.reason,
+            "attempts": dead.attempts,
+            "deadLetteredAt": msg.timestamp,
+            "dlqOffset": dlq_offset,
+        }));
+        let mut d = Delivery::new(dead.envelope);
+        d.history = Some(Arc::new(history));
+        Ok(d)
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Dispatch {
+    /// Starts redriving `consumer_id`'s dead letters, offsets `from`…`to`−1 of each partition of
+    /// its dead-letter topic (default: from where the last redrive stopped to the end).
+    pub async fn redrive(
+        &self,
+        consumer_id: &str,
+        from: Option<u64>,
+        to: Option<u64>,
+    ) -> Result<RedriveStatus, RedriveError> {
+        if let (Some(from), Some(to)) = (from, to)
+            && from > to
+        {
+            return Err(RedriveError::BadRange { from, to });
+        }
+        let unknown = || RedriveError::UnknownDispatcher(consumer_id.to_owned());
+        let id = ConsumerId::new(consumer_id).map_err(|_| unknown())?;
+        if !self.running.lock().contains_key(&id) {
+            return Err(unknown());
+        }
+        let dlq = Topic::dead_letter(&id);
+        let mark = ConsumerId::new(REDRIVE_CHECKPOINT).expect("a valid name");
+        let partitions = self
+            .registry
+            .get(&dlq)
+            .map(|t| t.partitions())
+            .unwrap_or_default();
+        // Where each partition starts: `from`, or the last redrive's position (a file read).
+        let mut starts = Vec::with_capacity(partitions.len());
+        for p in &partitions {
+            let start = match from {
+                Some(f) => f,
+                None => {
+                    let (p, mark) = (p.clone(), mark.clone());
+                    tokio::task::spawn_blocking(move || p.checkpoints.read_position(&mark))
+                        .await
+                        .expect("checkpoint read panicked")?
+                        .map_or(0, |pos| pos.next)
+                }
+            };
+            starts.push(start.max(p.log.first_offset()));
+        }
+        let mut running = self.running.lock();
+        if self.shutdown.is_cancelled() {
+            return Err(RedriveError::ShuttingDown);
+        }
+        let r: &mut Running = running.get_mut(&id).ok_or_else(unknown)?;
+        if r.redrive.as_ref().is_some_and(RedriveRun::running) {
+            return Err(RedriveError::AlreadyRunning(consumer_id.to_owned()));
+        }
+        let cancel = r.cancel.child_token();
+        let parts = partitions
+            .into_iter()
+            .zip(starts)
+            .map(|(p, start)| {
+                let end = p.log.next_offset();
+                let to = to.map_or(end, |t| t.min(end)).max(start);
+                let stats = Arc::new(WorkerStats::default());
+                stats.next_offset.store(start, Ordering::Relaxed);
+                let worker = Worker {
+                    topic: dlq.clone(),
+                    partition: p.clone(),
+                    spec: r.spec.clone(),
+                    target: r.target.clone(),
+                    stats: stats.clone(),
+                    cancel: cancel.clone(),
+                    registry: self.registry.clone(),
+                    metrics: self.metrics.clone(),
+                    checkpoint_id: from.is_none().then(|| mark.clone()),
+                    redrive: Some(Range {
+                        from: Some(start),
+                        to,
+                    }),
+                };
+                tracing::info!(consumer_id = %id, partition = p.number, from = start, to, "redrive started");
+                Part {
+                    partition: p.number,
+                    from: start,
+                    to,
+                    stats,
+                    join: tokio::spawn(worker.run()),
+                }
+            })
+            .collect();
+        let run = RedriveRun {
+            started_at: now_ms(),
+            cancel,
+            parts,
+        };
+        let status = run.status();
+        r.redrive = Some(run);
+        Ok(status)
+    }
+}
