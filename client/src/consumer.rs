@@ -7,6 +7,8 @@ use axum::http::StatusCode;
 use mmmq_core::{Envelope, ErasedHandler, Message, PatternError, TopicPattern, erase};
 use serde::de::DeserializeOwned;
 
+use crate::DedupeStore;
+
 type HandlerFn = ErasedHandler;
 
 /// One envelope, or an array of consecutive envelopes of one topic (`batchMaxMessages` > 1).
@@ -48,6 +50,7 @@ fn parse_envelopes(body: &[u8]) -> Result<Vec<Envelope>, serde_json::Error> {
 #[derive(Clone, Default)]
 pub struct Consumer {
     routes: Vec<(TopicPattern, HandlerFn)>,
+    dedupe: Option<DedupeStore>,
 }
 
 impl Consumer {
@@ -70,8 +73,44 @@ impl Consumer {
         Ok(self)
     }
 
-    /// Handles one envelope: every matching handler in order.
+    /// Exactly-once processing (README, "Exactly-once consumers"): a message `store` has as
+    /// finished is acknowledged without running the handlers again, and one the handlers finish
+    /// (all `Ok`) is recorded durably before the ACK. A redelivery that arrives while the first
+    /// delivery is still being handled waits for it. With several handlers on one topic, a NACK
+    /// from one runs the others again on the retry: give such topics one handler.
+    pub fn exactly_once(mut self, store: DedupeStore) -> Self {
+        self.dedupe = Some(store);
+        self
+    }
+
+    /// Handles one envelope once per message when a store is set, else every time.
     async fn dispatch(&self, env: Envelope) -> bool {
+        let Some(store) = &self.dedupe else {
+            return self.run_handlers(env).await;
+        };
+        let (topic, partition, offset) = (env.topic.to_string(), env.partition, env.offset);
+        let _running = store.begin(&topic, partition, offset).await;
+        if store.is_done(&topic, partition, offset) {
+            store.count_duplicate();
+            tracing::debug!(topic, partition, offset, "delivered again; already handled");
+            return true;
+        }
+        if !self.run_handlers(env).await {
+            return false;
+        }
+        match store.record(&[(&topic, partition, offset)]).await {
+            Ok(()) => true,
+            Err(e) => {
+                // Unrecorded, an ACK would let a redelivery run the handler again unseen: NACK
+                // so the broker retries (the handler runs again, the failure is loud).
+                tracing::error!(topic, partition, offset, error = %e, "cannot record the message as handled; answering NACK");
+                false
+            }
+        }
+    }
+
+    /// Every matching handler in order.
+    async fn run_handlers(&self, env: Envelope) -> bool {
         let matching: Vec<&HandlerFn> = self
             .routes
             .iter()

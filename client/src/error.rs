@@ -43,6 +43,9 @@ pub enum ClientError {
     /// The client could not be set up (a bad URL, TLS initialisation).
     #[error("client setup: {0}")]
     Setup(String),
+    /// The exactly-once store ([`crate::DedupeStore`]) could not be opened, read or written.
+    #[error("exactly-once store: {0}")]
+    Store(String),
 }
 
 impl ClientError {

@@ -4,6 +4,7 @@ use std::time::Duration;
 use futures_util::Stream;
 use mmmq_core::{Envelope, GroupPoll, TopicPartition};
 
+use crate::DedupeStore;
 use crate::conn::{Conn, decode, status_error};
 use crate::error::ClientError;
 
@@ -28,6 +29,9 @@ pub struct GroupConsumer {
     /// Next offsets of what was returned and not committed yet.
     pending: BTreeMap<TopicPartition, u64>,
     assignment: Vec<TopicPartition>,
+    /// Exactly-once: the store, and the messages of the last poll, recorded at the next.
+    dedupe: Option<DedupeStore>,
+    unrecorded: Vec<(String, u32, u64)>,
 }
 
 impl GroupConsumer {
@@ -49,6 +53,8 @@ impl GroupConsumer {
             auto_commit: true,
             pending: BTreeMap::new(),
             assignment: Vec::new(),
+            dedupe: None,
+            unrecorded: Vec::new(),
         })
     }
 
@@ -83,6 +89,30 @@ impl GroupConsumer {
         self
     }
 
+    /// Exactly-once processing (README, "Exactly-once consumers"): each poll first records the
+    /// messages the previous poll returned as processed (durably, before committing them), and
+    /// leaves out of its answer every message `store` has as processed — what the group delivers
+    /// again after a broker restart, a lost commit or a rebalance.
+    pub fn exactly_once(mut self, store: DedupeStore) -> Self {
+        self.dedupe = Some(store);
+        self
+    }
+
+    /// Exactly-once: records the last poll's messages as processed.
+    async fn record_processed(&mut self) -> Result<(), ClientError> {
+        let Some(store) = &self.dedupe else {
+            return Ok(());
+        };
+        let items: Vec<(&str, u32, u64)> = self
+            .unrecorded
+            .iter()
+            .map(|(t, p, o)| (t.as_str(), *p, *o))
+            .collect();
+        store.record(&items).await?;
+        self.unrecorded.clear();
+        Ok(())
+    }
+
     /// The partitions this member owned at its last poll.
     pub fn assignment(&self) -> &[TopicPartition] {
         &self.assignment
@@ -92,9 +122,13 @@ impl GroupConsumer {
     /// auto-commit). A commit refused because the member lost a partition is dropped: its next
     /// owner delivers those messages again.
     pub async fn poll(&mut self) -> Result<Vec<Envelope>, ClientError> {
+        self.record_processed().await?;
         if self.auto_commit {
             match self.commit().await {
-                Ok(()) | Err(ClientError::Rejected { status: 409, .. }) => {}
+                Ok(())
+                | Err(ClientError::Rejected {
+                    status: 404 | 409, ..
+                }) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -109,7 +143,7 @@ impl GroupConsumer {
         );
         match self.conn.send(reqwest::Method::GET, &path, None).await? {
             (200, bytes) => {
-                let answer: GroupPoll = decode(&bytes)?;
+                let mut answer: GroupPoll = decode(&bytes)?;
                 for e in &answer.messages {
                     let tp = TopicPartition {
                         topic: e.topic.to_string(),
@@ -118,6 +152,20 @@ impl GroupConsumer {
                     self.pending.insert(tp, e.offset + 1);
                 }
                 self.assignment = answer.assignment;
+                if let Some(store) = &self.dedupe {
+                    answer.messages.retain(|e| {
+                        let done = store.is_done(e.topic.as_str(), e.partition, e.offset);
+                        if done {
+                            store.count_duplicate();
+                        }
+                        !done
+                    });
+                    self.unrecorded = answer
+                        .messages
+                        .iter()
+                        .map(|e| (e.topic.to_string(), e.partition, e.offset))
+                        .collect();
+                }
                 Ok(answer.messages)
             }
             (status, bytes) => Err(status_error(status, &bytes)),
@@ -125,8 +173,10 @@ impl GroupConsumer {
     }
 
     /// Commits everything returned so far. A partition the member no longer owns is refused with
-    /// `409` (`ClientError::Rejected`); nothing of that request is kept.
+    /// `409`, a group a restarted broker has not seen polled yet with `404`
+    /// (`ClientError::Rejected`); nothing of that request is kept.
     pub async fn commit(&mut self) -> Result<(), ClientError> {
+        self.record_processed().await?;
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -146,9 +196,17 @@ impl GroupConsumer {
             (200, _) => Ok(()),
             (status, bytes) => Err(status_error(status, &bytes)),
         };
+        // Refused because the member no longer owns a partition (409), or because the broker
+        // restarted and knows the group only from its committed offsets until the next poll
+        // (404): the offsets will be delivered again from the last commit, so they are dropped
+        // (kept, they would be refused forever and the member would never poll again).
         if matches!(
             result,
-            Ok(()) | Err(ClientError::Rejected { status: 409, .. })
+            Ok(())
+                | Err(ClientError::Rejected {
+                    status: 404 | 409,
+                    ..
+                })
         ) {
             self.pending.clear();
         }

@@ -5,7 +5,10 @@
 //! - [`Consumer`]: an HTTP server speaking the consumer side of the protocol; handlers registered
 //!   by topic pattern with typed content; `Ok` is an ACK, `Err` a NACK.
 //! - [`PullConsumer`]: read a topic from an offset with long polling, as a [`futures_util::Stream`].
-//! - [`Admin`]: the topic list and dispatcher status.
+//! - [`GroupConsumer`]: a member of a pull consumer group, with auto-commit.
+//! - [`DedupeStore`]: exactly-once processing for [`Consumer`] and [`GroupConsumer`]: a durable
+//!   record of handled messages, so that a redelivery does not run a handler twice.
+//! - [`Admin`]: topics, groups, dispatcher status and dead-letter redrive.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), mmmq_client::ClientError> {
@@ -25,6 +28,7 @@
 mod admin;
 mod conn;
 mod consumer;
+mod dedupe;
 mod error;
 mod group;
 mod producer;
@@ -33,6 +37,7 @@ mod stream;
 
 pub use admin::{Admin, TopicSettings};
 pub use consumer::Consumer;
+pub use dedupe::DedupeStore;
 pub use error::ClientError;
 pub use group::GroupConsumer;
 pub use mmmq_core::error_chain;
