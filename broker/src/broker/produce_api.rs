@@ -24,15 +24,15 @@ impl Broker {
             let seen = match topic.dedup.claim(id, now_ms(), window) {
                 Claim::Stored(partition, offset) => Some((partition, offset)),
                 // `None`: the first one failed: this one may store it.
-                Claim::Pending(slot) => slot.wait().await,
-                Claim::New(slot) => {
+                Claim::Pending(ticket) => topic.dedup.wait(&ticket).await,
+                Claim::New(ticket) => {
                     return match self.append_one(&topic, &item).await {
                         Ok(at) => {
-                            topic.dedup.stored(id, &slot, at.partition, at.offset);
+                            topic.dedup.stored(&ticket, at.partition, at.offset);
                             Ok(at)
                         }
                         Err(e) => {
-                            topic.dedup.withdraw(id, &slot);
+                            topic.dedup.withdraw(&ticket);
                             Err(e)
                         }
                     };
@@ -138,10 +138,8 @@ impl Broker {
                     self.count_in(&topic, indexes.len() as u64, bytes);
                     for (k, &i) in indexes.iter().enumerate() {
                         let offset = first + k as u64;
-                        if let (Some(Claim::New(slot)), Some(id)) = (&claims[i], items[i].id()) {
-                            topic_of(&items[i])
-                                .dedup
-                                .stored(id, slot, partition, offset);
+                        if let Some(Claim::New(ticket)) = &claims[i] {
+                            topic_of(&items[i]).dedup.stored(ticket, partition, offset);
                         }
                         stored[i] = Some(Produced {
                             partition,
@@ -152,8 +150,8 @@ impl Broker {
                 }
                 Err(e) => {
                     for &i in &indexes {
-                        if let (Some(Claim::New(slot)), Some(id)) = (&claims[i], items[i].id()) {
-                            topic_of(&items[i]).dedup.withdraw(id, slot);
+                        if let Some(Claim::New(ticket)) = &claims[i] {
+                            topic_of(&items[i]).dedup.withdraw(ticket);
                         }
                     }
                     failure = failure.or(Some(e));
@@ -164,7 +162,7 @@ impl Broker {
             let seen = match claim {
                 Some(Claim::Stored(p, o)) => Some((*p, *o)),
                 // `None`: the first one's append failed; this element was not stored either.
-                Some(Claim::Pending(slot)) => slot.wait().await,
+                Some(Claim::Pending(ticket)) => topic_of(&items[i]).dedup.wait(ticket).await,
                 _ => continue,
             };
             stored[i] = seen.map(|(partition, offset)| Produced {

@@ -236,6 +236,8 @@ enum BenchCommand {
     Consume(bench::consume::ConsumeBench),
     /// Many stored messages: resident memory after boot and while reading the oldest.
     Memory(bench::memory::MemoryBench),
+    /// The id window of idempotent produce: memory and time per id at a rate over a window.
+    Dedup(bench::dedup::DedupBench),
     /// Produce without end into a topic with small segments and a small retentionBytes: disk use
     /// and resident memory over time.
     Soak(bench::soak::SoakBench),
@@ -365,6 +367,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     BenchCommand::Memory(cfg) => bench::memory::run(cfg, out).await,
                     BenchCommand::Consume(cfg) => bench::consume::run(cfg, out).await,
                     BenchCommand::Soak(cfg) => bench::soak::run(cfg, out).await,
+                    BenchCommand::Dedup(cfg) => bench::dedup::run(cfg, out),
                 }
             })?;
             Ok(ExitCode::SUCCESS)

@@ -8,74 +8,71 @@
 //! withdraws its claim, so a retry stores the message.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 
 use parking_lot::Mutex;
-use tokio::sync::watch;
 
-/// Where a message went, once its append is done (`None` while it runs).
-pub type Outcome = Option<Option<(u32, u64)>>;
-
-/// A claim in progress: its appender publishes where the message went (or that it failed).
-#[derive(Debug)]
-pub struct Slot {
-    outcome: watch::Sender<Outcome>,
-}
-
-impl Slot {
-    /// The append stored the message at (`partition`, `offset`).
-    pub fn stored(&self, partition: u32, offset: u64) {
-        self.outcome.send_replace(Some(Some((partition, offset))));
-    }
-
-    /// Where the message of the first claim went, once known; `None` if its append failed.
-    pub async fn wait(&self) -> Option<(u32, u64)> {
-        let mut rx = self.outcome.subscribe();
-        match rx.wait_for(Option::is_some).await {
-            Ok(v) => v.flatten(),
-            Err(_) => None,
-        }
-    }
-}
+/// An id as it is remembered: its 128-bit hash (xxh3 with a seed chosen at start), not its text.
+/// Two different ids of one topic within one window collide with a probability far below a disk
+/// error's; the seed keeps anyone from choosing ids that collide on purpose without knowing it.
+type Key = u128;
 
 /// The result of claiming an id.
 #[derive(Debug)]
 pub enum Claim {
     /// First seen: append, then [`Dedup::stored`] (or [`Dedup::withdraw`] on failure).
-    New(Arc<Slot>),
-    /// Being appended by an earlier claim: [`Slot::wait`] for where it went.
-    Pending(Arc<Slot>),
+    New(Ticket),
+    /// Being appended by an earlier claim: [`Dedup::wait`] for where it went.
+    Pending(Ticket),
     /// Stored at (partition, offset).
     Stored(u32, u64),
 }
 
-/// What is remembered of one id: a claim in progress, or where its message went. A stored id
-/// costs its string and 16 bytes.
-#[derive(Debug)]
+/// One claim of an id: which id, and which claim of it (an id expired and claimed again is a new
+/// claim).
+#[derive(Debug, Clone, Copy)]
+pub struct Ticket {
+    key: Key,
+    seq: u64,
+}
+
+/// What is remembered of one id: a claim in progress, or where its message went; 24 bytes next
+/// to its 16-byte key.
+#[derive(Debug, Clone, Copy)]
 enum Entry {
-    Pending(Arc<Slot>, u64),
-    Stored(u32, u64, u64),
+    Pending {
+        seq: u64,
+        at: u64,
+    },
+    Stored {
+        partition: u32,
+        offset: u64,
+        at: u64,
+    },
 }
 
 impl Entry {
     fn at_ms(&self) -> u64 {
         match self {
-            Entry::Pending(_, at) | Entry::Stored(_, _, at) => *at,
+            Entry::Pending { at, .. } | Entry::Stored { at, .. } => *at,
         }
     }
 }
 
 #[derive(Debug, Default)]
 struct Inner {
-    ids: HashMap<String, Entry>,
-    /// Ids in claim order, for expiry.
-    order: VecDeque<(u64, String)>,
-    /// Whether the cap was hit (it is logged once).
-    capped: bool,
+    ids: HashMap<Key, Entry>,
+    /// Ids in claim order, for expiry: when each was claimed, and which (two queues: 24 bytes an
+    /// id instead of a padded 32).
+    order_at: VecDeque<u64>,
+    order_key: VecDeque<Key>,
+    /// Numbers claims, so that a stale ticket never completes a newer claim of its id.
+    seq: u64,
 }
 
 /// Most ids a topic remembers: past it the oldest are forgotten early (the window shrinks under
-/// a load that would otherwise hold more ids than this in memory), and a warning says so.
+/// a load that would otherwise hold more ids than this in memory), and a warning says so. About
+/// 130 bytes an id with the tables' slack (docs/benchmarks.md, "Produce ids"): 2,000,000 ids are
+/// ~250 MiB.
 pub const MAX_IDS: usize = 2_000_000;
 
 /// Shards of a topic's ids: claims of different ids rarely wait for each other.
@@ -85,42 +82,57 @@ const SHARDS: usize = 16;
 #[derive(Debug)]
 pub struct Dedup {
     shards: Vec<Shard>,
-    hasher: std::collections::hash_map::RandomState,
+    seed: u64,
+    /// Whether the cap was hit (logged once per topic).
+    capped: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Dedup {
     fn default() -> Self {
+        use std::hash::BuildHasher;
         Self {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-            hasher: Default::default(),
+            seed: std::collections::hash_map::RandomState::new().hash_one(0u64),
+            capped: Default::default(),
         }
     }
 }
 
 impl Dedup {
-    fn shard(&self, id: &str) -> &Shard {
-        use std::hash::BuildHasher;
-        &self.shards[(self.hasher.hash_one(id) % SHARDS as u64) as usize]
+    fn key(&self, id: &str) -> Key {
+        xxhash_rust::xxh3::xxh3_128_with_seed(id.as_bytes(), self.seed)
+    }
+
+    fn shard(&self, key: Key) -> &Shard {
+        &self.shards[(key as usize) % SHARDS]
     }
 
     /// Claims `id` at `now_ms` with a window of `window_ms`.
     pub fn claim(&self, id: &str, now_ms: u64, window_ms: u64) -> Claim {
-        self.shard(id).claim(id, now_ms, window_ms)
+        let key = self.key(id);
+        self.shard(key).claim(key, now_ms, window_ms, &self.capped)
     }
 
     /// The append of a new claim stored its message at (`partition`, `offset`).
-    pub fn stored(&self, id: &str, slot: &Arc<Slot>, partition: u32, offset: u64) {
-        self.shard(id).stored(id, slot, partition, offset)
+    pub fn stored(&self, ticket: &Ticket, partition: u32, offset: u64) {
+        self.shard(ticket.key).stored(ticket, partition, offset)
     }
 
     /// The append of a new claim failed: the id is free again.
-    pub fn withdraw(&self, id: &str, slot: &Arc<Slot>) {
-        self.shard(id).withdraw(id, slot)
+    pub fn withdraw(&self, ticket: &Ticket) {
+        self.shard(ticket.key).withdraw(ticket)
+    }
+
+    /// Where the message of a pending claim went, once its append is done; `None` if it failed
+    /// (the id is free again).
+    pub async fn wait(&self, ticket: &Ticket) -> Option<(u32, u64)> {
+        self.shard(ticket.key).wait(ticket).await
     }
 
     /// Remembers an id found in the log at boot.
-    pub fn remember(&self, id: String, at_ms: u64, partition: u32, offset: u64) {
-        self.shard(&id).remember(id, at_ms, partition, offset)
+    pub fn remember(&self, id: &str, at_ms: u64, partition: u32, offset: u64) {
+        let key = self.key(id);
+        self.shard(key).remember(key, at_ms, partition, offset)
     }
 
     /// How many ids are remembered (tests, metrics).
@@ -138,81 +150,114 @@ impl Dedup {
 #[derive(Debug, Default)]
 struct Shard {
     inner: Mutex<Inner>,
+    /// Woken when a pending claim of this shard is done (stored or withdrawn). Duplicates racing
+    /// their original are rare, so one shared wake-up costs less than a channel per claim.
+    done: tokio::sync::Notify,
 }
 
 impl Shard {
-    fn expire(inner: &mut Inner, horizon: u64) {
-        let mut over = inner.order.len().saturating_sub(MAX_IDS / SHARDS);
-        if over > 0 && !inner.capped {
-            inner.capped = true;
+    fn expire(inner: &mut Inner, horizon: u64, capped: &std::sync::atomic::AtomicBool) {
+        let mut over = inner.order_at.len().saturating_sub(MAX_IDS / SHARDS);
+        if over > 0 && !capped.swap(true, std::sync::atomic::Ordering::Relaxed) {
             tracing::warn!(
-                ids = inner.order.len(),
                 max = MAX_IDS,
                 "more produce ids than a topic remembers: the oldest are forgotten before their window ends"
             );
         }
-        while let Some((at, _)) = inner.order.front() {
-            if *at >= horizon && over == 0 {
+        while let Some(&at) = inner.order_at.front() {
+            if at >= horizon && over == 0 {
                 break;
             }
             over = over.saturating_sub(1);
-            let (at, id) = inner.order.pop_front().expect("front exists");
-            if inner.ids.get(&id).is_some_and(|e| e.at_ms() == at) {
-                inner.ids.remove(&id);
+            inner.order_at.pop_front();
+            let key = inner
+                .order_key
+                .pop_front()
+                .expect("the queues have one length");
+            if inner.ids.get(&key).is_some_and(|e| e.at_ms() == at) {
+                inner.ids.remove(&key);
             }
         }
     }
 
-    /// Claims `id` at `now_ms` with a window of `window_ms`.
-    pub fn claim(&self, id: &str, now_ms: u64, window_ms: u64) -> Claim {
+    fn claim(
+        &self,
+        key: Key,
+        now_ms: u64,
+        window_ms: u64,
+        capped: &std::sync::atomic::AtomicBool,
+    ) -> Claim {
         let mut inner = self.inner.lock();
-        Self::expire(&mut inner, now_ms.saturating_sub(window_ms));
-        match inner.ids.get(id) {
-            Some(Entry::Pending(slot, _)) => return Claim::Pending(slot.clone()),
-            Some(Entry::Stored(p, o, _)) => return Claim::Stored(*p, *o),
+        Self::expire(&mut inner, now_ms.saturating_sub(window_ms), capped);
+        match inner.ids.get(&key) {
+            Some(Entry::Pending { seq, .. }) => return Claim::Pending(Ticket { key, seq: *seq }),
+            Some(Entry::Stored {
+                partition, offset, ..
+            }) => return Claim::Stored(*partition, *offset),
             None => {}
         }
-        let slot = Arc::new(Slot {
-            outcome: watch::Sender::new(None),
-        });
-        inner
-            .ids
-            .insert(id.to_owned(), Entry::Pending(slot.clone(), now_ms));
-        inner.order.push_back((now_ms, id.to_owned()));
-        Claim::New(slot)
+        inner.seq += 1;
+        let seq = inner.seq;
+        inner.ids.insert(key, Entry::Pending { seq, at: now_ms });
+        inner.order_at.push_back(now_ms);
+        inner.order_key.push_back(key);
+        Claim::New(Ticket { key, seq })
     }
 
-    /// The append of a new claim stored its message at (`partition`, `offset`).
-    pub fn stored(&self, id: &str, slot: &Arc<Slot>, partition: u32, offset: u64) {
-        slot.stored(partition, offset);
-        let mut inner = self.inner.lock();
-        if let Some(e) = inner.ids.get_mut(id)
-            && let Entry::Pending(s, at) = e
-            && Arc::ptr_eq(s, slot)
+    fn stored(&self, ticket: &Ticket, partition: u32, offset: u64) {
         {
-            *e = Entry::Stored(partition, offset, *at);
+            let mut inner = self.inner.lock();
+            if let Some(e) = inner.ids.get_mut(&ticket.key)
+                && let Entry::Pending { seq, at } = *e
+                && seq == ticket.seq
+            {
+                *e = Entry::Stored {
+                    partition,
+                    offset,
+                    at,
+                };
+            }
+        }
+        self.done.notify_waiters();
+    }
+
+    /// Frees the id (waiters see the failure and claim it themselves).
+    fn withdraw(&self, ticket: &Ticket) {
+        {
+            let mut inner = self.inner.lock();
+            if matches!(inner.ids.get(&ticket.key), Some(Entry::Pending { seq, .. }) if *seq == ticket.seq)
+            {
+                inner.ids.remove(&ticket.key);
+            }
+        }
+        self.done.notify_waiters();
+    }
+
+    async fn wait(&self, ticket: &Ticket) -> Option<(u32, u64)> {
+        loop {
+            let done = self.done.notified();
+            match self.inner.lock().ids.get(&ticket.key) {
+                Some(Entry::Pending { seq, .. }) if *seq == ticket.seq => {}
+                Some(Entry::Stored {
+                    partition, offset, ..
+                }) => return Some((*partition, *offset)),
+                // Withdrawn (or expired, or claimed again since): the first append failed.
+                _ => return None,
+            }
+            done.await;
         }
     }
 
-    /// The append of a new claim failed: the id is free again (waiters see the failure and
-    /// claim it themselves).
-    pub fn withdraw(&self, id: &str, slot: &Arc<Slot>) {
-        slot.outcome.send_replace(Some(None));
+    fn remember(&self, key: Key, at_ms: u64, partition: u32, offset: u64) {
         let mut inner = self.inner.lock();
-        if matches!(inner.ids.get(id), Some(Entry::Pending(s, _)) if Arc::ptr_eq(s, slot)) {
-            inner.ids.remove(id);
-        }
-    }
-
-    /// Remembers an id found in the log at boot.
-    pub fn remember(&self, id: String, at_ms: u64, partition: u32, offset: u64) {
-        let mut inner = self.inner.lock();
-        if inner
-            .ids
-            .insert(id.clone(), Entry::Stored(partition, offset, at_ms))
-            .is_none()
-        {
-            inner.order.push_back((at_ms, id));
+        let entry = Entry::Stored {
+            partition,
+            offset,
+            at: at_ms,
+        };
+        if inner.ids.insert(key, entry).is_none() {
+            inner.order_at.push_back(at_ms);
+            inner.order_key.push_back(key);
         }
     }
 
@@ -267,7 +312,7 @@ pub fn rebuild(
             }) = serde_json::from_slice(&payload)
                 && timestamp >= horizon
             {
-                dedup.remember(id, timestamp, partition.number, e.offset);
+                dedup.remember(&id, timestamp, partition.number, e.offset);
             }
         }
     }
@@ -287,11 +332,17 @@ mod tests {
         let Claim::Pending(second) = d.claim("a", 1010, 100) else {
             panic!("second claim")
         };
-        d.stored("a", &first, 2, 7);
-        assert_eq!(second.wait().await, Some((2, 7)));
+        let waiting = async { d.wait(&second).await };
+        let storing = async {
+            tokio::task::yield_now().await;
+            d.stored(&first, 2, 7);
+        };
+        let (got, ()) = tokio::join!(waiting, storing);
+        assert_eq!(got, Some((2, 7)));
         assert!(matches!(d.claim("a", 1020, 100), Claim::Stored(2, 7)));
         // Past the window the id is new again.
         assert!(matches!(d.claim("a", 1101, 100), Claim::New(_)));
+        assert!(matches!(d.claim("b", 1101, 100), Claim::New(_)));
     }
 
     #[tokio::test]
@@ -303,10 +354,17 @@ mod tests {
         let Claim::Pending(waiter) = d.claim("a", 1, 100) else {
             panic!()
         };
-        d.withdraw("a", &first);
-        assert_eq!(waiter.wait().await, None);
-        assert!(matches!(d.claim("a", 2, 100), Claim::New(_)));
-        d.remember("b".into(), 5, 1, 3);
+        d.withdraw(&first);
+        assert_eq!(d.wait(&waiter).await, None);
+        let Claim::New(again) = d.claim("a", 2, 100) else {
+            panic!()
+        };
+        // A stale ticket does not complete the newer claim.
+        d.stored(&first, 9, 9);
+        assert!(matches!(d.claim("a", 3, 100), Claim::Pending(_)));
+        d.stored(&again, 0, 4);
+        assert!(matches!(d.claim("a", 4, 100), Claim::Stored(0, 4)));
+        d.remember("b", 5, 1, 3);
         assert!(matches!(d.claim("b", 6, 100), Claim::Stored(1, 3)));
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod boot;
 pub mod consume;
+pub mod dedup;
 pub mod embedded;
 pub mod http;
 pub mod memory;

@@ -39,7 +39,7 @@ pub struct SoakBench {
     pub retention_bytes: u64,
 }
 
-fn rss_kib() -> u64 {
+pub(super) fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
