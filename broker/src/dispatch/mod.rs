@@ -6,7 +6,8 @@
 //!   why it may get no answer ([`TargetError`]).
 //! - [`targets`]: the kinds of target (`http`, `wasm`, `in_process`) and [`Targets`], which builds
 //!   them from specs.
-//! - `worker`: the drain loop of one (dispatcher, topic): order, retries, dead letters.
+//! - `worker`: the drain loop of one (dispatcher, topic, partition): reading, order, positions;
+//!   `retries`: at-least-once sending (NACK resends, backoff, dead letters).
 //! - `backoff`: the 1 s → 60 s schedule of retries while a consumer or the disk is down.
 //! - `checkpoint_saver`: persisting a worker's position in the background, batched; `claims`:
 //!   at-most-once positions made durable before sending, and `at_most_once`: sending each
@@ -22,6 +23,7 @@ mod checkpoint_saver;
 mod claims;
 mod lanes;
 pub mod redrive;
+mod retries;
 pub mod target;
 pub mod targets;
 mod worker;

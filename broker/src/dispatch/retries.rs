@@ -1,0 +1,238 @@
+//! At-least-once sending (README, "Dispatchers"): a run of messages delivered as one batch or
+//! one by one, a NACK resent up to `maxNackRetries` times and then dead-lettered, a communication
+//! failure retried with backoff (1 s doubling to 60 s) forever, because the consumer will come back
+//! and the message must not be skipped. The reading, ordering and positions are in `worker`;
+//! at-most-once sending is in `at_most_once`.
+
+use std::sync::atomic::Ordering;
+
+use mmmq_core::{StoredMessage, Topic};
+use serde_json::value::RawValue;
+
+use super::backoff::Backoff;
+use super::target::{Delivery, Outcome, RunAnswer, TargetError};
+use super::worker::{Stopped, Worker, now_ms};
+use crate::config::DeliveryMode;
+use crate::metrics::ConsumerLabel;
+
+impl Worker {
+    /// Delivers the gathered run (as one batch when the target takes batches) and advances.
+    pub(super) async fn deliver_gathered(
+        &self,
+        run: &mut Vec<(u64, Delivery)>,
+        advance: &mut (dyn FnMut(u64) + Send),
+    ) -> Result<(), Stopped> {
+        if self.spec.delivery == DeliveryMode::AtMostOnce {
+            return self.deliver_each_once(run, advance).await;
+        }
+        let mut items: std::collections::VecDeque<(u64, Delivery)> = std::mem::take(run).into();
+        while !items.is_empty() {
+            if self.cancel.is_cancelled() {
+                return Err(Stopped);
+            }
+            if items.len() == 1 {
+                let (offset, d) = items.pop_front().expect("one item");
+                self.deliver_one(d, 0, None).await?;
+                advance(offset);
+                continue;
+            }
+            let batch: Vec<Delivery> = items.iter().map(|(_, d)| d.clone()).collect();
+            let RunAnswer { acked, stopped } = self.deliver_run_with_backoff(&batch).await?;
+            for _ in 0..acked {
+                let (offset, d) = items.pop_front().expect("acked items exist");
+                self.acked(&d);
+                advance(offset);
+            }
+            match stopped {
+                None => {}
+                Some(Outcome::Nack(reason)) if self.target.answers_per_message() => {
+                    self.nacked();
+                    let (offset, d) = items.pop_front().expect("the NACKed item exists");
+                    self.deliver_one(d, 1, Some(reason)).await?;
+                    advance(offset);
+                }
+                // A NACKed batch goes again one message at a time, so only the failing ones
+                // are retried and dead-lettered.
+                Some(_) => {
+                    self.nacked();
+                    while let Some((offset, d)) = items.pop_front() {
+                        if self.cancel.is_cancelled() {
+                            return Err(Stopped);
+                        }
+                        self.deliver_one(d, 0, None).await?;
+                        advance(offset);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Like [`Self::deliver_with_backoff`] for a run: retries while nothing of it got an answer.
+    /// A failure after some messages were ACKed is left to the caller, which goes on with the rest.
+    async fn deliver_run_with_backoff(&self, batch: &[Delivery]) -> Result<RunAnswer, Stopped> {
+        let mut backoff = Backoff::new();
+        loop {
+            match self.target.deliver_run(batch, &self.cancel).await {
+                RunAnswer {
+                    acked: 0,
+                    stopped: Some(Outcome::Failed(why)),
+                } => self.failed(&batch[0], why, &mut backoff).await?,
+                RunAnswer {
+                    acked,
+                    stopped: Some(Outcome::Failed(_)),
+                } => return Ok(RunAnswer::all(acked)),
+                answer => return Ok(answer),
+            }
+        }
+    }
+
+    /// Counts a communication failure, logs it on the first of a streak and at the longest
+    /// backoff (not on every retry), and waits out the backoff.
+    pub(super) async fn failed(
+        &self,
+        d: &Delivery,
+        why: TargetError,
+        backoff: &mut Backoff,
+    ) -> Result<(), Stopped> {
+        // Not a failure of the consumer: the worker is stopping (and the target said so).
+        if self.cancel.is_cancelled() {
+            return Err(Stopped);
+        }
+        let wait = backoff.failed();
+        self.stats.retries.fetch_add(1, Ordering::Relaxed);
+        self.metrics.retries.get_or_create(&self.label()).inc();
+        if backoff.worth_logging() {
+            tracing::warn!(offset = d.envelope.offset, error = %why, retry_in_s = wait.as_secs(), "delivery failed; retrying");
+        }
+        self.record_error(why.to_string());
+        self.sleep(wait).await
+    }
+
+    /// One message: resend on NACK up to the limit, then dead-letter it. `nacks` and `reason`
+    /// carry a NACK it already got in a run.
+    async fn deliver_one(
+        &self,
+        d: Delivery,
+        mut nacks: u32,
+        mut reason: Option<String>,
+    ) -> Result<(), Stopped> {
+        let batch = std::slice::from_ref(&d);
+        loop {
+            if self.cancel.is_cancelled() {
+                return Err(Stopped);
+            }
+            if let Some(why) = &reason
+                && nacks > self.spec.max_nack_retries
+            {
+                return self.dead_letter(&d, why, nacks).await;
+            }
+            match self.deliver_with_backoff(batch).await? {
+                Outcome::Ack => {
+                    self.acked(&d);
+                    return Ok(());
+                }
+                Outcome::Nack(why) => {
+                    self.nacked();
+                    nacks += 1;
+                    reason = Some(why);
+                    tracing::debug!(offset = d.envelope.offset, nacks, "NACK");
+                }
+                Outcome::Failed(_) => unreachable!("deliver_with_backoff retries failures"),
+            }
+        }
+    }
+
+    /// Delivers until the consumer gives an answer (ACK or NACK), backing off on failures.
+    async fn deliver_with_backoff(&self, batch: &[Delivery]) -> Result<Outcome, Stopped> {
+        let mut backoff = Backoff::new();
+        loop {
+            match self.target.deliver(batch, &self.cancel).await {
+                Outcome::Failed(why) => self.failed(&batch[0], why, &mut backoff).await?,
+                answer => {
+                    if backoff.failures() > 0 {
+                        tracing::info!(failures = backoff.failures(), "consumer reachable again");
+                    }
+                    return Ok(answer);
+                }
+            }
+        }
+    }
+
+    pub(super) async fn dead_letter(
+        &self,
+        d: &Delivery,
+        reason: &str,
+        attempts: u32,
+    ) -> Result<(), Stopped> {
+        let dlq = Topic::dead_letter(&self.spec.consumer_id);
+        let mut content = serde_json::json!({
+            "consumerId": self.spec.consumer_id,
+            "reason": reason,
+            "attempts": attempts,
+            "envelope": d.envelope,
+        });
+        // Dead-lettered again after a redrive: the earlier failures come along.
+        if let Some(history) = &d.history {
+            content["history"] = serde_json::Value::Array(history.to_vec());
+        }
+        let payload = StoredMessage {
+            timestamp: now_ms(),
+            key: d.envelope.key.clone(),
+            content: RawValue::from_string(content.to_string()).expect("json! is valid JSON"),
+            id: None,
+        }
+        .to_payload();
+        let mut backoff = Backoff::new();
+        loop {
+            let result = match self.registry.get_or_create(&dlq).await {
+                Ok(t) => {
+                    // Dead letters are routed by the original key, as a producer's would be.
+                    let p = t
+                        .route(None, d.envelope.key.as_deref())
+                        .expect("a route without an explicit partition always exists");
+                    p.log.append(&payload).await
+                }
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(dlq_offset) => {
+                    tracing::warn!(offset = d.envelope.offset, attempts, reason, dlq = %dlq, dlq_offset, "message dead-lettered");
+                    self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                    self.metrics
+                        .dead_lettered
+                        .get_or_create(&self.label())
+                        .inc();
+                    self.record_error(format!(
+                        "offset {} dead-lettered after {attempts} attempts: {reason}",
+                        d.envelope.offset
+                    ));
+                    return Ok(());
+                }
+                Err(e) => {
+                    // Skipping would lose the message: wait for the disk instead.
+                    tracing::error!(error = %e, "cannot write to the dead-letter topic; retrying");
+                    self.record_error(e.to_string());
+                    self.sleep(backoff.failed()).await?;
+                }
+            }
+        }
+    }
+
+    pub(super) fn acked(&self, d: &Delivery) {
+        self.stats.delivered.fetch_add(1, Ordering::Relaxed);
+        self.metrics.delivered.get_or_create(&self.label()).inc();
+        let latency = now_ms().saturating_sub(d.envelope.timestamp) as f64 / 1000.0;
+        self.metrics
+            .delivery_latency
+            .get_or_create(&ConsumerLabel {
+                consumer: self.spec.consumer_id.to_string(),
+            })
+            .observe(latency);
+    }
+
+    pub(super) fn nacked(&self) {
+        self.stats.nacked.fetch_add(1, Ordering::Relaxed);
+        self.metrics.nacked.get_or_create(&self.label()).inc();
+    }
+}
