@@ -153,6 +153,9 @@ pub enum TargetStatus {
         /// Why the newest file is not serving, if it is not.
         #[serde(rename = "loadError")]
         load_error: Option<String>,
+        /// The WIT world of the version serving (`mmmq:plugin/handler@0.1.0` or `@0.2.0`).
+        #[serde(default)]
+        world: Option<String>,
     },
     /// A kind of target this version does not know (a newer broker's).
     #[serde(other)]

@@ -383,6 +383,7 @@ pub async fn dispatchers(broker: &Conn, json: bool, out: &mut dyn Write) -> Resu
                     path,
                     version,
                     load_error,
+                    ..
                 } => match (version, load_error) {
                     (Some(v), None) => format!("{path} @{v}"),
                     (Some(v), Some(_)) => format!("{path} @{v} (newer file failed)"),

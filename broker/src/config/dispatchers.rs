@@ -86,6 +86,8 @@ pub struct PluginSpec {
     pub timeout: Duration,
     /// The guest's memory cap.
     pub max_memory_bytes: u64,
+    /// `plugin.config`: what a 0.2.0 plugin reads with `get-config`.
+    pub config: std::sync::Arc<std::collections::BTreeMap<String, String>>,
 }
 
 /// One validated dispatcher.
@@ -142,6 +144,7 @@ struct RawPlugin {
     path: String,
     timeout_ms: Option<u64>,
     max_memory_bytes: Option<u64>,
+    config: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// Defaults of `dispatchers.json` (README, "Dispatchers").
@@ -268,6 +271,7 @@ fn parse_entry(value: serde_json::Value, root_dir: &Path) -> Result<DispatcherSp
                 path: root_dir.join(&p.path),
                 timeout: positive_ms(p.timeout_ms, DEFAULT_PLUGIN_TIMEOUT_MS, "plugin.timeoutMs")?,
                 max_memory_bytes,
+                config: std::sync::Arc::new(p.config.unwrap_or_default()),
             })
         }
     };
@@ -487,6 +491,14 @@ mod tests {
             (
                 r#"[{"consumerId":"a","pattern":"x","host":{"protocol":"HTTP","address":"h","port":1,"timeoutMs":0}}]"#,
                 "timeoutMs",
+            ),
+            (
+                r#"[{"consumerId":"a","pattern":"x","plugin":{"path":"p.wasm","config":{"n":1}}}]"#,
+                "plugin.config.n: invalid type: integer `1`, expected a string",
+            ),
+            (
+                r#"[{"consumerId":"a","pattern":"x","plugin":{"path":"p.wasm","config":["a"]}}]"#,
+                "plugin.config: invalid type: sequence, expected a map",
             ),
             (
                 r#"[{"consumerId":"a","pattern":"x","plugin":{"path":"p.wasm"},"batchMaxMessages":5}]"#,

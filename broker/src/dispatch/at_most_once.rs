@@ -77,6 +77,23 @@ impl Worker {
                         advance(*offset);
                     }
                 }
+                // A resend is a second send: at-most-once dead-letters instead.
+                Outcome::RetryAfter(wait) => {
+                    let reason = format!(
+                        "asked to retry after {} ms; at-most-once sends a message once",
+                        wait.as_millis()
+                    );
+                    for (offset, d) in &items[about.clone()] {
+                        self.dead_letter(d, &reason, 1).await?;
+                        advance(*offset);
+                    }
+                }
+                Outcome::DeadLetter(reason) => {
+                    for (offset, d) in &items[about.clone()] {
+                        self.dead_letter(d, &reason, 1).await?;
+                        advance(*offset);
+                    }
+                }
                 Outcome::Failed(TargetError::Stopping) => return Err(Stopped),
                 Outcome::Failed(why @ TargetError::NotLoaded(_)) => {
                     // Never handed over: it waits for the plugin, like any other message.

@@ -32,7 +32,7 @@ impl Worker {
             }
             if items.len() == 1 {
                 let (offset, d) = items.pop_front().expect("one item");
-                self.deliver_one(d, 0, None).await?;
+                self.deliver_one(d, None).await?;
                 advance(offset);
                 continue;
             }
@@ -45,10 +45,10 @@ impl Worker {
             }
             match stopped {
                 None => {}
-                Some(Outcome::Nack(reason)) if self.target.answers_per_message() => {
-                    self.nacked();
-                    let (offset, d) = items.pop_front().expect("the NACKed item exists");
-                    self.deliver_one(d, 1, Some(reason)).await?;
+                // A per-message answer other than ACK is that message's: it goes on alone.
+                Some(answer) if self.target.answers_per_message() => {
+                    let (offset, d) = items.pop_front().expect("the answered item exists");
+                    self.deliver_one(d, Some(answer)).await?;
                     advance(offset);
                 }
                 // A NACKed batch goes again one message at a time, so only the failing ones
@@ -59,7 +59,7 @@ impl Worker {
                         if self.cancel.is_cancelled() {
                             return Err(Stopped);
                         }
-                        self.deliver_one(d, 0, None).await?;
+                        self.deliver_one(d, None).await?;
                         advance(offset);
                     }
                 }
@@ -109,37 +109,50 @@ impl Worker {
         self.sleep(wait).await
     }
 
-    /// One message: resend on NACK up to the limit, then dead-letter it. `nacks` and `reason`
-    /// carry a NACK it already got in a run.
+    /// One message until it is done: resent on NACK up to the limit, then dead-lettered; resent
+    /// after the wait a `retry-after` asks for (not a NACK: it does not count against
+    /// `maxNackRetries`, only in `attempt`); dead-lettered at once on `dead-letter`. `answer` is an
+    /// answer it already got in a run (it was sent once).
     async fn deliver_one(
         &self,
-        d: Delivery,
-        mut nacks: u32,
-        mut reason: Option<String>,
+        mut d: Delivery,
+        mut answer: Option<Outcome>,
     ) -> Result<(), Stopped> {
-        let batch = std::slice::from_ref(&d);
+        let mut nacks = 0u32;
         loop {
             if self.cancel.is_cancelled() {
                 return Err(Stopped);
             }
-            if let Some(why) = &reason
-                && nacks > self.spec.max_nack_retries
-            {
-                return self.dead_letter(&d, why, nacks).await;
-            }
-            match self.deliver_with_backoff(batch).await? {
-                Outcome::Ack => {
+            match answer.take() {
+                None => {}
+                Some(Outcome::Ack) => {
                     self.acked(&d);
                     return Ok(());
                 }
-                Outcome::Nack(why) => {
+                Some(Outcome::Nack(why)) => {
                     self.nacked();
                     nacks += 1;
-                    reason = Some(why);
                     tracing::debug!(offset = d.envelope.offset, nacks, "NACK");
+                    if nacks > self.spec.max_nack_retries {
+                        return self.dead_letter(&d, &why, d.attempt).await;
+                    }
+                    d.attempt += 1;
                 }
-                Outcome::Failed(_) => unreachable!("deliver_with_backoff retries failures"),
+                Some(Outcome::RetryAfter(wait)) => {
+                    tracing::debug!(
+                        offset = d.envelope.offset,
+                        wait_ms = wait.as_millis() as u64,
+                        "retry after"
+                    );
+                    self.sleep(wait).await?;
+                    d.attempt += 1;
+                }
+                Some(Outcome::DeadLetter(why)) => {
+                    return self.dead_letter(&d, &why, d.attempt).await;
+                }
+                Some(Outcome::Failed(_)) => unreachable!("deliver_with_backoff retries failures"),
             }
+            answer = Some(self.deliver_with_backoff(std::slice::from_ref(&d)).await?);
         }
     }
 

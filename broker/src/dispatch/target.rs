@@ -24,6 +24,9 @@ pub struct Delivery {
     /// A redriven dead letter: its earlier failures (`{"reason","attempts","deadLetteredAt",
     /// "dlqOffset"}`, oldest first), kept if it is dead-lettered again.
     pub history: Option<std::sync::Arc<Vec<serde_json::Value>>>,
+    /// Which delivery of the message this is: 1 the first time, one more per resend after a
+    /// NACK or a `retry-after`.
+    pub attempt: u32,
 }
 
 impl Delivery {
@@ -33,6 +36,7 @@ impl Delivery {
             envelope,
             lane: 0,
             history: None,
+            attempt: 1,
         }
     }
 }
@@ -62,6 +66,10 @@ pub enum Outcome {
     Ack,
     /// The consumer refused; the reason is recorded with the dead letter.
     Nack(String),
+    /// Resend after this long (a plugin's `retry-after`): not a NACK, one more attempt.
+    RetryAfter(std::time::Duration),
+    /// Dead-letter it now with this reason (a plugin's `dead-letter`).
+    DeadLetter(String),
     /// No usable answer: retried with backoff, forever.
     Failed(TargetError),
 }

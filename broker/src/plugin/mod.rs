@@ -2,6 +2,7 @@
 //!
 //! # Layout
 //! - [`runtime`]: the engine, compilation, the sandboxed instance and its limits.
+//! - `worlds`: the two WIT worlds served (0.1.0 and 0.2.0) behind one call and one verdict.
 //! - [`tools`]: `mmmq plugin check` and `mmmq plugin new`.
 //! - `guest_log`: a guest's log lines and stdout/stderr into `tracing`, rate-limited.
 //!
@@ -11,6 +12,7 @@
 mod guest_log;
 pub mod runtime;
 pub mod tools;
+mod worlds;
 
 pub use guest_log::GuestLog;
 pub use runtime::{Compiled, PluginEngine, PluginError};

@@ -22,21 +22,17 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::guest_log::{GuestLevel, GuestLog, GuestOutput};
+use super::guest_log::{GuestLog, GuestOutput};
 
-mod bindings {
-    wasmtime::component::bindgen!({
-        world: "handler",
-        path: "../wit",
-    });
-}
-
-pub use bindings::mmmq::plugin::types::{Ack as WitAck, Message as WitMessage};
+pub use super::worlds::{Call, Verdict, WORLD_V1, WORLD_V2};
+use super::worlds::{Handler, Pre};
 
 /// How often the epoch advances: the granularity of `timeoutMs`.
 const TICK: Duration = Duration::from_millis(1);
@@ -89,7 +85,7 @@ impl PluginEngine {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| PluginError::Compile(e.to_string()))?;
-        bindings::Handler::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
+        super::worlds::add_to_linker(&mut linker)
             .map_err(|e| PluginError::Compile(e.to_string()))?;
         let this = Arc::new(Self { engine, linker });
         let weak: Weak<Self> = Arc::downgrade(&this);
@@ -120,18 +116,10 @@ impl PluginEngine {
                 PluginError::Compile(msg)
             }
         })?;
-        let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|e| PluginError::World(format!("{e:#}")))?;
-        let pre =
-            bindings::HandlerPre::new(pre).map_err(|e| PluginError::World(format!("{e:#}")))?;
-        let imports = component
-            .component_type()
-            .imports(&self.engine)
-            .map(|(name, _)| name.to_owned())
-            .collect();
+        let pre = Pre::new(&self.linker, &component)?;
+        let imports = super::worlds::imports(&component, &self.engine);
         Ok(Compiled {
+            world: pre.world(),
             pre,
             version,
             size: bytes.len(),
@@ -153,7 +141,9 @@ pub fn version_of(bytes: &[u8]) -> String {
 
 /// A compiled, type-checked component.
 pub struct Compiled {
-    pre: bindings::HandlerPre<HostState>,
+    pre: Pre,
+    /// The world it implements: [`WORLD_V1`] or [`WORLD_V2`].
+    pub world: &'static str,
     /// See [`version_of`].
     pub version: String,
     /// File size.
@@ -254,7 +244,9 @@ pub struct HostState {
     wasi: WasiCtx,
     table: ResourceTable,
     limiter: Limiter,
-    log: GuestLog,
+    pub(super) log: GuestLog,
+    /// The dispatcher's `plugin.config` (0.2.0 `get-config`).
+    pub(super) config: Arc<BTreeMap<String, String>>,
 }
 
 impl WasiView for HostState {
@@ -263,22 +255,6 @@ impl WasiView for HostState {
             ctx: &mut self.wasi,
             table: &mut self.table,
         }
-    }
-}
-
-impl bindings::mmmq::plugin::types::Host for HostState {}
-
-impl bindings::mmmq::plugin::log::Host for HostState {
-    fn log(&mut self, level: bindings::mmmq::plugin::log::Level, message: String) {
-        use bindings::mmmq::plugin::log::Level;
-        let level = match level {
-            Level::Trace => GuestLevel::Trace,
-            Level::Debug => GuestLevel::Debug,
-            Level::Info => GuestLevel::Info,
-            Level::Warn => GuestLevel::Warn,
-            Level::Error => GuestLevel::Error,
-        };
-        self.log.emit(level, "log", &message);
     }
 }
 
@@ -306,19 +282,20 @@ impl wasmtime_wasi::HostMonotonicClock for FrozenClock {
 /// A live instance of one version, with its store.
 pub struct Instance {
     store: Store<HostState>,
-    handler: bindings::Handler,
+    handler: Handler,
     /// The version it runs.
     pub version: String,
     limits: Limits,
 }
 
 impl Instance {
-    /// Instantiates `compiled` in a fresh sandbox. Blocking.
+    /// Instantiates `compiled` in a fresh sandbox with the dispatcher's `plugin.config`. Blocking.
     pub fn new(
         engine: &PluginEngine,
         compiled: &Compiled,
         limits: Limits,
         log: &GuestLog,
+        config: Arc<BTreeMap<String, String>>,
     ) -> Result<Self, PluginError> {
         let wasi = WasiCtx::builder()
             .stdout(GuestOutput::new(log.clone(), false))
@@ -331,6 +308,7 @@ impl Instance {
             table: ResourceTable::new(),
             limiter: Limiter::new(limits.max_memory_bytes),
             log: log.clone(),
+            config,
         };
         let mut store = Store::new(&engine.engine, state);
         store.limiter(|s| &mut s.limiter);
@@ -352,10 +330,10 @@ impl Instance {
     }
 
     /// Calls `handle`. After an `Err` the instance must be dropped. Blocking.
-    pub fn handle(&mut self, message: &WitMessage) -> Result<WitAck, PluginError> {
+    pub fn handle(&mut self, call: &Call) -> Result<Verdict, PluginError> {
         self.store.set_epoch_deadline(ticks(self.limits.timeout));
         self.handler
-            .call_handle(&mut self.store, message)
+            .call(&mut self.store, call)
             .map_err(|e| self.classify(e))
     }
 

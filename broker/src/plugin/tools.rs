@@ -18,16 +18,8 @@ pub fn check(file: &Path, out: &mut dyn Write) -> std::io::Result<bool> {
     })();
     match verdict {
         Ok(c) => {
-            let world = c
-                .imports
-                .iter()
-                .find_map(|i| i.strip_prefix("mmmq:plugin/log@"))
-                .map_or_else(
-                    || "mmmq:plugin/handler".to_owned(),
-                    |v| format!("mmmq:plugin/handler@{v}"),
-                );
             writeln!(out, "{}: compatible mmmq plugin", file.display())?;
-            writeln!(out, "  world:    {world} (exports handle)")?;
+            writeln!(out, "  world:    {} (exports handle)", c.world)?;
             writeln!(
                 out,
                 "  version:  {} (as GET /mmmq/dispatchers shows it)",

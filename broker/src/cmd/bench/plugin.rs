@@ -32,7 +32,7 @@ pub struct PluginBench {
 /// The cost of one `handle` call (reused instance and instance per message), then a stored
 /// backlog drained through the plugin versus through a no-op HTTP consumer in the same run.
 pub async fn run(cfg: PluginBench, out: &mut (dyn Write + Send)) -> anyhow::Result<()> {
-    use mmmq::plugin::runtime::{Instance, Limits, PluginEngine, WitMessage};
+    use mmmq::plugin::runtime::{Call, Instance, Limits, PluginEngine};
     let bytes = std::fs::read(&cfg.wasm)?;
     let calls = cfg.calls;
     let size = cfg.message_bytes;
@@ -46,14 +46,18 @@ pub async fn run(cfg: PluginBench, out: &mut (dyn Write + Send)) -> anyhow::Resu
             timeout: Duration::from_secs(1),
         };
         let log = mmmq::plugin::GuestLog::new("bench");
-        let message = WitMessage {
+        let message = Call {
             topic: "bench".into(),
+            partition: 0,
             offset: 0,
             timestamp: 0,
             key: None,
+            id: None,
+            attempt: 1,
             content: format!(r#"{{"pad":"{}"}}"#, "x".repeat(size.saturating_sub(10))),
         };
-        let mut instance = Instance::new(&engine, &compiled, limits, &log)?;
+        let config = std::sync::Arc::default();
+        let mut instance = Instance::new(&engine, &compiled, limits, &log, config)?;
         instance.handle(&message)?;
         let t = Instant::now();
         for _ in 0..calls {
@@ -63,7 +67,8 @@ pub async fn run(cfg: PluginBench, out: &mut (dyn Write + Send)) -> anyhow::Resu
         let fresh_calls = (calls / 10).max(100);
         let t = Instant::now();
         for _ in 0..fresh_calls {
-            Instance::new(&engine, &compiled, limits, &log)?.handle(&message)?;
+            Instance::new(&engine, &compiled, limits, &log, Default::default())?
+                .handle(&message)?;
         }
         let fresh_us = t.elapsed().as_secs_f64() * 1e6 / fresh_calls as f64;
         Ok((compile_ms, reuse_us, fresh_us))

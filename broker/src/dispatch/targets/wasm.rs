@@ -27,7 +27,7 @@ use crate::dispatch::target::{
 };
 use crate::plugin::GuestLog;
 use crate::plugin::runtime::{
-    Compiled, Instance, Limits, PluginEngine, PluginError, WitAck, WitMessage, version_of,
+    Call, Compiled, Instance, Limits, PluginEngine, PluginError, Verdict, version_of,
 };
 
 /// How long a file must be quiet before it is reloaded (editors write in several steps).
@@ -96,7 +96,7 @@ pub struct PluginTarget {
 }
 
 enum CallResult {
-    Answered(Instance, WitAck),
+    Answered(Instance, Verdict),
     Stopped(Instance),
     Faulted(PluginError),
     NoInstance(PluginError),
@@ -276,13 +276,16 @@ impl Shared {
                 .unwrap_or_else(|| "no file loaded yet".into());
             return RunAnswer::stopped(0, Outcome::Failed(TargetError::NotLoaded(why)));
         };
-        let messages: Vec<WitMessage> = batch
+        let messages: Vec<Call> = batch
             .iter()
-            .map(|d| WitMessage {
+            .map(|d| Call {
                 topic: d.envelope.topic.to_string(),
+                partition: d.envelope.partition,
                 offset: d.envelope.offset,
                 timestamp: d.envelope.timestamp,
                 key: d.envelope.key.clone(),
+                id: d.envelope.id.clone(),
+                attempt: d.attempt,
                 content: d.envelope.content.get().to_owned(),
             })
             .collect();
@@ -304,7 +307,13 @@ impl Shared {
         let (acked, result) = tokio::task::spawn_blocking(move || {
             let mut instance = match idle {
                 Some(i) => i,
-                None => match Instance::new(&this.engine, &compiled, limits, &this.log) {
+                None => match Instance::new(
+                    &this.engine,
+                    &compiled,
+                    limits,
+                    &this.log,
+                    this.spec.config.clone(),
+                ) {
                     Ok(i) => i,
                     Err(e) => return (0, CallResult::NoInstance(e)),
                 },
@@ -315,12 +324,12 @@ impl Shared {
                     return (i, CallResult::Stopped(instance));
                 }
                 match instance.handle(m) {
-                    Ok(WitAck::Ack) => {}
-                    Ok(ack) => return (i, CallResult::Answered(instance, ack)),
+                    Ok(Verdict::Ack) => {}
+                    Ok(verdict) => return (i, CallResult::Answered(instance, verdict)),
                     Err(e) => return (i, CallResult::Faulted(e)),
                 }
             }
-            (messages.len(), CallResult::Answered(instance, WitAck::Ack))
+            (messages.len(), CallResult::Answered(instance, Verdict::Ack))
         })
         .await
         .expect("plugin call task panicked");
@@ -328,8 +337,12 @@ impl Shared {
             CallResult::Answered(instance, ack) => {
                 self.keep_idle(topic, instance);
                 match ack {
-                    WitAck::Ack => None,
-                    WitAck::Nack => Some(Outcome::Nack("plugin answered nack".into())),
+                    Verdict::Ack => None,
+                    Verdict::Nack => Some(Outcome::Nack("plugin answered nack".into())),
+                    Verdict::RetryAfter(ms) => {
+                        Some(Outcome::RetryAfter(Duration::from_millis(u64::from(ms))))
+                    }
+                    Verdict::DeadLetter(reason) => Some(Outcome::DeadLetter(reason)),
                 }
             }
             CallResult::Stopped(instance) => {
@@ -381,6 +394,12 @@ impl Target for PluginTarget {
                 .as_ref()
                 .map(|c| c.version.clone()),
             load_error: self.shared.load_error.lock().clone(),
+            world: self
+                .shared
+                .current
+                .load()
+                .as_ref()
+                .map(|c| c.world.to_owned()),
         }
     }
 
