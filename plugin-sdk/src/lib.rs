@@ -45,8 +45,11 @@
 //! crate-type = ["cdylib", "rlib"]
 //! ```
 //!
-//! A handler may also return `bool` or a `Result` (an `Err` is logged and NACKed): anything that
-//! implements [`IntoAck`].
+//! A handler may also return `bool`, a `Result` (an `Err` is logged and NACKed) or a full
+//! [`Verdict`] (`RetryAfter(ms)`, `DeadLetter(reason)`): anything that implements
+//! [`IntoVerdict`]. [`Ack`] is [`Verdict`] under its first name, so `Ack::Ack` and `Ack::Nack` keep
+//! working. [`config`] reads the dispatcher's `plugin.config`. The component implements the
+//! `mmmq:plugin/handler@0.2.0` world (`wit/0.2.0/plugin.wit`).
 //!
 //! # The sandbox
 //! The component gets no filesystem, network or environment, and frozen clocks (use
@@ -65,7 +68,7 @@ use serde::de::DeserializeOwned;
 pub mod __bindings {
     wit_bindgen::generate!({
         world: "handler",
-        path: "../wit",
+        path: "../wit/0.2.0",
         pub_export_macro: true,
         export_macro_name: "__export_handler",
         default_bindings_module: "mmmq_plugin_sdk::__bindings",
@@ -79,26 +82,42 @@ use __bindings::mmmq::plugin::types as wit;
 pub struct Message {
     /// The topic it was produced to.
     pub topic: String,
-    /// Its offset in the topic.
+    /// The partition it is stored in.
+    pub partition: u32,
+    /// Its offset in the partition.
     pub offset: u64,
     /// Milliseconds since the Unix epoch, set by the broker at append.
     pub timestamp: u64,
     /// The producer's key.
     pub key: Option<String>,
+    /// The producer's idempotency id.
+    pub id: Option<String>,
+    /// Which delivery this is: 1 the first time, one more per resend (after a NACK or a
+    /// `RetryAfter`).
+    pub attempt: u32,
     /// The content as JSON text, exactly as produced.
     pub content: String,
 }
 
 impl Message {
-    /// A message for tests: offset 0, timestamp 0, no key.
+    /// A message for tests: partition 0, offset 0, timestamp 0, no key or id, first attempt.
     pub fn new(topic: impl Into<String>, content: impl Into<String>) -> Self {
         Self {
             topic: topic.into(),
+            partition: 0,
             offset: 0,
             timestamp: 0,
             key: None,
+            id: None,
+            attempt: 1,
             content: content.into(),
         }
+    }
+
+    /// The same message as a later attempt (for tests).
+    pub fn attempt(mut self, attempt: u32) -> Self {
+        self.attempt = attempt;
+        self
     }
 
     /// The same message with a key (for tests).
@@ -128,50 +147,78 @@ impl From<wit::Message> for Message {
     fn from(m: wit::Message) -> Self {
         Self {
             topic: m.topic,
+            partition: m.partition,
             offset: m.offset,
             timestamp: m.timestamp,
             key: m.key,
+            id: m.id,
+            attempt: m.attempt,
             content: m.content,
         }
     }
 }
 
 /// The answer to one message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ack {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
     /// Done: the broker moves on.
     Ack,
-    /// Refused: the broker resends, then dead-letters.
+    /// Refused: the broker resends (up to the dispatcher's `maxNackRetries`), then dead-letters.
     Nack,
+    /// Resend after this many milliseconds (one more attempt; not counted as a NACK).
+    RetryAfter(u32),
+    /// Straight to the dead-letter topic with this reason, no retries.
+    DeadLetter(String),
 }
+
+/// [`Verdict`] under its first name: `Ack::Ack`, `Ack::Nack`.
+pub type Ack = Verdict;
 
 /// What a handler may return.
-pub trait IntoAck {
+pub trait IntoVerdict {
     /// The answer.
-    fn into_ack(self) -> Ack;
+    fn into_verdict(self) -> Verdict;
 }
 
-impl IntoAck for Ack {
-    fn into_ack(self) -> Ack {
+pub use IntoVerdict as IntoAck;
+
+impl IntoVerdict for Verdict {
+    fn into_verdict(self) -> Verdict {
         self
     }
 }
 
-impl IntoAck for bool {
-    fn into_ack(self) -> Ack {
-        if self { Ack::Ack } else { Ack::Nack }
+impl IntoVerdict for bool {
+    fn into_verdict(self) -> Verdict {
+        if self { Verdict::Ack } else { Verdict::Nack }
     }
 }
 
-impl<T, E: std::fmt::Display> IntoAck for Result<T, E> {
-    fn into_ack(self) -> Ack {
+impl<T, E: std::fmt::Display> IntoVerdict for Result<T, E> {
+    fn into_verdict(self) -> Verdict {
         match self {
-            Ok(_) => Ack::Ack,
+            Ok(_) => Verdict::Ack,
             Err(e) => {
                 __private::log(Level::Warn, format!("handler failed: {e}"));
-                Ack::Nack
+                Verdict::Nack
             }
         }
+    }
+}
+
+/// A value of the dispatcher's `plugin.config` (`dispatchers.json`). In native tests, the values
+/// set with [`testing::set_config`].
+pub fn config(key: &str) -> Option<String> {
+    __private::config(key)
+}
+
+/// Helpers for native tests of a handler.
+pub mod testing {
+    /// Sets what [`crate::config`] answers for `key` in this thread (native tests only).
+    pub fn set_config(key: &str, value: &str) {
+        super::__private::TEST_CONFIG.with(|c| {
+            c.borrow_mut().insert(key.to_owned(), value.to_owned());
+        });
     }
 }
 
@@ -190,7 +237,7 @@ pub enum Level {
     Error,
 }
 
-/// Exports `handler` (a `fn(Message) -> impl IntoAck`) as the component's `handle`.
+/// Exports `handler` (a `fn(Message) -> impl IntoVerdict`) as the component's `handle`.
 #[macro_export]
 macro_rules! export {
     ($handler:path) => {
@@ -199,7 +246,7 @@ macro_rules! export {
         impl $crate::__bindings::Guest for __MmmqHandler {
             fn handle(
                 message: $crate::__bindings::mmmq::plugin::types::Message,
-            ) -> $crate::__bindings::mmmq::plugin::types::Ack {
+            ) -> $crate::__bindings::mmmq::plugin::types::Verdict {
                 $crate::__private::call($handler, message)
             }
         }
@@ -235,11 +282,29 @@ macro_rules! error { ($($arg:tt)+) => { $crate::log!($crate::Level::Error, $($ar
 pub mod __private {
     use super::*;
 
-    pub fn call<R: IntoAck>(handler: fn(Message) -> R, message: wit::Message) -> wit::Ack {
-        match handler(message.into()).into_ack() {
-            Ack::Ack => wit::Ack::Ack,
-            Ack::Nack => wit::Ack::Nack,
+    pub fn call<R: IntoVerdict>(handler: fn(Message) -> R, message: wit::Message) -> wit::Verdict {
+        match handler(message.into()).into_verdict() {
+            Verdict::Ack => wit::Verdict::Ack,
+            Verdict::Nack => wit::Verdict::Nack,
+            Verdict::RetryAfter(ms) => wit::Verdict::RetryAfter(ms),
+            Verdict::DeadLetter(reason) => wit::Verdict::DeadLetter(reason),
         }
+    }
+
+    thread_local! {
+        /// `config` in native tests.
+        pub static TEST_CONFIG: std::cell::RefCell<std::collections::HashMap<String, String>> =
+            std::cell::RefCell::new(std::collections::HashMap::new());
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    pub fn config(key: &str) -> Option<String> {
+        __bindings::mmmq::plugin::host::get_config(key)
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn config(key: &str) -> Option<String> {
+        TEST_CONFIG.with(|c| c.borrow().get(key).cloned())
     }
 
     #[cfg(target_arch = "wasm32")]

@@ -369,6 +369,24 @@ pub fn host_dispatcher(id: &str, pattern: &str, port: u16) -> Value {
     })
 }
 
+/// A dispatcher entry for a plugin file in `{root}/plugins/`; `extra` adds fields (and fields of
+/// `"plugin"`).
+pub fn plugin_dispatcher(id: &str, pattern: &str, file: &str, extra: Value) -> Value {
+    let mut d = serde_json::json!({"consumerId": id, "pattern": pattern, "plugin": {"path": format!("plugins/{file}")}});
+    if let Value::Object(extra) = extra {
+        for (k, v) in extra {
+            if k == "plugin" {
+                for (pk, pv) in v.as_object().unwrap() {
+                    d["plugin"][pk] = pv.clone();
+                }
+            } else {
+                d[k] = v;
+            }
+        }
+    }
+    d
+}
+
 /// How a test consumer answers one envelope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answer {
@@ -619,6 +637,8 @@ pub struct Handled {
     pub offset: u64,
     /// How many messages the instance that handled it had handled, this one included.
     pub seen: u64,
+    /// Which delivery of the message it was (1 for builds that do not log it).
+    pub attempt: u32,
     /// The rest of the line: `key=… content=…`.
     pub rest: String,
 }
@@ -635,6 +655,14 @@ impl Broker {
                 let (topic, rest) = rest.split_once(" offset=")?;
                 let (offset, rest) = rest.split_once(" seen=")?;
                 let (seen, rest) = rest.split_once(' ')?;
+                // 0.2.0 builds log the attempt next.
+                let (attempt, rest) = match rest.strip_prefix("attempt=") {
+                    Some(r) => {
+                        let (a, r) = r.split_once(' ')?;
+                        (a.parse().ok()?, r)
+                    }
+                    None => (1, rest),
+                };
                 // tracing appends the span's fields after the message.
                 let rest = rest.split(" consumer_id=").next().unwrap_or(rest);
                 Some(Handled {
@@ -642,6 +670,7 @@ impl Broker {
                     topic: topic.to_owned(),
                     offset: offset.parse().ok()?,
                     seen: seen.parse().ok()?,
+                    attempt,
                     rest: rest.to_owned(),
                 })
             })

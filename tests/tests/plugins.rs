@@ -5,28 +5,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use mmmq_tests::{
-    Broker, Consumer, Handled, deploy_plugin, eventually, host_dispatcher, plugin_wasm,
-    write_dispatchers,
+    Broker, Consumer, Handled, deploy_plugin, eventually, host_dispatcher, plugin_dispatcher,
+    plugin_wasm, write_dispatchers,
 };
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn plugin_dispatcher(id: &str, pattern: &str, file: &str, extra: Value) -> Value {
-    let mut d = json!({"consumerId": id, "pattern": pattern, "plugin": {"path": format!("plugins/{file}")}});
-    if let Value::Object(extra) = extra {
-        for (k, v) in extra {
-            if k == "plugin" {
-                for (pk, pv) in v.as_object().unwrap() {
-                    d["plugin"][pk] = pv.clone();
-                }
-            } else {
-                d[k] = v;
-            }
-        }
-    }
-    d
-}
 
 async fn dispatcher_status(broker: &Broker, id: &str) -> Value {
     let (_, all) = broker.get("/mmmq/dispatchers").await;
@@ -586,7 +570,7 @@ async fn plugin_new_scaffolds_a_crate_that_builds_and_checks() {
     let text = String::from_utf8_lossy(&check.stdout);
     assert!(check.status.success(), "{text}");
     assert!(
-        text.contains("compatible mmmq plugin") && text.contains("mmmq:plugin/handler@0.1.0"),
+        text.contains("compatible mmmq plugin") && text.contains("mmmq:plugin/handler@0.2.0"),
         "{text}"
     );
 }

@@ -120,9 +120,9 @@ impl Worker {
     ) -> Result<(), Stopped> {
         let mut nacks = 0u32;
         loop {
-            if self.cancel.is_cancelled() {
-                return Err(Stopped);
-            }
+            // An answer that came back is acted on even when a stop came meanwhile (an ACK must
+            // move the position, or a clean restart would deliver the message again); a stop only
+            // keeps the next send from going out.
             match answer.take() {
                 None => {}
                 Some(Outcome::Ack) => {
@@ -151,6 +151,9 @@ impl Worker {
                     return self.dead_letter(&d, &why, d.attempt).await;
                 }
                 Some(Outcome::Failed(_)) => unreachable!("deliver_with_backoff retries failures"),
+            }
+            if self.cancel.is_cancelled() {
+                return Err(Stopped);
             }
             answer = Some(self.deliver_with_backoff(std::slice::from_ref(&d)).await?);
         }

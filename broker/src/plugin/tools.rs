@@ -116,7 +116,7 @@ strip = true
             "src/lib.rs",
             r##"//! An mmmq message handler.
 
-use mmmq_plugin_sdk::{Ack, Message, info, warn};
+use mmmq_plugin_sdk::{Message, Verdict, info};
 use serde::Deserialize;
 
 /// What this handler expects in a message's content.
@@ -126,18 +126,18 @@ pub struct Event {
     pub id: u64,
 }
 
-/// Called once per message, in offset order. `Ack::Nack` makes the broker resend the message and
-/// then move it to the dead-letter topic.
-pub fn handle(msg: Message) -> Ack {
+/// Called once per message, in offset order per partition. `Verdict::Nack` makes the broker resend
+/// the message (then dead-letter it), `Verdict::RetryAfter(ms)` resend it after a while, and
+/// `Verdict::DeadLetter(reason)` dead-letter it at once. `mmmq_plugin_sdk::config("key")` reads
+/// the dispatcher's `plugin.config`.
+pub fn handle(msg: Message) -> Verdict {
     match msg.json::<Event>() {
         Ok(event) => {
             info!("{} offset {}: event {}", msg.topic, msg.offset, event.id);
-            Ack::Ack
+            Verdict::Ack
         }
-        Err(e) => {
-            warn!("{} offset {}: {e}", msg.topic, msg.offset);
-            Ack::Nack
-        }
+        // Content that is not an event never will be: no point in resending it.
+        Err(e) => Verdict::DeadLetter(format!("not an event: {e}")),
     }
 }
 
@@ -148,9 +148,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn events_are_acked_and_the_rest_nacked() {
-        assert_eq!(handle(Message::new("events", r#"{"id": 7}"#)), Ack::Ack);
-        assert_eq!(handle(Message::new("events", r#"{"name": "x"}"#)), Ack::Nack);
+    fn events_are_acked_and_the_rest_dead_lettered() {
+        assert_eq!(handle(Message::new("events", r#"{"id": 7}"#)), Verdict::Ack);
+        assert!(matches!(
+            handle(Message::new("events", r#"{"name": "x"}"#)),
+            Verdict::DeadLetter(_)
+        ));
     }
 }
 "##

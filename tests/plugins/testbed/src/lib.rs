@@ -5,14 +5,16 @@
 //! saw of its topic (the next offset, or the same again) is NACKed as an order violation.
 //! Otherwise it does (unless built as `calm`, which ACKs everything)
 //! what the content's `"do"` says: `loop`, `alloc` (until memory runs out), `stack` (unbounded
-//! recursion), `panic`, `nack`, `flood` (10,000 log lines), `biglog` (one 8 MiB line); anything
-//! else is ACKed.
+//! recursion), `panic`, `nack`, `flood` (10,000 log lines), `biglog` (one 8 MiB line), and with the
+//! 0.2.0 world: `retry` (`retry-after` `"ms"` until attempt `"until"`), `deadletter` (the verdict,
+//! with `"reason"`), `config` (logs `config KEY=VALUE` for `"key"`); anything else is ACKed. The
+//! log line carries `attempt=A` after `seen=S`.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use mmmq_plugin_sdk::{Ack, Message, info};
+use mmmq_plugin_sdk::{Ack, Message, Verdict, info};
 
 const VERSION: &str = match option_env!("TESTBED_VERSION") {
     Some(v) => v,
@@ -58,8 +60,8 @@ fn in_order(topic: &str, offset: u64) -> bool {
 pub fn handle(msg: Message) -> Ack {
     let seen = SEEN.fetch_add(1, Ordering::Relaxed) + 1;
     info!(
-        "testbed version={VERSION} topic={} offset={} seen={seen} key={:?} content={}",
-        msg.topic, msg.offset, msg.key, msg.content
+        "testbed version={VERSION} topic={} offset={} seen={seen} attempt={} key={:?} content={}",
+        msg.topic, msg.offset, msg.attempt, msg.key, msg.content
     );
     let stream = if VERSION == "lanes" {
         format!("{}/{:?}", msg.topic, msg.key)
@@ -81,7 +83,30 @@ pub fn handle(msg: Message) -> Ack {
         .ok()
         .filter(|_| VERSION != "calm")
         .and_then(|v| v.get("do").and_then(|d| d.as_str()).map(str::to_owned));
+    let field = |name: &str| {
+        msg.value()
+            .ok()
+            .and_then(|v| v.get(name).cloned())
+            .unwrap_or_default()
+    };
     match action.as_deref() {
+        Some("retry") => {
+            let until = field("until").as_u64().unwrap_or(2) as u32;
+            if msg.attempt < until {
+                Verdict::RetryAfter(field("ms").as_u64().unwrap_or(100) as u32)
+            } else {
+                Ack::Ack
+            }
+        }
+        Some("deadletter") => {
+            Verdict::DeadLetter(field("reason").as_str().unwrap_or("testbed").to_owned())
+        }
+        Some("config") => {
+            let key = field("key");
+            let key = key.as_str().unwrap_or("");
+            info!("config {key}={:?}", mmmq_plugin_sdk::config(key));
+            Ack::Ack
+        }
         Some("loop") => {
             let mut i = 0u64;
             loop {
@@ -128,5 +153,19 @@ mod tests {
     fn plain_messages_are_acked_and_nack_is_nacked() {
         assert_eq!(handle(Message::new("t", r#"{"n":1}"#)), Ack::Ack);
         assert_eq!(handle(Message::new("t", r#"{"do":"nack"}"#)), Ack::Nack);
+    }
+
+    #[test]
+    fn verdicts_and_config_of_the_second_world() {
+        let retry = r#"{"do":"retry","ms":50,"until":3}"#;
+        assert_eq!(handle(Message::new("r", retry)), Verdict::RetryAfter(50));
+        assert_eq!(handle(Message::new("r", retry).attempt(3)), Ack::Ack);
+        let dead = r#"{"do":"deadletter","reason":"no"}"#;
+        assert_eq!(
+            handle(Message::new("d", dead)),
+            Verdict::DeadLetter("no".into())
+        );
+        mmmq_plugin_sdk::testing::set_config("k", "v");
+        assert_eq!(mmmq_plugin_sdk::config("k").as_deref(), Some("v"));
     }
 }
