@@ -244,6 +244,14 @@ impl Broker {
         }
     }
 
+    /// The status of dispatcher `id` (`GET /mmmq/dispatchers`); panics if there is none.
+    pub async fn dispatcher(&self, id: &str) -> Value {
+        let (_, all) = self.get("/mmmq/dispatchers").await;
+        all.as_array()
+            .and_then(|a| a.iter().find(|d| d["consumerId"] == id).cloned())
+            .unwrap_or_else(|| panic!("no dispatcher {id}: {all}"))
+    }
+
     /// The status of dispatcher `id` once `ready` holds, polled (panics after 60 s). Counters are
     /// updated after the consumer's answer arrives, so a test that saw a message arrive waits on
     /// the count rather than reading it at once.

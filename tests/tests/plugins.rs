@@ -12,16 +12,6 @@ use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-async fn dispatcher_status(broker: &Broker, id: &str) -> Value {
-    let (_, all) = broker.get("/mmmq/dispatchers").await;
-    all.as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["consumerId"] == id)
-        .cloned()
-        .unwrap_or_else(|| panic!("no dispatcher {id}: {all}"))
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_plugin_receives_every_message_in_order_with_content_and_key() {
     let tmp = tempfile::tempdir().unwrap();
@@ -219,7 +209,7 @@ async fn a_plugin_directory_created_after_start_is_picked_up() {
     );
     let broker = Broker::start(tmp.path()).await;
     broker.produce("late", json!({"n": 0})).await;
-    let s = dispatcher_status(&broker, "tb").await;
+    let s = broker.dispatcher("tb").await;
     assert!(
         s["target"]["loadError"]
             .as_str()
@@ -329,7 +319,7 @@ async fn files_that_are_not_handlers_are_refused_with_the_reason() {
         ),
         ("missing", "cannot read"),
     ] {
-        let s = dispatcher_status(&broker, id).await;
+        let s = broker.dispatcher(id).await;
         let err = s["target"]["loadError"].as_str().unwrap_or_default();
         assert!(err.contains(want), "{id}: {s}");
         assert_eq!(s["target"]["version"], Value::Null);
@@ -438,7 +428,7 @@ async fn hot_reload_under_load_switches_versions_between_messages() {
     // failed reload of a half-written file (then loaded the whole one).
     let deadline = std::time::Instant::now() + WAIT;
     let s = loop {
-        let s = dispatcher_status(&broker, "live").await;
+        let s = broker.dispatcher("live").await;
         if s["target"]["loadError"].is_string() {
             break s;
         }
@@ -588,7 +578,7 @@ async fn a_log_flood_is_rate_limited_and_the_message_still_handled() {
     broker.produce("f", json!({"after": 1})).await;
     // The next message's own log line may itself be dropped: the budget is spent. Status tells.
     let deadline = Instant::now() + WAIT;
-    while dispatcher_status(&broker, "tb").await["delivered"] != 2 {
+    while broker.dispatcher("tb").await["delivered"] != 2 {
         assert!(Instant::now() < deadline, "both messages handled");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -721,7 +711,7 @@ async fn the_misbehaving_guest_table_under_load_affects_only_that_plugin() {
         })
         .await;
     }
-    let good = dispatcher_status(&broker, "good").await;
+    let good = broker.dispatcher("good").await;
     assert_eq!(good["delivered"], json!(240), "{good}");
     assert_eq!(good["deadLettered"], json!(0), "{good}");
     // The well-behaved plugin saw each topic whole and in order (its instance NACKs any message
@@ -745,7 +735,7 @@ async fn the_misbehaving_guest_table_under_load_affects_only_that_plugin() {
             .collect();
         assert_eq!(offsets, (0..120).collect::<Vec<_>>(), "{topic}");
     }
-    let bad = dispatcher_status(&broker, "bad").await;
+    let bad = broker.dispatcher("bad").await;
     assert_eq!(bad["deadLettered"], json!(traps.len()), "{bad}");
     assert_eq!(broker.get("/healthz").await.0, 200);
     // The 8 MiB log line was cut, not printed.

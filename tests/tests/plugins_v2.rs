@@ -11,16 +11,6 @@ use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-async fn status(broker: &Broker, id: &str) -> Value {
-    let (_, all) = broker.get("/mmmq/dispatchers").await;
-    all.as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["consumerId"] == id)
-        .cloned()
-        .unwrap()
-}
-
 /// A component built against the 0.1.0 WIT (not with the SDK, which builds 0.2.0) and the 0.2.0
 /// testbed on the same topic: both handle every message, and status names each one's world.
 #[tokio::test(flavor = "multi_thread")]
@@ -151,6 +141,6 @@ async fn get_config_reads_the_dispatchers_plugin_config() {
             .contains("plugin.config.n: invalid type: integer `7`, expected a string"),
         "{body}"
     );
-    let s = status(&broker, "c").await;
+    let s = broker.dispatcher("c").await;
     assert_eq!(s["delivered"], 2, "the old configuration stays: {s}");
 }
