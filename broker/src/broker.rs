@@ -18,6 +18,7 @@ pub use crate::produce::{ProduceError, ProduceItem};
 use crate::storage::{FileCache, OsFs, StorageError, Vfs, clean};
 use crate::topics::Registry;
 
+mod plugin_logs;
 mod produce_api;
 mod topic_admin;
 
@@ -176,9 +177,12 @@ impl Broker {
                 .with_defaults(config.topic_defaults.clone()),
         );
         let registry_for_groups = registry.clone();
+        let background = CancellationToken::new();
+        if let Some(records) = factory.take_log_records() {
+            plugin_logs::spawn(registry.clone(), records, background.clone());
+        }
         let dispatch = Dispatch::start(registry.clone(), metrics.clone(), factory);
         let report = dispatch.apply(specs).await?;
-        let background = CancellationToken::new();
         topic_admin::spawn_retention(
             registry.clone(),
             dispatch.clone(),

@@ -144,3 +144,49 @@ async fn get_config_reads_the_dispatchers_plugin_config() {
     let s = broker.dispatcher("c").await;
     assert_eq!(s["delivered"], 2, "the old configuration stays: {s}");
 }
+
+/// What a plugin logs also goes to `__logs.<consumerId>`, each line with its level and the
+/// message it was handling (topic, partition, offset) and the plugin version.
+#[tokio::test(flavor = "multi_thread")]
+async fn log_lines_go_to_the_logs_topic_with_their_message() {
+    let tmp = tempfile::tempdir().unwrap();
+    deploy_plugin(tmp.path(), &plugin_wasm("testbed", None), "testbed.wasm");
+    write_dispatchers(
+        tmp.path(),
+        &json!([plugin_dispatcher("lg", "logged", "testbed.wasm", json!({}))]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    for n in 0..3 {
+        broker.produce("logged", json!({"n": n})).await;
+    }
+    let s = broker.dispatcher_when("lg", |s| s["delivered"] == 3).await;
+    let version = s["target"]["version"].as_str().unwrap().to_owned();
+    let lines = broker.pull_until("__logs.lg", 3).await;
+    for (i, line) in lines.iter().enumerate() {
+        let c = &line["content"];
+        assert_eq!(
+            (
+                &c["level"],
+                &c["topic"],
+                &c["partition"],
+                &c["offset"],
+                &c["version"]
+            ),
+            (
+                &json!("info"),
+                &json!("logged"),
+                &json!(0),
+                &json!(i),
+                &json!(version)
+            ),
+            "{line}"
+        );
+        assert!(
+            c["message"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("testbed version=v1 topic=logged offset={i} ")),
+            "{line}"
+        );
+    }
+}

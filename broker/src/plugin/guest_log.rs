@@ -1,6 +1,8 @@
 //! Where a guest's words go: the `log` import and its stdout/stderr both end up in `tracing`,
 //! tagged with the dispatcher's consumerId, through a token bucket so that a guest that logs in a
-//! loop cannot flood the broker's log (what is dropped is counted and reported).
+//! loop cannot flood the broker's log (what is dropped is counted and reported). Lines that pass
+//! the bucket also go, as `{"level","message","topic","partition","offset","version"}`, to a sink
+//! the broker appends to the topic `__logs.<consumerId>` (README, "WebAssembly handlers").
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,22 +33,50 @@ pub enum GuestLevel {
     Error,
 }
 
+/// A line for `__logs.<consumerId>`.
+#[derive(Debug)]
+pub struct LogRecord {
+    /// The dispatcher whose plugin logged it.
+    pub consumer_id: Arc<str>,
+    /// `{"level","message","topic","partition","offset","version"}`.
+    pub json: String,
+}
+
+/// Where [`LogRecord`]s go; full means dropped (the broker's log has the line anyway).
+pub type LogSink = tokio::sync::mpsc::Sender<LogRecord>;
+
+/// The message an instance is handling, for its log lines.
+#[derive(Debug, Clone)]
+pub struct LineContext {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: u32,
+    /// Offset.
+    pub offset: u64,
+    /// The plugin version handling it.
+    pub version: String,
+}
+
 struct Bucket {
     tokens: f64,
     refilled: Instant,
     dropped: u64,
 }
 
-/// The log of one plugin dispatcher (shared by its instances).
+/// The log of one plugin dispatcher (its bucket shared by its instances; each instance has its
+/// own copy, [`GuestLog::for_instance`], that knows which message it is handling).
 #[derive(Clone)]
 pub struct GuestLog {
     consumer_id: Arc<str>,
     bucket: Arc<Mutex<Bucket>>,
+    sink: Option<LogSink>,
+    context: Arc<Mutex<Option<LineContext>>>,
 }
 
 impl GuestLog {
-    /// A log for `consumer_id`.
-    pub fn new(consumer_id: &str) -> Self {
+    /// A log for `consumer_id`; lines also go to `sink` when there is one.
+    pub fn new(consumer_id: &str, sink: Option<LogSink>) -> Self {
         Self {
             consumer_id: consumer_id.into(),
             bucket: Arc::new(Mutex::new(Bucket {
@@ -54,7 +84,22 @@ impl GuestLog {
                 refilled: Instant::now(),
                 dropped: 0,
             })),
+            sink,
+            context: Arc::default(),
         }
+    }
+
+    /// The same log with a message context of its own, for one instance.
+    pub fn for_instance(&self) -> Self {
+        Self {
+            context: Arc::default(),
+            ..self.clone()
+        }
+    }
+
+    /// The message being handled (`None` between calls).
+    pub fn set_context(&self, context: Option<LineContext>) {
+        *self.context.lock() = context;
     }
 
     /// Emits one guest line, unless the guest is over its budget.
@@ -80,6 +125,21 @@ impl GuestLog {
             );
         }
         let line = truncate(line.trim_end(), MAX_LINE);
+        if let Some(sink) = &self.sink {
+            let context = self.context.lock().clone();
+            let record = serde_json::json!({
+                "level": format!("{level:?}").to_lowercase(),
+                "message": line,
+                "topic": context.as_ref().map(|c| c.topic.as_str()),
+                "partition": context.as_ref().map(|c| c.partition),
+                "offset": context.as_ref().map(|c| c.offset),
+                "version": context.as_ref().map(|c| c.version.as_str()),
+            });
+            let _ = sink.try_send(LogRecord {
+                consumer_id: self.consumer_id.clone(),
+                json: record.to_string(),
+            });
+        }
         match level {
             GuestLevel::Trace => tracing::trace!(consumer_id, source, "{line}"),
             GuestLevel::Debug => tracing::debug!(consumer_id, source, "{line}"),

@@ -14,5 +14,5 @@ pub mod runtime;
 pub mod tools;
 mod worlds;
 
-pub use guest_log::GuestLog;
+pub use guest_log::{GuestLog, LineContext, LogRecord, LogSink};
 pub use runtime::{Compiled, PluginEngine, PluginError};

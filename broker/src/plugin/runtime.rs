@@ -29,7 +29,7 @@ use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::guest_log::{GuestLog, GuestOutput};
+use super::guest_log::{GuestLog, GuestOutput, LineContext};
 
 pub use super::worlds::{Call, Verdict, WORLD_V1, WORLD_V2};
 use super::worlds::{Handler, Pre};
@@ -297,6 +297,7 @@ impl Instance {
         log: &GuestLog,
         config: Arc<BTreeMap<String, String>>,
     ) -> Result<Self, PluginError> {
+        let log = log.for_instance();
         let wasi = WasiCtx::builder()
             .stdout(GuestOutput::new(log.clone(), false))
             .stderr(GuestOutput::new(log.clone(), true))
@@ -307,7 +308,7 @@ impl Instance {
             wasi,
             table: ResourceTable::new(),
             limiter: Limiter::new(limits.max_memory_bytes),
-            log: log.clone(),
+            log,
             config,
         };
         let mut store = Store::new(&engine.engine, state);
@@ -332,9 +333,18 @@ impl Instance {
     /// Calls `handle`. After an `Err` the instance must be dropped. Blocking.
     pub fn handle(&mut self, call: &Call) -> Result<Verdict, PluginError> {
         self.store.set_epoch_deadline(ticks(self.limits.timeout));
-        self.handler
+        self.store.data().log.set_context(Some(LineContext {
+            topic: call.topic.clone(),
+            partition: call.partition,
+            offset: call.offset,
+            version: self.version.clone(),
+        }));
+        let verdict = self
+            .handler
             .call(&mut self.store, call)
-            .map_err(|e| self.classify(e))
+            .map_err(|e| self.classify(e));
+        self.store.data().log.set_context(None);
+        verdict
     }
 
     fn classify(&self, e: wasmtime::Error) -> PluginError {

@@ -45,7 +45,7 @@ pub async fn run(cfg: PluginBench, out: &mut (dyn Write + Send)) -> anyhow::Resu
             max_memory_bytes: 64 << 20,
             timeout: Duration::from_secs(1),
         };
-        let log = mmmq::plugin::GuestLog::new("bench");
+        let log = mmmq::plugin::GuestLog::new("bench", None);
         let message = Call {
             topic: "bench".into(),
             partition: 0,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use crate::config::{DeliveryMode, DispatcherSpec, TargetSpec};
 use crate::dispatch::target::{BoxFuture, Target};
-use crate::plugin::PluginEngine;
+use crate::plugin::{LogRecord, LogSink, PluginEngine};
 pub use fleet::FleetTarget;
 pub use http::HttpTarget;
 pub use in_process::{Handler, InProcessTarget};
@@ -26,13 +26,35 @@ pub trait TargetFactory: Send + Sync {
         &'a self,
         spec: &'a DispatcherSpec,
     ) -> BoxFuture<'a, Result<Arc<dyn Target>, String>>;
+
+    /// The plugin log lines its targets produce, for `__logs.<consumerId>`; taken once by the
+    /// broker at open.
+    fn take_log_records(&self) -> Option<tokio::sync::mpsc::Receiver<LogRecord>> {
+        None
+    }
 }
 
 /// Host targets (HTTP consumers) and plugin targets (WebAssembly components). The WebAssembly
 /// engine is created with the first plugin dispatcher, so a broker without plugins runs none.
-#[derive(Default)]
 pub struct Targets {
     engine: tokio::sync::OnceCell<Arc<PluginEngine>>,
+    logs: LogSink,
+    log_records: parking_lot::Mutex<Option<tokio::sync::mpsc::Receiver<LogRecord>>>,
+}
+
+/// Plugin log lines waiting to be appended; past this they are dropped (the broker's log keeps
+/// them).
+const LOG_QUEUE: usize = 8192;
+
+impl Default for Targets {
+    fn default() -> Self {
+        let (logs, rx) = tokio::sync::mpsc::channel(LOG_QUEUE);
+        Self {
+            engine: Default::default(),
+            logs,
+            log_records: parking_lot::Mutex::new(Some(rx)),
+        }
+    }
 }
 
 impl TargetFactory for Targets {
@@ -64,9 +86,13 @@ impl TargetFactory for Targets {
                         })
                         .await
                         .map_err(|e| e.to_string())?;
-                    let target =
-                        PluginTarget::start(engine.clone(), p.clone(), spec.consumer_id.as_str())
-                            .await;
+                    let target = PluginTarget::start(
+                        engine.clone(),
+                        p.clone(),
+                        spec.consumer_id.as_str(),
+                        Some(self.logs.clone()),
+                    )
+                    .await;
                     Ok(Arc::new(target) as Arc<dyn Target>)
                 }
                 TargetSpec::InProcess => {
@@ -74,5 +100,9 @@ impl TargetFactory for Targets {
                 }
             }
         })
+    }
+
+    fn take_log_records(&self) -> Option<tokio::sync::mpsc::Receiver<LogRecord>> {
+        self.log_records.lock().take()
     }
 }

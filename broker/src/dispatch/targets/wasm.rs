@@ -25,10 +25,10 @@ use crate::config::PluginSpec;
 use crate::dispatch::target::{
     BoxFuture, Delivery, Outcome, RunAnswer, Target, TargetError, TargetStatus,
 };
-use crate::plugin::GuestLog;
 use crate::plugin::runtime::{
     Call, Compiled, Instance, Limits, PluginEngine, PluginError, Verdict, version_of,
 };
+use crate::plugin::{GuestLog, LogSink};
 
 /// How long a file must be quiet before it is reloaded (editors write in several steps).
 const DEBOUNCE: Duration = Duration::from_millis(150);
@@ -105,10 +105,15 @@ enum CallResult {
 impl PluginTarget {
     /// Loads the component (a failure is recorded, not fatal: the dispatcher waits for a good
     /// file) and starts watching its file.
-    pub async fn start(engine: Arc<PluginEngine>, spec: PluginSpec, consumer_id: &str) -> Self {
+    pub async fn start(
+        engine: Arc<PluginEngine>,
+        spec: PluginSpec,
+        consumer_id: &str,
+        log_sink: Option<LogSink>,
+    ) -> Self {
         let shared = Arc::new(Shared {
             engine,
-            log: GuestLog::new(consumer_id),
+            log: GuestLog::new(consumer_id, log_sink),
             consumer_id: consumer_id.to_owned(),
             spec,
             current: ArcSwapOption::empty(),

@@ -1,0 +1,71 @@
+//! Plugin log lines into `__logs.<consumerId>` (README, "WebAssembly handlers"): what a plugin
+//! logs (past the rate limit) is appended to that internal topic, a batch per consumer at a time,
+//! so it can be pulled, tailed and kept by retention like any topic.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use mmmq_core::{StoredMessage, Topic};
+use serde_json::value::RawValue;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::now_ms;
+use crate::plugin::LogRecord;
+use crate::topics::Registry;
+
+/// Most lines appended in one batch.
+const BATCH: usize = 1024;
+
+/// Appends the records of `rx` until `stop`. A line that cannot be stored (a failing disk) is
+/// dropped: the broker's own log has it.
+pub(super) fn spawn(
+    registry: Arc<Registry>,
+    mut rx: mpsc::Receiver<LogRecord>,
+    stop: CancellationToken,
+) {
+    tokio::spawn(async move {
+        loop {
+            let first = tokio::select! {
+                _ = stop.cancelled() => return,
+                r = rx.recv() => match r {
+                    Some(r) => r,
+                    None => return,
+                },
+            };
+            let mut by_consumer: BTreeMap<Arc<str>, Vec<Vec<u8>>> = BTreeMap::new();
+            let mut push = |r: LogRecord| {
+                let Ok(content) = RawValue::from_string(r.json) else {
+                    return;
+                };
+                let payload = StoredMessage {
+                    timestamp: now_ms(),
+                    key: None,
+                    content,
+                    id: None,
+                }
+                .to_payload();
+                by_consumer.entry(r.consumer_id).or_default().push(payload);
+            };
+            push(first);
+            for _ in 1..BATCH {
+                match rx.try_recv() {
+                    Ok(r) => push(r),
+                    Err(_) => break,
+                }
+            }
+            for (consumer_id, payloads) in by_consumer {
+                let Ok(topic) = Topic::new(format!("__logs.{consumer_id}")) else {
+                    continue;
+                };
+                let stored = match registry.get_or_create(&topic).await {
+                    Ok(t) => t.first().log.append_batch(&payloads).await.map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = stored {
+                    tracing::debug!(topic = %topic, error = %e, lines = payloads.len(), "plugin log lines not stored");
+                }
+            }
+        }
+    });
+}
