@@ -189,4 +189,23 @@ async fn log_lines_go_to_the_logs_topic_with_their_message() {
             "{line}"
         );
     }
+    // `mmmq plugin logs` prints them for people.
+    let out = std::process::Command::new(mmmq_tests::mmmq_bin())
+        .args(["plugin", "logs", "lg"])
+        .env("MMMQ_BROKER", &broker.url)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let first = text.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with(&format!("INFO  logged/0@0 ({version}): testbed version=v1")),
+        "{text}"
+    );
+    let out = std::process::Command::new(mmmq_tests::mmmq_bin())
+        .args(["plugin", "logs", "nobody"])
+        .env("MMMQ_BROKER", &broker.url)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("has logged nothing yet"));
 }

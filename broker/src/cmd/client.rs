@@ -128,6 +128,49 @@ pub async fn tail(
     follow: bool,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
+    tail_with(
+        broker,
+        (topic, partition),
+        (from, follow),
+        out,
+        envelope_line,
+    )
+    .await
+}
+
+/// An envelope as `tail` prints it: one JSON object.
+pub fn envelope_line(m: &mmmq_client::Envelope) -> String {
+    serde_json::to_string(m).expect("an envelope encodes")
+}
+
+/// A line of `__logs.<consumerId>` for people: `LEVEL topic/partition@offset (version): line`.
+pub fn plugin_log_line(m: &mmmq_client::Envelope) -> String {
+    let c: serde_json::Value = serde_json::from_str(m.content.get()).unwrap_or_default();
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".into(),
+        other => other.to_string(),
+    };
+    format!(
+        "{:<5} {}/{}@{} ({}): {}",
+        text(&c["level"]).to_uppercase(),
+        text(&c["topic"]),
+        text(&c["partition"]),
+        text(&c["offset"]),
+        text(&c["version"]),
+        text(&c["message"])
+    )
+}
+
+/// Prints a partition's messages from `from`, each as `format` says; with `follow`, keeps
+/// waiting for more.
+pub async fn tail_with(
+    broker: &Conn,
+    (topic, partition): (&str, u32),
+    (from, follow): (u64, bool),
+    out: &mut dyn Write,
+    format: fn(&mmmq_client::Envelope) -> String,
+) -> Result<(), CliError> {
     let wait = if follow {
         Duration::from_secs(30)
     } else {
@@ -145,11 +188,7 @@ pub async fn tail(
             return Ok(());
         }
         for m in messages {
-            writeln!(
-                out,
-                "{}",
-                serde_json::to_string(&m).expect("an envelope encodes")
-            )?;
+            writeln!(out, "{}", format(&m))?;
         }
         out.flush()?;
     }

@@ -160,6 +160,23 @@ enum PluginCommand {
         #[arg(long)]
         sdk_path: Option<PathBuf>,
     },
+    /// What a plugin dispatcher's plugin logged (`__logs.CONSUMER`): level, the message it was
+    /// handling, the plugin version, the line.
+    Logs {
+        /// The dispatcher's consumerId.
+        consumer: String,
+        /// First offset of the log topic.
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        /// Keep waiting for new lines.
+        #[arg(long)]
+        follow: bool,
+        /// One JSON envelope per line instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        broker: BrokerArg,
+    },
 }
 
 #[derive(clap::Args)]
@@ -337,6 +354,35 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 } else {
                     ExitCode::from(1)
                 })
+            }
+            PluginCommand::Logs {
+                consumer,
+                from,
+                follow,
+                json,
+                broker,
+            } => {
+                let rt = tokio::runtime::Runtime::new()?;
+                let topic = format!("__logs.{consumer}");
+                let format = if json {
+                    client::envelope_line
+                } else {
+                    client::plugin_log_line
+                };
+                let tailed = rt.block_on(client::tail_with(
+                    &broker.conn(),
+                    (&topic, 0),
+                    (from, follow),
+                    &mut std::io::stdout(),
+                    format,
+                ));
+                match tailed {
+                    Err(client::CliError::Client(mmmq_client::ClientError::NoSuchTopic(_))) => {
+                        println!("{consumer:?} has logged nothing yet");
+                        Ok(ExitCode::SUCCESS)
+                    }
+                    other => other.map(|()| ExitCode::SUCCESS).map_err(Into::into),
+                }
             }
             PluginCommand::New {
                 name,
