@@ -415,9 +415,10 @@ impl Broker {
             .await
     }
 
-    /// As [`Broker::handle`], with chosen NACK resends and `maxInFlight` lanes (README,
-    /// "Dispatchers"): with more than one lane the handler is called concurrently, each key's
-    /// messages still one at a time, in offset order.
+    /// As [`Broker::handle`], with chosen NACK resends, `maxInFlight` lanes (README,
+    /// "Dispatchers": with more than one lane the handler is called concurrently, each key's
+    /// messages still one at a time, in offset order) and delivery mode (README, "Delivery
+    /// modes").
     pub async fn handle_with<T, F, Fut, E>(
         &self,
         consumer_id: &str,

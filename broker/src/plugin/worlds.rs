@@ -170,37 +170,29 @@ pub(super) fn imports(component: &Component, engine: &Engine) -> Vec<String> {
         .collect()
 }
 
-impl v1::mmmq::plugin::types::Host for HostState {}
+/// The `log` import of one world: the same levels under each world's own generated types.
+macro_rules! log_host {
+    ($world:ident) => {
+        impl $world::mmmq::plugin::types::Host for HostState {}
 
-impl v1::mmmq::plugin::log::Host for HostState {
-    fn log(&mut self, level: v1::mmmq::plugin::log::Level, message: String) {
-        use v1::mmmq::plugin::log::Level;
-        let level = match level {
-            Level::Trace => GuestLevel::Trace,
-            Level::Debug => GuestLevel::Debug,
-            Level::Info => GuestLevel::Info,
-            Level::Warn => GuestLevel::Warn,
-            Level::Error => GuestLevel::Error,
-        };
-        self.log.emit(level, "log", &message);
-    }
+        impl $world::mmmq::plugin::log::Host for HostState {
+            fn log(&mut self, level: $world::mmmq::plugin::log::Level, message: String) {
+                use $world::mmmq::plugin::log::Level;
+                let level = match level {
+                    Level::Trace => GuestLevel::Trace,
+                    Level::Debug => GuestLevel::Debug,
+                    Level::Info => GuestLevel::Info,
+                    Level::Warn => GuestLevel::Warn,
+                    Level::Error => GuestLevel::Error,
+                };
+                self.log.emit(level, "log", &message);
+            }
+        }
+    };
 }
 
-impl v2::mmmq::plugin::types::Host for HostState {}
-
-impl v2::mmmq::plugin::log::Host for HostState {
-    fn log(&mut self, level: v2::mmmq::plugin::log::Level, message: String) {
-        use v2::mmmq::plugin::log::Level;
-        let level = match level {
-            Level::Trace => GuestLevel::Trace,
-            Level::Debug => GuestLevel::Debug,
-            Level::Info => GuestLevel::Info,
-            Level::Warn => GuestLevel::Warn,
-            Level::Error => GuestLevel::Error,
-        };
-        self.log.emit(level, "log", &message);
-    }
-}
+log_host!(v1);
+log_host!(v2);
 
 impl v2::mmmq::plugin::host::Host for HostState {
     fn emit(
