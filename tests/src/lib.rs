@@ -516,6 +516,14 @@ impl Consumer {
             .collect()
     }
 
+    /// The offset of every envelope received, in order.
+    pub fn offsets(&self) -> Vec<u64> {
+        self.envelopes()
+            .iter()
+            .map(|e| e["offset"].as_u64().expect("an envelope has an offset"))
+            .collect()
+    }
+
     /// Envelopes of one topic, in the order received.
     pub fn of_topic(&self, topic: &str) -> Vec<Value> {
         self.envelopes()

@@ -58,11 +58,7 @@ async fn a_nack_dead_letters_at_once_a_failure_drops_and_nothing_comes_twice() {
         "{s}"
     );
     assert_eq!(s["topics"][0]["retries"], 0, "{s}");
-    let offsets: Vec<u64> = consumer
-        .envelopes()
-        .iter()
-        .map(|e| e["offset"].as_u64().unwrap())
-        .collect();
+    let offsets: Vec<u64> = consumer.offsets();
     assert_eq!(offsets, (0..20).collect::<Vec<_>>(), "each exactly once");
     let dlq = broker.pull_all("__dlq.amo").await;
     assert_eq!(dlq.len(), 4);
@@ -78,11 +74,7 @@ async fn a_nack_dead_letters_at_once_a_failure_drops_and_nothing_comes_twice() {
     broker
         .dispatcher_when("amo", |s| s["topics"][0]["nextOffset"] == 21)
         .await;
-    let offsets: Vec<u64> = consumer
-        .envelopes()
-        .iter()
-        .map(|e| e["offset"].as_u64().unwrap())
-        .collect();
+    let offsets: Vec<u64> = consumer.offsets();
     assert_eq!(
         offsets,
         (0..21).collect::<Vec<_>>(),

@@ -59,11 +59,7 @@ async fn a_clean_restart_neither_loses_nor_redelivers() {
             .then_some(())
     })
     .await;
-    let offsets: Vec<u64> = consumer
-        .envelopes()
-        .iter()
-        .map(|e| e["offset"].as_u64().unwrap())
-        .collect();
+    let offsets: Vec<u64> = consumer.offsets();
     assert_eq!(
         offsets,
         (0..11).collect::<Vec<_>>(),

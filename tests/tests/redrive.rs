@@ -6,9 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use mmmq_tests::{
-    Answer, Broker, Consumer, free_port, host_dispatcher, mmmq_bin, write_dispatchers,
-};
+use mmmq_tests::{Answer, Broker, Consumer, host_dispatcher, mmmq_bin, write_dispatchers};
 use serde_json::{Value, json};
 
 fn dispatcher(id: &str, pattern: &str, port: u16, retries: u32) -> Value {
@@ -240,7 +238,6 @@ async fn bad_redrives_are_refused_naming_the_problem() {
 
     // The consumer goes away: the redrive retries with backoff and keeps running.
     nacker.stop().await;
-    let _ = free_port();
     let (status, body) = broker
         .post("/mmmq/dispatchers/bad/redrive", &json!({}))
         .await;

@@ -15,6 +15,7 @@ use super::backoff::Backoff;
 use super::checkpoint_saver::CheckpointSaver;
 use super::target::{Delivery, Outcome, RunAnswer, TargetError};
 use super::worker::{Stopped, Worker};
+use crate::config::DeliveryMode;
 
 impl Worker {
     /// Waits until everything below `needed` is durably claimed (a no-op for at-least-once);
@@ -26,6 +27,10 @@ impl Worker {
         needed: u64,
         limit: u64,
     ) -> Result<(), Stopped> {
+        // At-least-once claims nothing: no wait on the delivery path.
+        if self.spec.delivery == DeliveryMode::AtLeastOnce {
+            return Ok(());
+        }
         tokio::select! {
             biased;
             _ = self.cancel.cancelled() => Err(Stopped),
