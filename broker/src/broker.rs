@@ -181,7 +181,12 @@ impl Broker {
         if let Some(records) = factory.take_log_records() {
             plugin_logs::spawn(registry.clone(), records, background.clone());
         }
-        let dispatch = Dispatch::start(registry.clone(), metrics.clone(), factory);
+        let emitter = Arc::new(crate::emit::Emitter::new(
+            registry.clone(),
+            metrics.clone(),
+            config.max_body_bytes,
+        ));
+        let dispatch = Dispatch::start(registry.clone(), metrics.clone(), factory, emitter);
         let report = dispatch.apply(specs).await?;
         topic_admin::spawn_retention(
             registry.clone(),

@@ -7,12 +7,13 @@
 //! - [`broker`]: [`broker::Broker`], the composition root and the one API the HTTP layer, an
 //!   embedding application and the binary use: produce, pull, topics, dispatcher status, reload,
 //!   in-process handlers, metrics.
-//! - [`produce`]: [`produce::ProduceItem`], what a produce may carry, checked in one place.
 //! - [`dispatch`]: dispatchers, their drain workers (`worker`, `lanes`, `backoff`,
 //!   `checkpoint_saver`) and their targets (`dispatch::targets::{http, fleet, wasm, in_process}`).
 //! - [`groups`]: pull consumer groups: membership, balanced partition ownership, commits.
+//! - [`emit`]: a plugin's emitted messages appended exactly once (origins, bounds, recovery).
 //! - [`plugin`]: the WebAssembly runtime (engine, limits, sandbox) and the plugin tools; it knows
 //!   nothing of dispatchers.
+//! - [`produce`]: [`produce::ProduceItem`], what a produce may carry, checked in one place.
 //! - [`topics`]: the registry of topics (each a set of partitions, one log and its checkpoints
 //!   each), their configuration and retention; created on first use or by the topic API.
 //! - [`config`]: `serve` settings with their defaults and validation, and the strict
@@ -51,6 +52,7 @@
 pub mod broker;
 pub mod config;
 pub mod dispatch;
+pub mod emit;
 pub mod groups;
 pub mod http;
 pub mod inspect;

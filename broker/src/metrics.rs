@@ -67,6 +67,8 @@ pub struct Metrics {
     pub skipped: Family<DispatchLabel, Counter>,
     /// Messages an at-most-once dispatcher dropped after a communication failure.
     pub dropped: Family<DispatchLabel, Counter>,
+    /// Messages plugins emitted and the broker appended (once each), by dispatcher.
+    pub emitted: Family<ConsumerLabel, Counter>,
     /// Segments deleted by retention, by topic.
     pub segments_deleted: Family<TopicLabel, Counter>,
     /// Retention passes over every topic completed (one at boot, then every check interval).
@@ -103,6 +105,7 @@ impl Metrics {
             corrupt_skipped: Family::default(),
             skipped: Family::default(),
             dropped: Family::default(),
+            emitted: Family::default(),
             segments_deleted: Family::default(),
             retention_passes: Counter::default(),
             delivery_latency: Family::new_with_constructor(latency_histogram),
@@ -167,6 +170,11 @@ impl Metrics {
             m.dropped.clone(),
         );
         registry.register(
+            "messages_emitted",
+            "Messages plugins emitted, appended once each",
+            m.emitted.clone(),
+        );
+        registry.register(
             "retention_segments_deleted",
             "Segments deleted by retention",
             m.segments_deleted.clone(),
@@ -205,6 +213,15 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
+    }
+
+    /// Counts `messages` of `bytes` appended to `topic` (a produce, or a plugin's emits).
+    pub fn count_in(&self, topic: &mmmq_core::Topic, messages: u64, bytes: usize) {
+        let label = TopicLabel {
+            topic: topic.to_string(),
+        };
+        self.messages_in.get_or_create(&label).inc_by(messages);
+        self.bytes_in.get_or_create(&label).inc_by(bytes as u64);
     }
 
     /// Records one group commit of `entries` entries.

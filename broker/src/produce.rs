@@ -152,6 +152,11 @@ impl ProduceItem {
     pub fn content(&self) -> &RawValue {
         &self.content
     }
+
+    /// Its key and content, for a caller that stores it itself (a plugin's emits).
+    pub fn into_parts(self) -> (Topic, Option<String>, Box<RawValue>) {
+        (self.topic, self.key, self.content)
+    }
 }
 
 #[cfg(test)]

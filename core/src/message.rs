@@ -91,6 +91,29 @@ pub struct StoredMessage {
     /// older payloads read the same).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    /// Where a plugin's emitted message came from (README, "Plugins, version 2"); absent from
+    /// produced messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Origin>,
+}
+
+/// The origin of a message a plugin emitted: which dispatcher's call on which message, and which
+/// of that call's emits it was. Stored with the message, it is what makes emits exactly once: a
+/// re-run of the same message after a crash finds its outputs by their origin and appends none of
+/// them again, however long ago they were stored.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Origin {
+    /// The dispatcher whose plugin emitted it.
+    pub consumer_id: String,
+    /// The topic of the message being handled.
+    pub topic: String,
+    /// Its partition.
+    pub partition: u32,
+    /// Its offset.
+    pub offset: u64,
+    /// Which of the call's emits, from 0.
+    pub index: u32,
 }
 
 impl StoredMessage {
@@ -115,6 +138,7 @@ impl StoredMessage {
             key: self.key,
             content: self.content,
             id: self.id,
+            origin: self.origin,
         }
     }
 }
@@ -138,6 +162,9 @@ pub struct Envelope {
     /// The producer's idempotency id, when it gave one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    /// Where a plugin's emitted message came from; absent from produced messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Origin>,
     /// The producer's content, verbatim (last, so that its bytes end the envelope).
     pub content: Box<RawValue>,
 }
@@ -186,6 +213,7 @@ mod tests {
             key: None,
             content: RawValue::from_string(content.to_owned()).unwrap(),
             id: None,
+            origin: None,
         };
         let back = StoredMessage::from_payload(&msg.to_payload()).unwrap();
         assert_eq!(back.content.get(), content);

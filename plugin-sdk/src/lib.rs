@@ -48,7 +48,8 @@
 //! A handler may also return `bool`, a `Result` (an `Err` is logged and NACKed) or a full
 //! [`Verdict`] (`RetryAfter(ms)`, `DeadLetter(reason)`): anything that implements
 //! [`IntoVerdict`]. [`Ack`] is [`Verdict`] under its first name, so `Ack::Ack` and `Ack::Nack` keep
-//! working. [`config`] reads the dispatcher's `plugin.config`. The component implements the
+//! working. [`config`] reads the dispatcher's `plugin.config`; [`emit`] produces to other topics
+//! (exactly once, and only if the handler ACKs). The component implements the
 //! `mmmq:plugin/handler@0.2.0` world (`wit/0.2.0/plugin.wit`).
 //!
 //! # The sandbox
@@ -212,13 +213,66 @@ pub fn config(key: &str) -> Option<String> {
     __private::config(key)
 }
 
+/// Produces a message to another topic, as part of handling this one (README, "Plugins,
+/// version 2"). It is appended only if the handler answers [`Verdict::Ack`], before the broker
+/// moves past the message, and exactly once, even across a crash and a re-run of the message.
+/// A keyed message goes to its key's partition, as a producer's would.
+///
+/// Refused, with the reason, for a `__` topic, a name that is not a topic name, content that is
+/// not JSON, more than 1,000 emits in one call or more than 32 × the broker's message limit in
+/// all. In native tests the emits are kept for [`testing::take_emits`].
+pub fn emit(topic: &str, key: Option<&str>, content: &str) -> Result<(), EmitError> {
+    __private::emit(topic, key, content).map_err(EmitError)
+}
+
+/// [`emit`] with content serialized from a value.
+pub fn emit_json<T: serde::Serialize + ?Sized>(
+    topic: &str,
+    key: Option<&str>,
+    value: &T,
+) -> Result<(), EmitError> {
+    let content = serde_json::to_string(value).map_err(|e| EmitError(e.to_string()))?;
+    emit(topic, key, &content)
+}
+
+/// Why the broker refused an emit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmitError(pub String);
+
+impl std::fmt::Display for EmitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "emit refused: {}", self.0)
+    }
+}
+
+impl std::error::Error for EmitError {}
+
+/// One message a handler emitted (native tests: [`testing::take_emits`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Emitted {
+    /// Where it goes.
+    pub topic: String,
+    /// Its key.
+    pub key: Option<String>,
+    /// Its content as JSON text.
+    pub content: String,
+}
+
 /// Helpers for native tests of a handler.
 pub mod testing {
+    use super::Emitted;
+
     /// Sets what [`crate::config`] answers for `key` in this thread (native tests only).
     pub fn set_config(key: &str, value: &str) {
         super::__private::TEST_CONFIG.with(|c| {
             c.borrow_mut().insert(key.to_owned(), value.to_owned());
         });
+    }
+
+    /// What the handler emitted in this thread since the last call, in order (native tests only).
+    /// Natively every emit is kept, whatever the verdict; in the broker only an `Ack`'s are.
+    pub fn take_emits() -> Vec<Emitted> {
+        super::__private::TEST_EMITS.with(|e| std::mem::take(&mut *e.borrow_mut()))
     }
 }
 
@@ -295,6 +349,38 @@ pub mod __private {
         /// `config` in native tests.
         pub static TEST_CONFIG: std::cell::RefCell<std::collections::HashMap<String, String>> =
             std::cell::RefCell::new(std::collections::HashMap::new());
+        /// `emit` in native tests.
+        pub static TEST_EMITS: std::cell::RefCell<Vec<Emitted>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    pub fn emit(topic: &str, key: Option<&str>, content: &str) -> Result<(), String> {
+        __bindings::mmmq::plugin::host::emit(topic, key, content)
+    }
+
+    /// Natively the broker's first checks are mirrored (a `__` topic, content that is not JSON),
+    /// so a test sees the refusals a handler must deal with.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn emit(topic: &str, key: Option<&str>, content: &str) -> Result<(), String> {
+        if topic.starts_with("__") {
+            return Err(format!(
+                "topic {topic:?} is internal; plugins cannot emit to it"
+            ));
+        }
+        if topic.is_empty() {
+            return Err("the topic name is empty".into());
+        }
+        serde_json::from_str::<serde::de::IgnoredAny>(content)
+            .map_err(|e| format!("content is not JSON: {e}"))?;
+        TEST_EMITS.with(|e| {
+            e.borrow_mut().push(Emitted {
+                topic: topic.to_owned(),
+                key: key.map(str::to_owned),
+                content: content.to_owned(),
+            })
+        });
+        Ok(())
     }
 
     #[cfg(target_arch = "wasm32")]

@@ -209,3 +209,75 @@ async fn log_lines_go_to_the_logs_topic_with_their_message() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("has logged nothing yet"));
 }
+
+/// Only an `ack`ed call's emits are appended, each with its origin; a call that panics, NACKs or
+/// times out after emitting leaves nothing behind, however often it is tried. An emit to a `__`
+/// topic, to a bad name or of content that is not JSON is refused with the reason, which the
+/// guest sees (the testbed logs it), and nothing is appended.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_acked_calls_emit_and_bad_emits_are_refused_to_the_guest() {
+    let tmp = tempfile::tempdir().unwrap();
+    deploy_plugin(tmp.path(), &plugin_wasm("testbed", None), "testbed.wasm");
+    write_dispatchers(
+        tmp.path(),
+        &json!([plugin_dispatcher(
+            "em",
+            "src",
+            "testbed.wasm",
+            json!({"maxNackRetries": 1, "plugin": {"timeoutMs": 300}})
+        )]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    let sends = [
+        json!({"do": "emit", "to": "out", "n": 3}),
+        json!({"do": "emit", "to": "out", "n": 2, "then": "panic"}),
+        json!({"do": "emit", "to": "out", "then": "nack"}),
+        json!({"do": "emit", "to": "out", "then": "loop"}),
+        json!({"do": "emit", "to": "__dlq.em"}),
+        json!({"do": "emit", "to": "no spaces"}),
+        json!({"do": "emit", "to": "out", "raw": "{nope"}),
+        json!({"do": "emit", "to": "out", "n": 1}),
+    ];
+    for m in &sends {
+        broker.produce("src", m.clone()).await;
+    }
+    let s = broker
+        .dispatcher_when("em", |s| s["lag"] == 0 && s["deadLettered"] == 3)
+        .await;
+    assert_eq!(s["delivered"], 5, "{s}");
+    let out = broker.pull_all("out").await;
+    let got: Vec<(u64, u64)> = out
+        .iter()
+        .map(|m| {
+            (
+                m["content"]["from"].as_u64().unwrap(),
+                m["content"]["i"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got, [(0, 0), (0, 1), (0, 2), (7, 0)], "{out:?}");
+    assert_eq!(
+        out[1]["origin"],
+        json!({"consumerId": "em", "topic": "src", "partition": 0, "offset": 0, "index": 1})
+    );
+    let dlq = broker.pull_all("__dlq.em").await;
+    assert_eq!(dlq.len(), 3, "only the dead letters: {dlq:?}");
+    let refusals = eventually(WAIT, "the three refusals", || {
+        let log = broker.log.lock().clone();
+        let lines: Vec<String> = log
+            .lines()
+            .filter(|l| l.contains("emit refused: "))
+            .map(str::to_owned)
+            .collect();
+        (lines.len() >= 3).then_some(lines)
+    })
+    .await;
+    for (line, why) in refusals.iter().zip([
+        "\"__dlq.em\" is internal",
+        "no spaces",
+        "content is not JSON",
+    ]) {
+        assert!(line.contains(why), "{line} (want {why:?})");
+    }
+    assert_eq!(broker.metric("mmmq_messages_emitted_total").await, 4.0);
+}

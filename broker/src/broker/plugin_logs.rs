@@ -43,6 +43,7 @@ pub(super) fn spawn(
                     key: None,
                     content,
                     id: None,
+                    origin: None,
                 }
                 .to_payload();
                 by_consumer.entry(r.consumer_id).or_default().push(payload);

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use mmmq_core::{StoredMessage, Topic};
 
 use super::{Broker, BrokerError, Produced, now_ms};
-use crate::metrics::TopicLabel;
 use crate::produce::ProduceItem;
 use crate::storage::StorageError;
 use crate::topics::dedup::Claim;
@@ -184,17 +183,7 @@ impl Broker {
     }
 
     fn count_in(&self, topic: &Topic, messages: u64, bytes: usize) {
-        let label = TopicLabel {
-            topic: topic.to_string(),
-        };
-        self.metrics
-            .messages_in
-            .get_or_create(&label)
-            .inc_by(messages);
-        self.metrics
-            .bytes_in
-            .get_or_create(&label)
-            .inc_by(bytes as u64);
+        self.metrics.count_in(topic, messages, bytes);
     }
 }
 
@@ -204,6 +193,7 @@ pub(super) fn stored_payload(item: &ProduceItem) -> Vec<u8> {
         key: item.key().map(str::to_owned),
         content: item.content().to_owned(),
         id: item.id().map(str::to_owned),
+        origin: None,
     }
     .to_payload()
 }

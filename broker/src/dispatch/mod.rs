@@ -39,6 +39,7 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::DispatcherSpec;
+use crate::emit::Emitter;
 use crate::metrics::{DispatchLabel, Metrics};
 use crate::topics::{Partition, Registry, TopicLog};
 pub use mmmq_core::{DispatcherStatus, ReloadReport, TargetStatus, TopicStatus};
@@ -100,6 +101,8 @@ pub struct Dispatch {
     registry: Arc<Registry>,
     metrics: Arc<Metrics>,
     factory: Arc<dyn TargetFactory>,
+    /// Where plugins' emits go.
+    emitter: Arc<Emitter>,
     running: Mutex<BTreeMap<ConsumerId, Running>>,
     reloading: tokio::sync::Mutex<()>,
     shutdown: CancellationToken,
@@ -111,11 +114,13 @@ impl Dispatch {
         registry: Arc<Registry>,
         metrics: Arc<Metrics>,
         factory: Arc<dyn TargetFactory>,
+        emitter: Arc<Emitter>,
     ) -> Arc<Self> {
         let this = Arc::new(Self {
             registry,
             metrics,
             factory,
+            emitter,
             running: Mutex::new(BTreeMap::new()),
             reloading: tokio::sync::Mutex::new(()),
             shutdown: CancellationToken::new(),
@@ -259,14 +264,14 @@ impl Dispatch {
                 Some(_) => report.changed.push(spec.consumer_id.to_string()),
                 None => report.added.push(spec.consumer_id.to_string()),
             }
-            let target =
-                self.factory
-                    .build(&spec)
-                    .await
-                    .map_err(|reason| DispatchError::Target {
-                        consumer_id: spec.consumer_id.to_string(),
-                        reason,
-                    })?;
+            let target = self
+                .factory
+                .build(&spec, &self.emitter)
+                .await
+                .map_err(|reason| DispatchError::Target {
+                    consumer_id: spec.consumer_id.to_string(),
+                    reason,
+                })?;
             to_start.push((spec, target));
         }
         let keep: std::collections::HashSet<&str> = report

@@ -197,6 +197,7 @@ impl Worker {
             key: d.envelope.key.clone(),
             content: RawValue::from_string(content.to_string()).expect("json! is valid JSON"),
             id: None,
+            origin: None,
         }
         .to_payload();
         let mut backoff = Backoff::new();

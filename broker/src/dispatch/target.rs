@@ -54,6 +54,10 @@ pub enum TargetError {
     /// A plugin with no version that loads (missing or broken file): its messages wait.
     #[error("plugin not loaded: {0}")]
     NotLoaded(String),
+    /// A plugin's emits could not be stored (the disk refused): the run is tried again, and
+    /// what was stored is not stored twice.
+    #[error("{0}")]
+    Emits(String),
     /// The dispatcher is stopping: the message was not tried (it is delivered after the restart).
     #[error("not delivered: the dispatcher is stopping")]
     Stopping,

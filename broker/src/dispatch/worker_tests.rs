@@ -145,6 +145,7 @@ async fn setup(n: u64) -> Setup {
             key: None,
             content: RawValue::from_string(format!(r#"{{"n":{i},"mark":"m{i}m"}}"#)).unwrap(),
             id: None,
+            origin: None,
         }
         .to_payload();
         topic.log.append(&payload).await.unwrap();
@@ -451,6 +452,7 @@ async fn a_worker_behind_the_retention_horizon_continues_at_the_first_offset() {
             key: None,
             content: RawValue::from_string(format!("{i}")).unwrap(),
             id: None,
+            origin: None,
         }
         .to_payload();
         s.topic.log.append(&payload).await.unwrap();

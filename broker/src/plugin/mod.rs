@@ -4,11 +4,13 @@
 //! - [`runtime`]: the engine, compilation, the sandboxed instance and its limits.
 //! - `worlds`: the two WIT worlds served (0.1.0 and 0.2.0) behind one call and one verdict.
 //! - [`tools`]: `mmmq plugin check` and `mmmq plugin new`.
+//! - [`emit_buffer`]: what a call emits, checked and held until its verdict is known.
 //! - `guest_log`: a guest's log lines and stdout/stderr into `tracing`, rate-limited.
 //!
 //! The dispatcher target that runs plugins, with instance reuse and hot reload, is
 //! [`crate::dispatch::targets::wasm`]: this module knows nothing of dispatchers.
 
+pub mod emit_buffer;
 mod guest_log;
 pub mod runtime;
 pub mod tools;

@@ -29,7 +29,9 @@ use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use super::emit_buffer::EmitBuffer;
 use super::guest_log::{GuestLog, GuestOutput, LineContext};
+use crate::produce::ProduceItem;
 
 pub use super::worlds::{Call, Verdict, WORLD_V1, WORLD_V2};
 use super::worlds::{Handler, Pre};
@@ -159,6 +161,9 @@ pub struct Limits {
     pub max_memory_bytes: u64,
     /// Time per call.
     pub timeout: Duration,
+    /// The largest message a 0.2.0 plugin may emit (`--max-body-bytes`); a call may emit
+    /// [`super::emit_buffer::EMIT_BYTES_FACTOR`] times this in all.
+    pub max_message_bytes: usize,
 }
 
 /// The memory budget of one instance: `maxMemoryBytes` caps everything the instance allocates
@@ -247,6 +252,8 @@ pub struct HostState {
     pub(super) log: GuestLog,
     /// The dispatcher's `plugin.config` (0.2.0 `get-config`).
     pub(super) config: Arc<BTreeMap<String, String>>,
+    /// What the call in progress emitted (0.2.0 `emit`).
+    pub(super) emits: EmitBuffer,
 }
 
 impl WasiView for HostState {
@@ -310,6 +317,7 @@ impl Instance {
             limiter: Limiter::new(limits.max_memory_bytes),
             log,
             config,
+            emits: EmitBuffer::new(limits.max_message_bytes),
         };
         let mut store = Store::new(&engine.engine, state);
         store.limiter(|s| &mut s.limiter);
@@ -331,7 +339,11 @@ impl Instance {
     }
 
     /// Calls `handle`. After an `Err` the instance must be dropped. Blocking.
+    ///
+    /// What the call emitted is kept for [`Instance::take_emits`] only when it answers `ack`:
+    /// after any other verdict or a fault it is gone.
     pub fn handle(&mut self, call: &Call) -> Result<Verdict, PluginError> {
+        self.store.data_mut().emits.clear();
         self.store.set_epoch_deadline(ticks(self.limits.timeout));
         self.store.data().log.set_context(Some(LineContext {
             topic: call.topic.clone(),
@@ -344,7 +356,15 @@ impl Instance {
             .call(&mut self.store, call)
             .map_err(|e| self.classify(e));
         self.store.data().log.set_context(None);
+        if !matches!(verdict, Ok(Verdict::Ack)) {
+            self.store.data_mut().emits.clear();
+        }
         verdict
+    }
+
+    /// What the last call emitted, in order (nothing unless it answered `ack`).
+    pub fn take_emits(&mut self) -> Vec<ProduceItem> {
+        self.store.data_mut().emits.take()
     }
 
     fn classify(&self, e: wasmtime::Error) -> PluginError {

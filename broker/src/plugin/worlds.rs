@@ -195,14 +195,8 @@ log_host!(v1);
 log_host!(v2);
 
 impl v2::mmmq::plugin::host::Host for HostState {
-    fn emit(
-        &mut self,
-        _topic: String,
-        _key: Option<String>,
-        _content: String,
-    ) -> Result<(), String> {
-        // Refused, never silently dropped, until outputs are appended exactly once.
-        Err("emit is not available in this broker yet".into())
+    fn emit(&mut self, topic: String, key: Option<String>, content: String) -> Result<(), String> {
+        self.emits.push(topic, key, content)
     }
 
     fn get_config(&mut self, key: String) -> Option<String> {

@@ -109,6 +109,22 @@ impl Checkpoints {
         replace_durably(&*self.vfs, &self.path(id), &next_offset.to_be_bytes())
     }
 
+    /// A file kept next to `id`'s checkpoint, `{id}.{ext}` (a dispatcher's state beside its
+    /// position, such as the bounds of its plugin's emits), or `None` if there is none. Blocking.
+    pub fn read_beside(&self, id: &ConsumerId, ext: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        super::vfs::read_whole(&*self.vfs, &self.dir.join(format!("{id}.{ext}")))
+    }
+
+    /// Durably replaces the file `{id}.{ext}` beside `id`'s checkpoint. Blocking (two fsyncs).
+    pub fn write_beside(
+        &self,
+        id: &ConsumerId,
+        ext: &str,
+        bytes: &[u8],
+    ) -> Result<(), StorageError> {
+        replace_durably(&*self.vfs, &self.dir.join(format!("{id}.{ext}")), bytes)
+    }
+
     /// Every stored checkpoint, by consumer id (for status and `mmmq inspect`). Blocking.
     pub fn list(&self) -> Result<Vec<(String, u64)>, StorageError> {
         if !self.vfs.is_dir(&self.dir) {

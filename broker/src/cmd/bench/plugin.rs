@@ -44,6 +44,7 @@ pub async fn run(cfg: PluginBench, out: &mut (dyn Write + Send)) -> anyhow::Resu
         let limits = Limits {
             max_memory_bytes: 64 << 20,
             timeout: Duration::from_secs(1),
+            max_message_bytes: 1 << 20,
         };
         let log = mmmq::plugin::GuestLog::new("bench", None);
         let message = Call {

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use crate::config::{DeliveryMode, DispatcherSpec, TargetSpec};
 use crate::dispatch::target::{BoxFuture, Target};
+use crate::emit::Emitter;
 use crate::plugin::{LogRecord, LogSink, PluginEngine};
 pub use fleet::FleetTarget;
 pub use http::HttpTarget;
@@ -25,6 +26,7 @@ pub trait TargetFactory: Send + Sync {
     fn build<'a>(
         &'a self,
         spec: &'a DispatcherSpec,
+        emitter: &'a Arc<Emitter>,
     ) -> BoxFuture<'a, Result<Arc<dyn Target>, String>>;
 
     /// The plugin log lines its targets produce, for `__logs.<consumerId>`; taken once by the
@@ -61,6 +63,7 @@ impl TargetFactory for Targets {
     fn build<'a>(
         &'a self,
         spec: &'a DispatcherSpec,
+        emitter: &'a Arc<Emitter>,
     ) -> BoxFuture<'a, Result<Arc<dyn Target>, String>> {
         Box::pin(async move {
             match &spec.target {
@@ -91,6 +94,7 @@ impl TargetFactory for Targets {
                         p.clone(),
                         spec.consumer_id.as_str(),
                         Some(self.logs.clone()),
+                        emitter.for_consumer(&spec.consumer_id),
                     )
                     .await;
                     Ok(Arc::new(target) as Arc<dyn Target>)

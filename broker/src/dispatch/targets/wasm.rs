@@ -25,6 +25,7 @@ use crate::config::PluginSpec;
 use crate::dispatch::target::{
     BoxFuture, Delivery, Outcome, RunAnswer, Target, TargetError, TargetStatus,
 };
+use crate::emit::{ConsumerEmits, Outputs};
 use crate::plugin::runtime::{
     Call, Compiled, Instance, Limits, PluginEngine, PluginError, Verdict, version_of,
 };
@@ -38,6 +39,8 @@ struct Shared {
     spec: PluginSpec,
     consumer_id: String,
     log: GuestLog,
+    /// Where `ack`ed calls' emits are appended, exactly once.
+    emits: ConsumerEmits,
     current: ArcSwapOption<Compiled>,
     load_error: Mutex<Option<String>>,
     /// Each lane's instance between calls. One instance per (dispatcher, topic, partition, lane),
@@ -102,6 +105,23 @@ enum CallResult {
     NoInstance(PluginError),
 }
 
+/// What a run's calls gave: how many were ACKed, their emits, and how the run ended.
+struct RunCalls {
+    acked: usize,
+    outputs: Vec<Outputs>,
+    result: CallResult,
+}
+
+impl RunCalls {
+    fn ended(outputs: Vec<Outputs>, result: CallResult) -> Self {
+        Self {
+            acked: outputs.len(),
+            outputs,
+            result,
+        }
+    }
+}
+
 impl PluginTarget {
     /// Loads the component (a failure is recorded, not fatal: the dispatcher waits for a good
     /// file) and starts watching its file.
@@ -110,10 +130,12 @@ impl PluginTarget {
         spec: PluginSpec,
         consumer_id: &str,
         log_sink: Option<LogSink>,
+        emits: ConsumerEmits,
     ) -> Self {
         let shared = Arc::new(Shared {
             engine,
             log: GuestLog::new(consumer_id, log_sink),
+            emits,
             consumer_id: consumer_id.to_owned(),
             spec,
             current: ArcSwapOption::empty(),
@@ -307,9 +329,15 @@ impl Shared {
         let limits = Limits {
             max_memory_bytes: self.spec.max_memory_bytes,
             timeout: self.spec.timeout,
+            max_message_bytes: self.emits.max_message_bytes(),
         };
         let this = self.clone();
-        let (acked, result) = tokio::task::spawn_blocking(move || {
+        let RunCalls {
+            acked,
+            outputs,
+            result,
+        } = tokio::task::spawn_blocking(move || {
+            let mut outputs = Vec::new();
             let mut instance = match idle {
                 Some(i) => i,
                 None => match Instance::new(
@@ -320,24 +348,33 @@ impl Shared {
                     this.spec.config.clone(),
                 ) {
                     Ok(i) => i,
-                    Err(e) => return (0, CallResult::NoInstance(e)),
+                    Err(e) => return RunCalls::ended(outputs, CallResult::NoInstance(e)),
                 },
             };
-            for (i, m) in messages.iter().enumerate() {
+            for m in &messages {
                 // A stop waits for the call in progress, not for the rest of the run.
                 if stop.is_cancelled() {
-                    return (i, CallResult::Stopped(instance));
+                    return RunCalls::ended(outputs, CallResult::Stopped(instance));
                 }
                 match instance.handle(m) {
-                    Ok(Verdict::Ack) => {}
-                    Ok(verdict) => return (i, CallResult::Answered(instance, verdict)),
-                    Err(e) => return (i, CallResult::Faulted(e)),
+                    Ok(Verdict::Ack) => outputs.push((m.offset, instance.take_emits())),
+                    Ok(verdict) => {
+                        return RunCalls::ended(outputs, CallResult::Answered(instance, verdict));
+                    }
+                    Err(e) => return RunCalls::ended(outputs, CallResult::Faulted(e)),
                 }
             }
-            (messages.len(), CallResult::Answered(instance, Verdict::Ack))
+            RunCalls::ended(outputs, CallResult::Answered(instance, Verdict::Ack))
         })
         .await
         .expect("plugin call task panicked");
+        // The ACKed calls' emits are stored before the answer lets the position move past them.
+        if let Err(e) = self.emits.commit(&topic.0, topic.1, outputs).await {
+            if let CallResult::Answered(instance, _) | CallResult::Stopped(instance) = result {
+                self.keep_idle(topic, instance);
+            }
+            return RunAnswer::stopped(0, Outcome::Failed(TargetError::Emits(e.to_string())));
+        }
         let outcome = match result {
             CallResult::Answered(instance, ack) => {
                 self.keep_idle(topic, instance);

@@ -7,7 +7,8 @@
 //! what the content's `"do"` says: `loop`, `alloc` (until memory runs out), `stack` (unbounded
 //! recursion), `panic`, `nack`, `flood` (10,000 log lines), `biglog` (one 8 MiB line), and with the
 //! 0.2.0 world: `retry` (`retry-after` `"ms"` until attempt `"until"`), `deadletter` (the verdict,
-//! with `"reason"`), `config` (logs `config KEY=VALUE` for `"key"`); anything else is ACKed. The
+//! with `"reason"`), `config` (logs `config KEY=VALUE` for `"key"`), `emit` (see below);
+//! anything else is ACKed. The
 //! log line carries `attempt=A` after `seen=S`.
 
 use std::cell::RefCell;
@@ -100,6 +101,32 @@ pub fn handle(msg: Message) -> Ack {
         }
         Some("deadletter") => {
             Verdict::DeadLetter(field("reason").as_str().unwrap_or("testbed").to_owned())
+        }
+        Some("emit") => {
+            // `n` emits to `to` (content `{"from":offset,"i":i}`, or `raw` verbatim), then
+            // whatever `then` says (`panic`, `nack`, `loop`; ACK by default). A refused emit is
+            // logged as `emit refused: …` and the rest are not tried.
+            let to = field("to");
+            let to = to.as_str().unwrap_or("emitted");
+            let raw = field("raw");
+            for i in 0..field("n").as_u64().unwrap_or(1) {
+                let content = match raw.as_str() {
+                    Some(r) => r.to_owned(),
+                    None => format!(r#"{{"from":{},"i":{i}}}"#, msg.offset),
+                };
+                if let Err(e) = mmmq_plugin_sdk::emit(to, msg.key.as_deref(), &content) {
+                    info!("{e}");
+                    break;
+                }
+            }
+            match field("then").as_str() {
+                Some("panic") => panic!("testbed was told to panic after emitting"),
+                Some("nack") => Ack::Nack,
+                Some("loop") => loop {
+                    std::hint::black_box(0u64);
+                },
+                _ => Ack::Ack,
+            }
         }
         Some("config") => {
             let key = field("key");
