@@ -49,7 +49,8 @@
 //! [`Verdict`] (`RetryAfter(ms)`, `DeadLetter(reason)`): anything that implements
 //! [`IntoVerdict`]. [`Ack`] is [`Verdict`] under its first name, so `Ack::Ack` and `Ack::Nack` keep
 //! working. [`config`] reads the dispatcher's `plugin.config`; [`emit`] produces to other topics
-//! (exactly once, and only if the handler ACKs). The component implements the
+//! (exactly once, and only if the handler ACKs); [`http`] calls the origins the dispatcher allows.
+//! The component implements the
 //! `mmmq:plugin/handler@0.2.0` world (`wit/0.2.0/plugin.wit`).
 //!
 //! # The sandbox
@@ -63,6 +64,8 @@
 #![deny(missing_docs)]
 
 use serde::de::DeserializeOwned;
+
+pub mod http;
 
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)] // generated code
@@ -269,6 +272,23 @@ pub mod testing {
         });
     }
 
+    /// Answers the handler's HTTP requests in this thread with `responder` (native tests only;
+    /// without one, every request fails with "no HTTP in native tests").
+    pub fn on_http(
+        responder: impl Fn(
+            &crate::http::Request,
+        ) -> Result<crate::http::Response, crate::http::HttpError>
+        + 'static,
+    ) {
+        super::__private::TEST_HTTP.with(|h| *h.borrow_mut() = Some(Box::new(responder)));
+    }
+
+    /// The HTTP requests the handler sent in this thread since the last call, in order (native
+    /// tests only).
+    pub fn take_requests() -> Vec<crate::http::Request> {
+        super::__private::TEST_REQUESTS.with(|r| std::mem::take(&mut *r.borrow_mut()))
+    }
+
     /// What the handler emitted in this thread since the last call, in order (native tests only).
     /// Natively every emit is kept, whatever the verdict; in the broker only an `Ack`'s are.
     pub fn take_emits() -> Vec<Emitted> {
@@ -352,6 +372,28 @@ pub mod __private {
         /// `emit` in native tests.
         pub static TEST_EMITS: std::cell::RefCell<Vec<Emitted>> =
             const { std::cell::RefCell::new(Vec::new()) };
+        /// HTTP in native tests: the responder and the requests sent.
+        pub static TEST_HTTP: std::cell::RefCell<Option<Box<Responder>>> =
+            const { std::cell::RefCell::new(None) };
+        pub static TEST_REQUESTS: std::cell::RefCell<Vec<crate::http::Request>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    pub type Responder =
+        dyn Fn(&crate::http::Request) -> Result<crate::http::Response, crate::http::HttpError>;
+
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn native_http(
+        request: crate::http::Request,
+    ) -> Result<crate::http::Response, crate::http::HttpError> {
+        let answer = TEST_HTTP.with(|h| match &*h.borrow() {
+            Some(respond) => respond(&request),
+            None => Err(crate::http::HttpError(
+                "no HTTP in native tests: answer requests with testing::on_http".into(),
+            )),
+        });
+        TEST_REQUESTS.with(|r| r.borrow_mut().push(request));
+        answer
     }
 
     #[cfg(target_arch = "wasm32")]

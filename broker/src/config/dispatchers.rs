@@ -88,6 +88,8 @@ pub struct PluginSpec {
     pub max_memory_bytes: u64,
     /// `plugin.config`: what a 0.2.0 plugin reads with `get-config`.
     pub config: std::sync::Arc<std::collections::BTreeMap<String, String>>,
+    /// `plugin.allowedHosts`: the origins its `wasi:http` requests may go to (none: no network).
+    pub allowed_hosts: std::sync::Arc<Vec<super::AllowedOrigin>>,
 }
 
 /// One validated dispatcher.
@@ -145,6 +147,7 @@ struct RawPlugin {
     timeout_ms: Option<u64>,
     max_memory_bytes: Option<u64>,
     config: Option<std::collections::BTreeMap<String, String>>,
+    allowed_hosts: Option<Vec<String>>,
 }
 
 /// Defaults of `dispatchers.json` (README, "Dispatchers").
@@ -272,6 +275,17 @@ fn parse_entry(value: serde_json::Value, root_dir: &Path) -> Result<DispatcherSp
                 timeout: positive_ms(p.timeout_ms, DEFAULT_PLUGIN_TIMEOUT_MS, "plugin.timeoutMs")?,
                 max_memory_bytes,
                 config: std::sync::Arc::new(p.config.unwrap_or_default()),
+                allowed_hosts: std::sync::Arc::new(
+                    p.allowed_hosts
+                        .unwrap_or_default()
+                        .iter()
+                        .enumerate()
+                        .map(|(i, h)| {
+                            super::AllowedOrigin::parse(h)
+                                .map_err(|e| format!("`plugin.allowedHosts[{i}]`: {e}"))
+                        })
+                        .collect::<Result<_, _>>()?,
+                ),
             })
         }
     };
@@ -499,6 +513,14 @@ mod tests {
             (
                 r#"[{"consumerId":"a","pattern":"x","plugin":{"path":"p.wasm","config":["a"]}}]"#,
                 "plugin.config: invalid type: sequence, expected a map",
+            ),
+            (
+                r#"[{"consumerId":"a","pattern":"x","plugin":{"path":"p.wasm","allowedHosts":"http://x"}}]"#,
+                "plugin.allowedHosts: invalid type: string \"http://x\", expected a sequence",
+            ),
+            (
+                r#"[{"consumerId":"a","pattern":"x","plugin":{"path":"p.wasm","allowedHosts":["https://x","x.com"]}}]"#,
+                "`plugin.allowedHosts[1]`: \"x.com\" must start with http:// or https://",
             ),
             (
                 r#"[{"consumerId":"a","pattern":"x","plugin":{"path":"p.wasm"},"batchMaxMessages":5}]"#,

@@ -4,12 +4,15 @@
 //! # Layout
 //! - [`serve`]: [`ServeConfig`], its defaults (which the flags point at) and its validation.
 //! - [`dispatchers`]: the strict `dispatchers.json` loader and the specs it yields.
+//! - [`allowed_hosts`]: the origins a plugin may call (`plugin.allowedHosts`).
 
+pub mod allowed_hosts;
 pub mod dispatchers;
 pub mod serve;
 
 use std::path::PathBuf;
 
+pub use allowed_hosts::AllowedOrigin;
 pub use dispatchers::*;
 pub use serve::*;
 

@@ -5,6 +5,7 @@
 //! - `worlds`: the two WIT worlds served (0.1.0 and 0.2.0) behind one call and one verdict.
 //! - [`tools`]: `mmmq plugin check` and `mmmq plugin new`.
 //! - [`emit_buffer`]: what a call emits, checked and held until its verdict is known.
+//! - `http`: outbound `wasi:http` limited to `plugin.allowedHosts` and the call's time.
 //! - `guest_log`: a guest's log lines and stdout/stderr into `tracing`, rate-limited.
 //!
 //! The dispatcher target that runs plugins, with instance reuse and hot reload, is
@@ -12,9 +13,10 @@
 
 pub mod emit_buffer;
 mod guest_log;
+mod http;
 pub mod runtime;
 pub mod tools;
 mod worlds;
 
 pub use guest_log::{GuestLog, LineContext, LogRecord, LogSink};
-pub use runtime::{Compiled, PluginEngine, PluginError};
+pub use runtime::{Compiled, Grants, PluginEngine, PluginError};

@@ -16,8 +16,8 @@
 //!   millisecond and each call gets a deadline of `timeoutMs` ticks; fuel would tax every
 //!   instruction.
 //! - **WASI with nothing in it**: Rust's std for `wasm32-wasip2` imports WASI, so it is linked, but
-//!   with no directories, no environment, no network and frozen clocks; stdout and stderr go to the
-//!   broker's log.
+//!   with no directories, no environment, no sockets and frozen clocks; stdout and stderr go to the
+//!   broker's log. `wasi:http` is linked too, and sends only to `plugin.allowedHosts` ([`super::http`]).
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -31,6 +31,8 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::emit_buffer::EmitBuffer;
 use super::guest_log::{GuestLog, GuestOutput, LineContext};
+use super::http::HttpHooks;
+use crate::config::AllowedOrigin;
 use crate::produce::ProduceItem;
 
 pub use super::worlds::{Call, Verdict, WORLD_V1, WORLD_V2};
@@ -86,6 +88,8 @@ impl PluginEngine {
         let engine = Engine::new(&config).map_err(|e| PluginError::Compile(e.to_string()))?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| PluginError::Compile(e.to_string()))?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_sync(&mut linker)
             .map_err(|e| PluginError::Compile(e.to_string()))?;
         super::worlds::add_to_linker(&mut linker)
             .map_err(|e| PluginError::Compile(e.to_string()))?;
@@ -254,6 +258,30 @@ pub struct HostState {
     pub(super) config: Arc<BTreeMap<String, String>>,
     /// What the call in progress emitted (0.2.0 `emit`).
     pub(super) emits: EmitBuffer,
+    http_ctx: wasmtime_wasi_http::WasiHttpCtx,
+    http_hooks: HttpHooks,
+}
+
+impl HostState {
+    pub(super) fn http_parts(
+        &mut self,
+    ) -> (
+        &mut wasmtime_wasi_http::WasiHttpCtx,
+        &mut ResourceTable,
+        &mut HttpHooks,
+    ) {
+        (&mut self.http_ctx, &mut self.table, &mut self.http_hooks)
+    }
+}
+
+/// What a dispatcher grants its plugin beyond the sandbox: `plugin.config` and
+/// `plugin.allowedHosts`.
+#[derive(Debug, Clone, Default)]
+pub struct Grants {
+    /// What `get-config` reads.
+    pub config: Arc<BTreeMap<String, String>>,
+    /// The origins `wasi:http` requests may go to (none: no network).
+    pub allowed_hosts: Arc<Vec<AllowedOrigin>>,
 }
 
 impl WasiView for HostState {
@@ -302,7 +330,7 @@ impl Instance {
         compiled: &Compiled,
         limits: Limits,
         log: &GuestLog,
-        config: Arc<BTreeMap<String, String>>,
+        grants: &Grants,
     ) -> Result<Self, PluginError> {
         let log = log.for_instance();
         let wasi = WasiCtx::builder()
@@ -315,9 +343,11 @@ impl Instance {
             wasi,
             table: ResourceTable::new(),
             limiter: Limiter::new(limits.max_memory_bytes),
+            http_hooks: HttpHooks::new(grants.allowed_hosts.clone(), log.clone()),
             log,
-            config,
+            config: grants.config.clone(),
             emits: EmitBuffer::new(limits.max_message_bytes),
+            http_ctx: wasmtime_wasi_http::WasiHttpCtx::new(),
         };
         let mut store = Store::new(&engine.engine, state);
         store.limiter(|s| &mut s.limiter);
@@ -343,7 +373,9 @@ impl Instance {
     /// What the call emitted is kept for [`Instance::take_emits`] only when it answers `ack`:
     /// after any other verdict or a fault it is gone.
     pub fn handle(&mut self, call: &Call) -> Result<Verdict, PluginError> {
-        self.store.data_mut().emits.clear();
+        let state = self.store.data_mut();
+        state.emits.clear();
+        state.http_hooks.deadline = std::time::Instant::now() + self.limits.timeout;
         self.store.set_epoch_deadline(ticks(self.limits.timeout));
         self.store.data().log.set_context(Some(LineContext {
             topic: call.topic.clone(),

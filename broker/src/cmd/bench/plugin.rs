@@ -57,8 +57,8 @@ pub async fn run(cfg: PluginBench, out: &mut (dyn Write + Send)) -> anyhow::Resu
             attempt: 1,
             content: format!(r#"{{"pad":"{}"}}"#, "x".repeat(size.saturating_sub(10))),
         };
-        let config = std::sync::Arc::default();
-        let mut instance = Instance::new(&engine, &compiled, limits, &log, config)?;
+        let grants = mmmq::plugin::Grants::default();
+        let mut instance = Instance::new(&engine, &compiled, limits, &log, &grants)?;
         instance.handle(&message)?;
         let t = Instant::now();
         for _ in 0..calls {
@@ -68,8 +68,7 @@ pub async fn run(cfg: PluginBench, out: &mut (dyn Write + Send)) -> anyhow::Resu
         let fresh_calls = (calls / 10).max(100);
         let t = Instant::now();
         for _ in 0..fresh_calls {
-            Instance::new(&engine, &compiled, limits, &log, Default::default())?
-                .handle(&message)?;
+            Instance::new(&engine, &compiled, limits, &log, &grants)?.handle(&message)?;
         }
         let fresh_us = t.elapsed().as_secs_f64() * 1e6 / fresh_calls as f64;
         Ok((compile_ms, reuse_us, fresh_us))

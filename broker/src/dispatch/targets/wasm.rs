@@ -29,7 +29,7 @@ use crate::emit::{ConsumerEmits, Outputs};
 use crate::plugin::runtime::{
     Call, Compiled, Instance, Limits, PluginEngine, PluginError, Verdict, version_of,
 };
-use crate::plugin::{GuestLog, LogSink};
+use crate::plugin::{Grants, GuestLog, LogSink};
 
 /// How long a file must be quiet before it is reloaded (editors write in several steps).
 const DEBOUNCE: Duration = Duration::from_millis(150);
@@ -41,6 +41,8 @@ struct Shared {
     log: GuestLog,
     /// Where `ack`ed calls' emits are appended, exactly once.
     emits: ConsumerEmits,
+    /// `plugin.config` and `plugin.allowedHosts`.
+    grants: Grants,
     current: ArcSwapOption<Compiled>,
     load_error: Mutex<Option<String>>,
     /// Each lane's instance between calls. One instance per (dispatcher, topic, partition, lane),
@@ -136,6 +138,10 @@ impl PluginTarget {
             engine,
             log: GuestLog::new(consumer_id, log_sink),
             emits,
+            grants: Grants {
+                config: spec.config.clone(),
+                allowed_hosts: spec.allowed_hosts.clone(),
+            },
             consumer_id: consumer_id.to_owned(),
             spec,
             current: ArcSwapOption::empty(),
@@ -340,16 +346,12 @@ impl Shared {
             let mut outputs = Vec::new();
             let mut instance = match idle {
                 Some(i) => i,
-                None => match Instance::new(
-                    &this.engine,
-                    &compiled,
-                    limits,
-                    &this.log,
-                    this.spec.config.clone(),
-                ) {
-                    Ok(i) => i,
-                    Err(e) => return RunCalls::ended(outputs, CallResult::NoInstance(e)),
-                },
+                None => {
+                    match Instance::new(&this.engine, &compiled, limits, &this.log, &this.grants) {
+                        Ok(i) => i,
+                        Err(e) => return RunCalls::ended(outputs, CallResult::NoInstance(e)),
+                    }
+                }
             };
             for m in &messages {
                 // A stop waits for the call in progress, not for the rest of the run.

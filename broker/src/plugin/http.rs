@@ -1,0 +1,163 @@
+//! Outbound HTTP for plugins (README, "Plugins, version 2"): the standard `wasi:http` outgoing
+//! handler, limited to the dispatcher's `plugin.allowedHosts` and to the time left in the call.
+//!
+//! A request to any other origin is refused with `HTTP-request-denied` (and a line in the
+//! plugin's log saying why); without `allowedHosts` every request is. A request, its response
+//! and the response's body must all arrive before the call's `timeoutMs` runs out: the host
+//! waits no longer than that (WebAssembly's own time limit cannot interrupt a host call), and the
+//! guest sees a timeout error, after which the call's own deadline ends it.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use wasmtime_wasi_http::{
+    Error as HttpError, RequestOptions, WasiBody, WasiHttpCtxView, WasiHttpHooks, WasiHttpView,
+};
+
+use super::guest_log::{GuestLevel, GuestLog};
+use super::runtime::HostState;
+use crate::config::AllowedOrigin;
+
+/// The `wasi:http` hooks of one instance.
+pub(super) struct HttpHooks {
+    allowed: Arc<Vec<AllowedOrigin>>,
+    /// When the call in progress must end.
+    pub(super) deadline: Instant,
+    log: GuestLog,
+}
+
+impl HttpHooks {
+    pub(super) fn new(allowed: Arc<Vec<AllowedOrigin>>, log: GuestLog) -> Self {
+        Self {
+            allowed,
+            deadline: Instant::now(),
+            log,
+        }
+    }
+}
+
+type Sent = Box<
+    dyn Future<
+            Output = Result<
+                (
+                    http::Response<WasiBody>,
+                    Box<dyn Future<Output = Result<(), HttpError>> + Send>,
+                ),
+                HttpError,
+            >,
+        > + Send,
+>;
+
+impl WasiHttpHooks for HttpHooks {
+    fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        _fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
+    ) -> Sent {
+        let uri = request.uri().clone();
+        if !self.allowed.iter().any(|o| o.allows(&uri)) {
+            let why = if self.allowed.is_empty() {
+                "this plugin has no network (no plugin.allowedHosts)".to_owned()
+            } else {
+                let list: Vec<String> = self.allowed.iter().map(ToString::to_string).collect();
+                format!("not in plugin.allowedHosts ({})", list.join(", "))
+            };
+            self.log.emit(
+                GuestLevel::Warn,
+                "http",
+                &format!("request to {} refused: {why}", origin_of(&uri)),
+            );
+            return Box::new(async { Err(HttpError::HttpRequestDenied) });
+        }
+        let deadline = self.deadline;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let cap = |d: Option<Duration>| Some(d.map_or(left, |d| d.min(left)));
+        let options = RequestOptions {
+            connect_timeout: cap(options.and_then(|o| o.connect_timeout)),
+            first_byte_timeout: cap(options.and_then(|o| o.first_byte_timeout)),
+            between_bytes_timeout: cap(options.and_then(|o| o.between_bytes_timeout)),
+        };
+        Box::new(async move {
+            let sent = tokio::time::timeout(
+                left,
+                wasmtime_wasi_http::default_send_request(request, Some(options)),
+            )
+            .await;
+            match sent {
+                Err(_) => Err(HttpError::ConnectionTimeout),
+                Ok(Err(e)) => Err(e),
+                Ok(Ok((response, io))) => Ok((
+                    response
+                        .map(|body| Deadline::new(body.boxed_unsync(), deadline).boxed_unsync()),
+                    Box::new(io) as Box<dyn Future<Output = _> + Send>,
+                )),
+            }
+        })
+    }
+}
+
+impl WasiHttpView for HostState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        let (ctx, table, hooks) = self.http_parts();
+        WasiHttpCtxView { ctx, table, hooks }
+    }
+}
+
+fn origin_of(uri: &http::Uri) -> String {
+    format!(
+        "{}://{}",
+        uri.scheme_str().unwrap_or("?"),
+        uri.authority().map_or("?", |a| a.as_str())
+    )
+}
+
+/// A response body that fails once the call's deadline has passed, so a server that trickles
+/// its answer cannot hold a call past `timeoutMs`.
+struct Deadline<B> {
+    body: B,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<B> Deadline<B> {
+    fn new(body: B, deadline: Instant) -> Self {
+        Self {
+            body,
+            sleep: Box::pin(tokio::time::sleep_until(deadline.into())),
+        }
+    }
+}
+
+impl<B> Body for Deadline<B>
+where
+    B: Body<Data = Bytes, Error = HttpError> + Unpin,
+{
+    type Data = Bytes;
+    type Error = HttpError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, HttpError>>> {
+        if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
+            return Poll::Ready(frame);
+        }
+        match self.sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(HttpError::ConnectionReadTimeout))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
