@@ -136,8 +136,15 @@ mod imp {
             for (name, value) in &request.headers {
                 builder = builder.header(name.as_str(), value.as_str());
             }
+            // An empty body is sent as none, so a refusal reaches the guest as the broker's
+            // error code, not as a failed body write.
+            let body = if request.body.is_empty() {
+                Body::empty()
+            } else {
+                Body::from(request.body)
+            };
             let outgoing = builder
-                .body(Body::from(request.body))
+                .body(body)
                 .map_err(|e| HttpError(e.to_string()))?;
             let mut answer = Client::new()
                 .send(outgoing)

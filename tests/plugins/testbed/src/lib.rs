@@ -7,7 +7,7 @@
 //! what the content's `"do"` says: `loop`, `alloc` (until memory runs out), `stack` (unbounded
 //! recursion), `panic`, `nack`, `flood` (10,000 log lines), `biglog` (one 8 MiB line), and with the
 //! 0.2.0 world: `retry` (`retry-after` `"ms"` until attempt `"until"`), `deadletter` (the verdict,
-//! with `"reason"`), `config` (logs `config KEY=VALUE` for `"key"`), `emit` (see below);
+//! with `"reason"`), `config` (logs `config KEY=VALUE` for `"key"`), `emit` (see below), `http` (GET `"url"`, logs the answer);
 //! anything else is ACKed. The
 //! log line carries `attempt=A` after `seen=S`.
 
@@ -127,6 +127,15 @@ pub fn handle(msg: Message) -> Ack {
                 },
                 _ => Ack::Ack,
             }
+        }
+        Some("http") => {
+            // GET `url`; logs `http status=S body=B` or `http error=E`, and ACKs either way.
+            let url = field("url");
+            match mmmq_plugin_sdk::http::get(url.as_str().unwrap_or("")) {
+                Ok(r) => info!("http status={} body={}", r.status, r.text().unwrap_or("?")),
+                Err(e) => info!("http error={e}"),
+            }
+            Ack::Ack
         }
         Some("config") => {
             let key = field("key");

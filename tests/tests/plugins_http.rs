@@ -1,0 +1,150 @@
+//! Outbound HTTP from plugins (README, "Plugins, version 2"): requests through `wasi:http` reach
+//! the origins of `plugin.allowedHosts` and no others, a plugin without it has no network, and a
+//! request counts against `timeoutMs`. The enricher example enriches through a local API.
+
+use std::time::{Duration, Instant};
+
+use mmmq_tests::{Broker, deploy_plugin, eventually, plugin_dispatcher, plugin_wasm, write_dispatchers};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A local API: `/hello` says `hi`, `/slow` answers after 5 s, `/customers/c-7` is a gold
+/// customer, any other customer is 404.
+async fn api() -> (u16, tokio::task::JoinHandle<()>) {
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route("/hello", get(|| async { "hi" }))
+        .route(
+            "/slow",
+            get(|| async {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                "late"
+            }),
+        )
+        .route(
+            "/customers/{id}",
+            get(|axum::extract::Path(id): axum::extract::Path<String>| async move {
+                if id == "c-7" {
+                    Ok(axum::Json(json!({"tier": "gold"})))
+                } else {
+                    Err(axum::http::StatusCode::NOT_FOUND)
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (port, task)
+}
+
+fn log_line(broker: &Broker, needle: &str) -> impl FnMut() -> Option<String> {
+    let log = broker.log.clone();
+    let needle = needle.to_owned();
+    move || log.lock().lines().find(|l| l.contains(&needle)).map(str::to_owned)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_reach_allowed_origins_only_and_count_against_the_timeout() {
+    let (port, _api) = api().await;
+    let (other_port, _other) = api().await;
+    let tmp = tempfile::tempdir().unwrap();
+    deploy_plugin(tmp.path(), &plugin_wasm("testbed", None), "testbed.wasm");
+    write_dispatchers(
+        tmp.path(),
+        &json!([
+            plugin_dispatcher(
+                "net",
+                "calls",
+                "testbed.wasm",
+                json!({"plugin": {"timeoutMs": 1000, "allowedHosts": [format!("http://127.0.0.1:{port}")]}})
+            ),
+            plugin_dispatcher("offline", "offline", "testbed.wasm", json!({}))
+        ]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    let url = |p: u16, path: &str| format!("http://127.0.0.1:{p}{path}");
+    broker
+        .produce("calls", json!({"do": "http", "url": url(port, "/hello")}))
+        .await;
+    eventually(WAIT, "the allowed answer", log_line(&broker, "http status=200 body=hi")).await;
+
+    broker
+        .produce("calls", json!({"do": "http", "url": url(other_port, "/hello")}))
+        .await;
+    let refused = eventually(WAIT, "the refusal", log_line(&broker, "http error=")).await;
+    assert!(refused.contains("HTTP request failed"), "{refused}");
+    let why = eventually(WAIT, "the reason", log_line(&broker, "refused: not in plugin.allowedHosts")).await;
+    assert!(why.contains(&format!("127.0.0.1:{other_port}")), "{why}");
+
+    broker
+        .produce("offline", json!({"do": "http", "url": url(port, "/hello")}))
+        .await;
+    eventually(WAIT, "no network", log_line(&broker, "no plugin.allowedHosts")).await;
+
+    // A server that answers after 5 s cannot hold a call of 1 s: the guest gets an error in time.
+    let started = Instant::now();
+    broker
+        .produce("calls", json!({"do": "http", "url": url(port, "/slow")}))
+        .await;
+    let s = broker.dispatcher_when("net", |s| s["lag"] == 0 && s["delivered"].as_u64() >= Some(2)).await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(3000), "the slow call took {took:?}: {s}");
+    let s = broker.dispatcher_when("net", |s| s["lag"] == 0).await;
+    assert_eq!(s["deadLettered"], 0, "{s}");
+    let slow: Vec<String> = broker
+        .log
+        .lock()
+        .lines()
+        .filter(|l| l.contains("http error=") || l.contains("/slow") && l.contains("timed out"))
+        .map(str::to_owned)
+        .collect();
+    assert!(!slow.is_empty(), "the slow request failed visibly");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_enricher_example_enriches_through_a_local_api() {
+    let (port, _api) = api().await;
+    let tmp = tempfile::tempdir().unwrap();
+    deploy_plugin(tmp.path(), &plugin_wasm("enricher", None), "enricher.wasm");
+    write_dispatchers(
+        tmp.path(),
+        &json!([plugin_dispatcher(
+            "enrich",
+            "orders",
+            "enricher.wasm",
+            json!({"plugin": {
+                "allowedHosts": [format!("http://127.0.0.1:{port}")],
+                "config": {"url": format!("http://127.0.0.1:{port}/customers/")}
+            }})
+        )]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    for (key, customer) in [("a", "c-7"), ("b", "nobody")] {
+        let (code, body) = broker
+            .post(
+                "/mmmq/messages",
+                &json!({"topic": "orders", "key": key, "content": {"customerId": customer, "n": 1}}),
+            )
+            .await;
+        assert_eq!(code, 200, "{body}");
+    }
+    let s = broker
+        .dispatcher_when("enrich", |s| s["lag"] == 0 && s["deadLettered"] == 1)
+        .await;
+    assert_eq!(s["delivered"], 1, "{s}");
+    let out = broker.pull_until("orders.enriched", 1).await;
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0]["key"], "a");
+    assert_eq!(
+        out[0]["content"],
+        json!({"customerId": "c-7", "n": 1, "customer": {"tier": "gold"}})
+    );
+    let dlq: Vec<Value> = broker.pull_all("__dlq.enrich").await;
+    assert!(
+        dlq[0]["content"]["reason"].as_str().unwrap().contains("not found"),
+        "{dlq:?}"
+    );
+}
