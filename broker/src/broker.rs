@@ -18,6 +18,7 @@ pub use crate::produce::{ProduceError, ProduceItem};
 use crate::storage::{FileCache, OsFs, StorageError, Vfs, clean};
 use crate::topics::Registry;
 
+mod plugin_admin;
 mod plugin_logs;
 mod produce_api;
 mod topic_admin;
@@ -121,6 +122,8 @@ pub struct Broker {
     background: CancellationToken,
     /// Pull consumer groups.
     groups: Arc<crate::groups::Groups>,
+    /// Deployed plugins and their versions.
+    plugins: Arc<crate::plugin::store::PluginStore>,
 }
 
 fn now_ms() -> u64 {
@@ -158,6 +161,14 @@ impl Broker {
         let specs = tokio::task::spawn_blocking(move || config::load_dispatchers(&root))
             .await
             .expect("config task panicked")?;
+        let plugins_root = config.root_dir.clone();
+        let plugins = Arc::new(
+            tokio::task::spawn_blocking(move || {
+                crate::plugin::store::PluginStore::open(&plugins_root)
+            })
+            .await
+            .expect("plugin store task panicked"),
+        );
         let metrics = Arc::new(Metrics::new());
         let m = metrics.clone();
         let files = config.file_cache();
@@ -209,6 +220,7 @@ impl Broker {
             metrics,
             background,
             groups: Arc::new(crate::groups::Groups::new(registry_for_groups)),
+            plugins,
         })
     }
 

@@ -1,6 +1,8 @@
 use std::time::Duration;
 
-use mmmq_core::{DispatcherStatus, GroupStatus, RedriveStatus, TopicDetail, TopicInfo};
+use mmmq_core::{
+    Deployed, DispatcherStatus, GroupStatus, PluginListing, RedriveStatus, TopicDetail, TopicInfo,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::conn::{Conn, decode, status_error};
@@ -131,6 +133,63 @@ impl Admin {
             .send(reqwest::Method::POST, &path, Some(body))
             .await?
         {
+            (200, bytes) => decode(&bytes),
+            (status, bytes) => Err(status_error(status, &bytes)),
+        }
+    }
+
+    /// Deploys a component as the new current version of the plugin `name` (README,
+    /// "Deploying plugins"); dispatchers naming it switch before this returns.
+    pub async fn deploy_plugin(
+        &self,
+        name: &str,
+        component: Vec<u8>,
+    ) -> Result<Deployed, ClientError> {
+        let path = format!("/mmmq/plugins/{name}");
+        match self
+            .conn
+            .send_as(
+                reqwest::Method::PUT,
+                &path,
+                Some(component),
+                "application/wasm",
+            )
+            .await?
+        {
+            (200, bytes) => decode(&bytes),
+            (status, bytes) => Err(status_error(status, &bytes)),
+        }
+    }
+
+    /// Every deployed plugin with its kept versions and the dispatchers that run it.
+    pub async fn plugins(&self) -> Result<Vec<PluginListing>, ClientError> {
+        match self
+            .conn
+            .send(reqwest::Method::GET, "/mmmq/plugins", None)
+            .await?
+        {
+            (200, bytes) => decode(&bytes),
+            (status, bytes) => Err(status_error(status, &bytes)),
+        }
+    }
+
+    /// Makes the version deployed before the current one current.
+    pub async fn rollback_plugin(&self, name: &str) -> Result<Deployed, ClientError> {
+        let path = format!("/mmmq/plugins/{name}/rollback");
+        match self.conn.send(reqwest::Method::POST, &path, None).await? {
+            (200, bytes) => decode(&bytes),
+            (status, bytes) => Err(status_error(status, &bytes)),
+        }
+    }
+
+    /// Makes a kept version current.
+    pub async fn activate_plugin(
+        &self,
+        name: &str,
+        version: &str,
+    ) -> Result<Deployed, ClientError> {
+        let path = format!("/mmmq/plugins/{name}/versions/{version}/activate");
+        match self.conn.send(reqwest::Method::POST, &path, None).await? {
             (200, bytes) => decode(&bytes),
             (status, bytes) => Err(status_error(status, &bytes)),
         }

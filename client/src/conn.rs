@@ -40,12 +40,25 @@ impl Conn {
         path_and_query: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(u16, Bytes), ClientError> {
+        self.send_as(method, path_and_query, body, "application/json")
+            .await
+    }
+
+    /// As [`Self::send`], with a body of another content type (a component:
+    /// `application/wasm`).
+    pub async fn send_as(
+        &self,
+        method: reqwest::Method,
+        path_and_query: &str,
+        body: Option<Vec<u8>>,
+        content_type: &str,
+    ) -> Result<(u16, Bytes), ClientError> {
         let mut request = self
             .http
             .request(method, format!("{}{path_and_query}", self.base));
         if let Some(body) = body {
             request = request
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .header(reqwest::header::CONTENT_TYPE, content_type)
                 .body(body);
         }
         if let Some(token) = &self.token {

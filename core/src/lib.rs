@@ -19,6 +19,7 @@ pub mod handler;
 pub mod message;
 pub mod partition;
 pub mod pattern;
+pub mod plugins;
 pub mod status;
 pub mod topic;
 
@@ -29,6 +30,7 @@ pub use message::{
 };
 pub use partition::{MAX_PARTITIONS, murmur2, partition_for_key};
 pub use pattern::{PatternError, TopicPattern};
+pub use plugins::{Deployed, PluginListing, VersionInfo};
 pub use status::{
     DEFAULT_RETENTION_MS, DispatcherStatus, GroupMember, GroupPartition, GroupPoll, GroupStatus,
     HostHealth, PartitionInfo, PullPage, RedrivePartition, RedriveStatus, ReloadReport,

@@ -143,9 +143,7 @@ mod imp {
             } else {
                 Body::from(request.body)
             };
-            let outgoing = builder
-                .body(body)
-                .map_err(|e| HttpError(e.to_string()))?;
+            let outgoing = builder.body(body).map_err(|e| HttpError(e.to_string()))?;
             let mut answer = Client::new()
                 .send(outgoing)
                 .await

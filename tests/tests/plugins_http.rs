@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use mmmq_tests::{Broker, deploy_plugin, eventually, plugin_dispatcher, plugin_wasm, write_dispatchers};
+use mmmq_tests::{
+    Broker, deploy_plugin, eventually, plugin_dispatcher, plugin_wasm, write_dispatchers,
+};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -24,13 +26,15 @@ async fn api() -> (u16, tokio::task::JoinHandle<()>) {
         )
         .route(
             "/customers/{id}",
-            get(|axum::extract::Path(id): axum::extract::Path<String>| async move {
-                if id == "c-7" {
-                    Ok(axum::Json(json!({"tier": "gold"})))
-                } else {
-                    Err(axum::http::StatusCode::NOT_FOUND)
-                }
-            }),
+            get(
+                |axum::extract::Path(id): axum::extract::Path<String>| async move {
+                    if id == "c-7" {
+                        Ok(axum::Json(json!({"tier": "gold"})))
+                    } else {
+                        Err(axum::http::StatusCode::NOT_FOUND)
+                    }
+                },
+            ),
         );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -43,7 +47,12 @@ async fn api() -> (u16, tokio::task::JoinHandle<()>) {
 fn log_line(broker: &Broker, needle: &str) -> impl FnMut() -> Option<String> {
     let log = broker.log.clone();
     let needle = needle.to_owned();
-    move || log.lock().lines().find(|l| l.contains(&needle)).map(str::to_owned)
+    move || {
+        log.lock()
+            .lines()
+            .find(|l| l.contains(&needle))
+            .map(str::to_owned)
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -69,29 +78,54 @@ async fn requests_reach_allowed_origins_only_and_count_against_the_timeout() {
     broker
         .produce("calls", json!({"do": "http", "url": url(port, "/hello")}))
         .await;
-    eventually(WAIT, "the allowed answer", log_line(&broker, "http status=200 body=hi")).await;
+    eventually(
+        WAIT,
+        "the allowed answer",
+        log_line(&broker, "http status=200 body=hi"),
+    )
+    .await;
 
     broker
-        .produce("calls", json!({"do": "http", "url": url(other_port, "/hello")}))
+        .produce(
+            "calls",
+            json!({"do": "http", "url": url(other_port, "/hello")}),
+        )
         .await;
     let refused = eventually(WAIT, "the refusal", log_line(&broker, "http error=")).await;
     assert!(refused.contains("HTTP request failed"), "{refused}");
-    let why = eventually(WAIT, "the reason", log_line(&broker, "refused: not in plugin.allowedHosts")).await;
+    let why = eventually(
+        WAIT,
+        "the reason",
+        log_line(&broker, "refused: not in plugin.allowedHosts"),
+    )
+    .await;
     assert!(why.contains(&format!("127.0.0.1:{other_port}")), "{why}");
 
     broker
         .produce("offline", json!({"do": "http", "url": url(port, "/hello")}))
         .await;
-    eventually(WAIT, "no network", log_line(&broker, "no plugin.allowedHosts")).await;
+    eventually(
+        WAIT,
+        "no network",
+        log_line(&broker, "no plugin.allowedHosts"),
+    )
+    .await;
 
     // A server that answers after 5 s cannot hold a call of 1 s: the guest gets an error in time.
     let started = Instant::now();
     broker
         .produce("calls", json!({"do": "http", "url": url(port, "/slow")}))
         .await;
-    let s = broker.dispatcher_when("net", |s| s["lag"] == 0 && s["delivered"].as_u64() >= Some(2)).await;
+    let s = broker
+        .dispatcher_when("net", |s| {
+            s["lag"] == 0 && s["delivered"].as_u64() >= Some(2)
+        })
+        .await;
     let took = started.elapsed();
-    assert!(took < Duration::from_millis(3000), "the slow call took {took:?}: {s}");
+    assert!(
+        took < Duration::from_millis(3000),
+        "the slow call took {took:?}: {s}"
+    );
     let s = broker.dispatcher_when("net", |s| s["lag"] == 0).await;
     assert_eq!(s["deadLettered"], 0, "{s}");
     let slow: Vec<String> = broker
@@ -144,7 +178,10 @@ async fn the_enricher_example_enriches_through_a_local_api() {
     );
     let dlq: Vec<Value> = broker.pull_all("__dlq.enrich").await;
     assert!(
-        dlq[0]["content"]["reason"].as_str().unwrap().contains("not found"),
+        dlq[0]["content"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not found"),
         "{dlq:?}"
     );
 }

@@ -350,7 +350,7 @@ fn show_topic(d: &TopicDetail, out: &mut dyn Write) -> Result<(), CliError> {
 }
 
 /// With `--json`, prints `value` as one line and says so (the caller prints nothing else).
-fn print_json<T: serde::Serialize>(
+pub fn print_json<T: serde::Serialize>(
     json: bool,
     value: &T,
     out: &mut dyn Write,

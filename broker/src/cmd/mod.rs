@@ -8,6 +8,7 @@
 
 mod bench;
 mod client;
+mod deploy;
 mod dlq;
 mod topic;
 
@@ -144,6 +145,8 @@ impl BrokerArg {
 
 #[derive(Subcommand)]
 enum PluginCommand {
+    #[command(flatten)]
+    Deployed(deploy::DeployCommand),
     /// Is FILE a component mmmq can run? Prints its world, version and imports; exits 1 if not.
     Check {
         /// The `.wasm` file.
@@ -347,6 +350,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Plugin { what } => match what {
+            PluginCommand::Deployed(cmd) => deploy::run(cmd),
             PluginCommand::Check { file } => {
                 let ok = mmmq::plugin::tools::check(&file, &mut std::io::stdout())?;
                 Ok(if ok {

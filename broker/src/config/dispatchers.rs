@@ -80,8 +80,15 @@ impl DeliveryMode {
 /// A WebAssembly handler.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PluginSpec {
-    /// The component file, resolved against the root dir.
+    /// The component file, resolved against the root dir (for a named plugin, its
+    /// `current.wasm`).
     pub path: PathBuf,
+    /// `plugin.name`: a deployed plugin (README, "Deploying plugins") whose current version it
+    /// follows; `None` for `plugin.path`.
+    pub name: Option<String>,
+    /// `plugin.shadow`: a kept version of the named plugin run after the current one on every
+    /// message, side-effect free, its verdicts compared.
+    pub shadow: Option<ShadowSpec>,
     /// Each `handle` call is interrupted after this long.
     pub timeout: Duration,
     /// The guest's memory cap.
@@ -90,6 +97,15 @@ pub struct PluginSpec {
     pub config: std::sync::Arc<std::collections::BTreeMap<String, String>>,
     /// `plugin.allowedHosts`: the origins its `wasi:http` requests may go to (none: no network).
     pub allowed_hosts: std::sync::Arc<Vec<super::AllowedOrigin>>,
+}
+
+/// A shadow version (README, "Deploying plugins").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShadowSpec {
+    /// The version.
+    pub version: String,
+    /// Its file in the plugin's directory.
+    pub path: PathBuf,
 }
 
 /// One validated dispatcher.
@@ -143,7 +159,9 @@ struct RawHost {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct RawPlugin {
-    path: String,
+    path: Option<String>,
+    name: Option<String>,
+    shadow: Option<String>,
     timeout_ms: Option<u64>,
     max_memory_bytes: Option<u64>,
     config: Option<std::collections::BTreeMap<String, String>>,
@@ -261,9 +279,38 @@ fn parse_entry(value: serde_json::Value, root_dir: &Path) -> Result<DispatcherSp
             )
         }
         (None, None, Some(p)) => {
-            if p.path.trim().is_empty() {
-                return Err("`plugin.path` is empty".into());
-            }
+            let (path, name) = match (&p.path, &p.name) {
+                (Some(path), None) if path.trim().is_empty() => {
+                    return Err("`plugin.path` is empty".into());
+                }
+                (Some(path), None) => (root_dir.join(path), None),
+                (None, Some(name)) => {
+                    crate::plugin::store::PluginStore::check_name(name)
+                        .map_err(|e| format!("`plugin.name`: {e}"))?;
+                    (
+                        crate::plugin::store::PluginStore::current_path(root_dir, name),
+                        Some(name.clone()),
+                    )
+                }
+                _ => return Err("`plugin` needs exactly one of `path` and `name`".into()),
+            };
+            let shadow = match (&p.shadow, &name) {
+                (None, _) => None,
+                (Some(_), None) => {
+                    return Err("`plugin.shadow` names a kept version of a `plugin.name`".into());
+                }
+                (Some(v), Some(name)) => {
+                    if v.len() != 16 || !v.bytes().all(|b| b.is_ascii_hexdigit()) {
+                        return Err(format!(
+                            "`plugin.shadow`: {v:?} is not a version (16 hex digits)"
+                        ));
+                    }
+                    Some(ShadowSpec {
+                        version: v.clone(),
+                        path: crate::plugin::store::PluginStore::version_path(root_dir, name, v),
+                    })
+                }
+            };
             let max_memory_bytes = p.max_memory_bytes.unwrap_or(DEFAULT_PLUGIN_MEMORY);
             if max_memory_bytes < 64 * 1024 {
                 return Err(
@@ -271,7 +318,9 @@ fn parse_entry(value: serde_json::Value, root_dir: &Path) -> Result<DispatcherSp
                 );
             }
             TargetSpec::Plugin(PluginSpec {
-                path: root_dir.join(&p.path),
+                path,
+                name,
+                shadow,
                 timeout: positive_ms(p.timeout_ms, DEFAULT_PLUGIN_TIMEOUT_MS, "plugin.timeoutMs")?,
                 max_memory_bytes,
                 config: std::sync::Arc::new(p.config.unwrap_or_default()),

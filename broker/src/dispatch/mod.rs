@@ -443,6 +443,33 @@ impl Dispatch {
         }
     }
 
+    /// The consumerIds of the dispatchers whose plugin is the deployed plugin `name`.
+    pub fn users_of_plugin(&self, name: &str) -> Vec<String> {
+        self.running
+            .lock()
+            .values()
+            .filter(|r| plugin_name(&r.spec) == Some(name))
+            .map(|r| r.spec.consumer_id.to_string())
+            .collect()
+    }
+
+    /// Reloads the dispatchers whose plugin is the deployed plugin `name` (its current version
+    /// changed): they switch before this returns. Each also notices by its file watch.
+    pub async fn reload_plugin(&self, name: &str) {
+        let targets: Vec<(String, Arc<dyn Target>)> = self
+            .running
+            .lock()
+            .values()
+            .filter(|r| plugin_name(&r.spec) == Some(name))
+            .map(|r| (r.spec.consumer_id.to_string(), r.target.clone()))
+            .collect();
+        for (consumer_id, target) in targets {
+            if let Err(e) = target.reload().await {
+                tracing::warn!(consumer_id, plugin = name, error = %e, "the new version did not load; the old one keeps serving");
+            }
+        }
+    }
+
     /// The next offset of every worker delivering `partition` of `topic` (what
     /// `keepUndelivered` retention must not pass).
     pub fn positions(&self, topic: &Topic, partition: u32) -> Vec<u64> {
@@ -480,4 +507,11 @@ async fn stop(r: Running) {
         run.stop().await;
     }
     tracing::info!(consumer_id = %r.spec.consumer_id, "dispatcher stopped");
+}
+
+fn plugin_name(spec: &DispatcherSpec) -> Option<&str> {
+    match &spec.target {
+        crate::config::TargetSpec::Plugin(p) => p.name.as_deref(),
+        _ => None,
+    }
 }

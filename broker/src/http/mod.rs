@@ -13,6 +13,7 @@
 mod admin;
 mod consume;
 mod groups;
+mod plugins;
 pub mod produce;
 pub mod serve;
 mod topics;
@@ -92,6 +93,13 @@ pub fn router(state: AppState) -> Router {
             post(admin::redrive),
         )
         .route("/mmmq/admin/reload", post(admin::reload))
+        .route("/mmmq/plugins", get(plugins::list))
+        .route("/mmmq/plugins/{name}", axum::routing::put(plugins::deploy))
+        .route("/mmmq/plugins/{name}/rollback", post(plugins::rollback))
+        .route(
+            "/mmmq/plugins/{name}/versions/{version}/activate",
+            post(plugins::activate),
+        )
         .route("/metrics", get(admin::metrics));
     // Without a token the check is not layered at all: a middleware is a boxed future and a
     // state clone on every request of the produce path.

@@ -3,6 +3,7 @@
 //! # Layout
 //! - [`runtime`]: the engine, compilation, the sandboxed instance and its limits.
 //! - `worlds`: the two WIT worlds served (0.1.0 and 0.2.0) behind one call and one verdict.
+//! - [`store`]: deployed plugins and their kept versions (`{root-dir}/plugins/{name}/`).
 //! - [`tools`]: `mmmq plugin check` and `mmmq plugin new`.
 //! - [`emit_buffer`]: what a call emits, checked and held until its verdict is known.
 //! - `http`: outbound `wasi:http` limited to `plugin.allowedHosts` and the call's time.
@@ -15,6 +16,7 @@ pub mod emit_buffer;
 mod guest_log;
 mod http;
 pub mod runtime;
+pub mod store;
 pub mod tools;
 mod worlds;
 

@@ -37,9 +37,9 @@ pub trait TargetFactory: Send + Sync {
 }
 
 /// Host targets (HTTP consumers) and plugin targets (WebAssembly components). The WebAssembly
-/// engine is created with the first plugin dispatcher, so a broker without plugins runs none.
+/// engine ([`PluginEngine::shared`]) is created with the first plugin dispatcher or deploy, so a
+/// broker without plugins runs none.
 pub struct Targets {
-    engine: tokio::sync::OnceCell<Arc<PluginEngine>>,
     logs: LogSink,
     log_records: parking_lot::Mutex<Option<tokio::sync::mpsc::Receiver<LogRecord>>>,
 }
@@ -52,7 +52,6 @@ impl Default for Targets {
     fn default() -> Self {
         let (logs, rx) = tokio::sync::mpsc::channel(LOG_QUEUE);
         Self {
-            engine: Default::default(),
             logs,
             log_records: parking_lot::Mutex::new(Some(rx)),
         }
@@ -80,17 +79,9 @@ impl TargetFactory for Targets {
                     })
                     .map_err(|e| e.to_string()),
                 TargetSpec::Plugin(p) => {
-                    let engine = self
-                        .engine
-                        .get_or_try_init(|| async {
-                            tokio::task::spawn_blocking(PluginEngine::new)
-                                .await
-                                .expect("engine task panicked")
-                        })
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    let engine = PluginEngine::shared().await.map_err(|e| e.to_string())?;
                     let target = PluginTarget::start(
-                        engine.clone(),
+                        engine,
                         p.clone(),
                         spec.consumer_id.as_str(),
                         Some(self.logs.clone()),

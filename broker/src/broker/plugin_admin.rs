@@ -1,0 +1,68 @@
+//! Deployed plugins (README, "Deploying plugins"): deploy, list, rollback and activate, each
+//! switching the dispatchers that name the plugin before it answers.
+
+use mmmq_core::PluginListing;
+
+use super::Broker;
+use crate::plugin::store::{Deployed, PluginVersions, StoreError};
+
+impl Broker {
+    /// Validates and stores a component as the new current version of `name`.
+    pub async fn deploy_plugin(&self, name: &str, bytes: Vec<u8>) -> Result<Deployed, StoreError> {
+        let deployed = self.plugins.deploy(name, bytes).await?;
+        tracing::info!(
+            plugin = name,
+            version = deployed.version,
+            world = deployed.world,
+            "plugin deployed"
+        );
+        self.dispatch.reload_plugin(name).await;
+        Ok(deployed)
+    }
+
+    /// Makes the version deployed before the current one current.
+    pub async fn rollback_plugin(&self, name: &str) -> Result<Deployed, StoreError> {
+        let deployed = self.plugins.rollback(name).await?;
+        tracing::info!(
+            plugin = name,
+            version = deployed.version,
+            "plugin rolled back"
+        );
+        self.dispatch.reload_plugin(name).await;
+        Ok(deployed)
+    }
+
+    /// Makes a kept version current.
+    pub async fn activate_plugin(&self, name: &str, version: &str) -> Result<Deployed, StoreError> {
+        let deployed = self.plugins.activate(name, version).await?;
+        tracing::info!(
+            plugin = name,
+            version = deployed.version,
+            "plugin version activated"
+        );
+        self.dispatch.reload_plugin(name).await;
+        Ok(deployed)
+    }
+
+    /// Every deployed plugin with its versions and the dispatchers that run it.
+    pub async fn plugins(&self) -> Result<Vec<PluginListing>, StoreError> {
+        Ok(self
+            .plugins
+            .list()
+            .await?
+            .into_iter()
+            .map(
+                |PluginVersions {
+                     name,
+                     current,
+                     versions,
+                 }| PluginListing {
+                    used_by: self.dispatch.users_of_plugin(&name),
+                    name,
+                    current,
+                    versions,
+                },
+            )
+            .collect())
+    }
+}

@@ -1,0 +1,283 @@
+//! Deploying plugins (README, "Deploying plugins"): `PUT /mmmq/plugins/{name}`, list, rollback and
+//! activate, a dispatcher naming the plugin following its current version under continuous
+//! produce (every message handled once, in order, by one version), bad deploys refused with the
+//! reason while the current version keeps serving, and at least 10 versions kept.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use mmmq_tests::{Broker, eventually, mmmq_bin, plugin_wasm, write_dispatchers};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn put_wasm(broker: &Broker, name: &str, bytes: Vec<u8>) -> (u16, Value) {
+    let r = broker
+        .http
+        .put(format!("{}/mmmq/plugins/{name}", broker.url))
+        .header("content-type", "application/wasm")
+        .body(bytes)
+        .send()
+        .await
+        .unwrap();
+    let code = r.status().as_u16();
+    (code, r.json().await.unwrap_or(Value::Null))
+}
+
+/// The same component with a custom section appended: another version of the same code.
+fn variant(wasm: &[u8], n: u8) -> Vec<u8> {
+    let mut out = wasm.to_vec();
+    let name = b"mmmq-test";
+    out.extend_from_slice(&[0, (1 + name.len() + 1) as u8, name.len() as u8]);
+    out.extend_from_slice(name);
+    out.push(n);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deploy_rollback_and_activate_switch_versions_under_continuous_produce() {
+    let tmp = tempfile::tempdir().unwrap();
+    let v1 = std::fs::read(plugin_wasm("testbed", None)).unwrap();
+    let v2 = std::fs::read(plugin_wasm("testbed", Some("v2"))).unwrap();
+    write_dispatchers(
+        tmp.path(),
+        &json!([{"consumerId": "d", "pattern": "dep", "plugin": {"name": "tb"}}]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    // Produced before any deploy: it waits for a version.
+    broker.produce("dep", json!({"n": "early"})).await;
+
+    let (code, first) = put_wasm(&broker, "tb", v1.clone()).await;
+    assert_eq!(code, 200, "{first}");
+    assert_eq!(first["name"], "tb");
+    assert_eq!(first["world"], "mmmq:plugin/handler@0.2.0");
+    let v1_version = first["version"].as_str().unwrap().to_owned();
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = {
+        let (url, stop) = (broker.url.clone(), stop.clone());
+        tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let r = http
+                    .post(format!("{url}/mmmq/messages"))
+                    .json(&json!({"topic": "dep", "content": {"n": n}}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200);
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(3)).await;
+            }
+            n
+        })
+    };
+    let steps: [(&str, &str); 3] = [("deploy", "v2"), ("rollback", "v1"), ("activate", "v2")];
+    let mut switched_at = Vec::new();
+    for (what, expect) in steps {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let started = Instant::now();
+        let (code, answer) = match what {
+            "deploy" => put_wasm(&broker, "tb", v2.clone()).await,
+            "rollback" => broker.post("/mmmq/plugins/tb/rollback", &json!({})).await,
+            _ => {
+                let v2_version = switched_at
+                    .first()
+                    .map(|(_, v): &(u64, String)| v.clone())
+                    .unwrap();
+                broker
+                    .post(
+                        &format!("/mmmq/plugins/tb/versions/{v2_version}/activate"),
+                        &json!({}),
+                    )
+                    .await
+            }
+        };
+        assert_eq!(code, 200, "{what}: {answer}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{what} took {:?}",
+            started.elapsed()
+        );
+        let version = answer["version"].as_str().unwrap().to_owned();
+        // The next message produced is handled by the new version.
+        let offset = broker.produce("dep", json!({"marker": what})).await;
+        let handled = eventually(WAIT, "the marker", || {
+            broker
+                .handled()
+                .into_iter()
+                .find(|h| h.topic == "dep" && h.offset == offset)
+        })
+        .await;
+        assert_eq!(
+            handled.version, expect,
+            "{what}: offset {offset} {handled:?}"
+        );
+        switched_at.push((offset, version));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let produced = producer.await.unwrap();
+    let total = produced + 1 + 3;
+    broker
+        .dispatcher_when("d", |s| {
+            s["delivered"].as_u64() == Some(total) && s["lag"] == 0
+        })
+        .await;
+    // Every message once, in offset order, and the version changes only where the API said.
+    let handled: Vec<_> = broker
+        .handled()
+        .into_iter()
+        .filter(|h| h.topic == "dep")
+        .collect();
+    let offsets: Vec<u64> = handled.iter().map(|h| h.offset).collect();
+    assert_eq!(offsets, (0..total).collect::<Vec<_>>());
+    let changes: Vec<u64> = handled
+        .windows(2)
+        .filter(|w| w[0].version != w[1].version)
+        .map(|w| w[1].offset)
+        .collect();
+    assert_eq!(changes.len(), 3, "{changes:?}");
+    for (change, (marker, _)) in changes.iter().zip(&switched_at) {
+        assert!(
+            change <= marker,
+            "switched at {change}, after the marker {marker}"
+        );
+    }
+
+    // The list: the current version, both kept, and who uses it.
+    let (code, list) = broker.get("/mmmq/plugins").await;
+    assert_eq!(code, 200);
+    assert_eq!(list[0]["name"], "tb");
+    assert_eq!(list[0]["current"], json!(switched_at[2].1));
+    assert_eq!(list[0]["usedBy"], json!(["d"]));
+    let kept: Vec<&str> = list[0]["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["version"].as_str().unwrap())
+        .collect();
+    assert_eq!(kept, [v1_version.as_str(), switched_at[0].1.as_str()]);
+    assert_eq!(list[0]["versions"][0]["bytes"], json!(v1.len()));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_deploys_are_refused_and_ten_versions_are_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let good = std::fs::read(plugin_wasm("testbed", None)).unwrap();
+    let not_a_handler = std::fs::read(plugin_wasm("notahandler", None)).unwrap();
+    write_dispatchers(
+        tmp.path(),
+        &json!([{"consumerId": "k", "pattern": "keep", "plugin": {"name": "tb"}}]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    let (code, _) = put_wasm(&broker, "tb", good.clone()).await;
+    assert_eq!(code, 200);
+    let current = |list: &Value| list[0]["current"].clone();
+    let before = current(&broker.get("/mmmq/plugins").await.1);
+    let refusals = [
+        (
+            put_wasm(&broker, "tb", b"not wasm at all".to_vec()).await,
+            "not a valid WebAssembly component",
+        ),
+        (
+            put_wasm(&broker, "tb", not_a_handler).await,
+            "does not implement",
+        ),
+        (
+            put_wasm(&broker, "tb", Vec::new()).await,
+            "the body must be the component",
+        ),
+        (
+            put_wasm(&broker, "..x", good.clone()).await,
+            "bad plugin name",
+        ),
+        (
+            broker.post("/mmmq/plugins/nope/rollback", &json!({})).await,
+            "no plugin named",
+        ),
+        (
+            broker.post("/mmmq/plugins/tb/rollback", &json!({})).await,
+            "no version before",
+        ),
+        (
+            broker
+                .post(
+                    "/mmmq/plugins/tb/versions/0123456789abcdef/activate",
+                    &json!({}),
+                )
+                .await,
+            "has no version",
+        ),
+    ];
+    for ((code, body), why) in refusals {
+        assert!(code == 400 || code == 404, "{code} {body}");
+        assert!(
+            body["error"].as_str().unwrap_or("").contains(why),
+            "{body} (want {why:?})"
+        );
+    }
+    assert_eq!(current(&broker.get("/mmmq/plugins").await.1), before);
+    broker.produce("keep", json!({"n": 1})).await;
+    broker.dispatcher_when("k", |s| s["delivered"] == 1).await;
+
+    // Twelve more versions through the CLI: the last ten (the current one among them) are kept.
+    let dir = tempfile::tempdir().unwrap();
+    for n in 0..12u8 {
+        let file = dir.path().join(format!("v{n}.wasm"));
+        std::fs::write(&file, variant(&good, n)).unwrap();
+        let out = std::process::Command::new(mmmq_bin())
+            .args(["plugin", "deploy"])
+            .arg(&file)
+            .args(["--name", "tb"])
+            .env("MMMQ_BROKER", &broker.url)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).starts_with("tb is now at "));
+    }
+    let (_, list) = broker.get("/mmmq/plugins").await;
+    let versions = list[0]["versions"].as_array().unwrap();
+    assert_eq!(versions.len(), 10, "{list}");
+    assert_eq!(versions[9]["version"], list[0]["current"]);
+    let files = std::fs::read_dir(tmp.path().join("plugins/tb"))
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name().into_string().unwrap();
+            name.ends_with(".wasm") && name != "current.wasm"
+        })
+        .count();
+    assert_eq!(files, 10);
+    let out = std::process::Command::new(mmmq_bin())
+        .args(["plugin", "rollback", "tb"])
+        .env("MMMQ_BROKER", &broker.url)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let (_, after) = broker.get("/mmmq/plugins").await;
+    assert_eq!(after[0]["current"], versions[8]["version"]);
+    let out = std::process::Command::new(mmmq_bin())
+        .args(["plugin", "list"])
+        .env("MMMQ_BROKER", &broker.url)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("*{}", versions[8]["version"].as_str().unwrap())),
+        "{text}"
+    );
+    // A restart keeps the current version.
+    drop(broker);
+    let broker = Broker::start(tmp.path()).await;
+    let (_, again) = broker.get("/mmmq/plugins").await;
+    assert_eq!(again[0]["current"], versions[8]["version"]);
+    broker.produce("keep", json!({"n": 2})).await;
+    let s = broker
+        .dispatcher_when("k", |s| s["delivered"] == 1 && s["lag"] == 0)
+        .await;
+    assert_eq!(s["target"]["version"], versions[8]["version"], "{s}");
+}
