@@ -34,7 +34,7 @@ pub use plugins::{Deployed, PluginListing, VersionInfo};
 pub use status::{
     DEFAULT_RETENTION_MS, DispatcherStatus, GroupMember, GroupPartition, GroupPoll, GroupStatus,
     HostHealth, PartitionInfo, PullPage, RedrivePartition, RedriveStatus, ReloadReport,
-    TargetStatus, TopicConfig, TopicDetail, TopicInfo, TopicPartition, TopicStatus,
+    ShadowStatus, TargetStatus, TopicConfig, TopicDetail, TopicInfo, TopicPartition, TopicStatus,
 };
 pub use topic::{ConsumerId, NameError, Topic};
 

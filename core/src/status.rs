@@ -128,6 +128,25 @@ pub struct HostHealth {
     pub failures: u64,
 }
 
+/// A shadow version run after the current one on every message (README, "Deploying plugins").
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ShadowStatus {
+    /// The shadow version.
+    pub version: String,
+    /// Messages both versions were given.
+    pub compared: u64,
+    /// Messages on which the shadow answered as the current version did.
+    pub agreed: u64,
+    /// Messages on which it answered otherwise (or the current version faulted and it did not).
+    pub disagreed: u64,
+    /// Messages on which the shadow trapped, timed out or hit its memory cap.
+    pub faults: u64,
+    /// Why the shadow version cannot run, if it cannot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_error: Option<String>,
+}
+
 /// What `GET /mmmq/dispatchers` shows of a target.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "type", rename_all = "kebab-case")]
@@ -156,6 +175,12 @@ pub enum TargetStatus {
         /// The WIT world of the version serving (`mmmq:plugin/handler@0.1.0` or `@0.2.0`).
         #[serde(default)]
         world: Option<String>,
+        /// The deployed plugin it follows (`plugin.name`), if it names one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        /// The shadow version's comparison (`plugin.shadow`), if it has one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        shadow: Option<ShadowStatus>,
     },
     /// A kind of target this version does not know (a newer broker's).
     #[serde(other)]

@@ -306,6 +306,19 @@ impl Broker {
         std::mem::forget(self);
     }
 
+    /// Runs the `mmmq` command line against this broker (`MMMQ_BROKER`) and waits for it.
+    pub fn cli<I, S>(&self, args: I) -> std::process::Output
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        Command::new(mmmq_bin())
+            .args(args)
+            .env("MMMQ_BROKER", &self.url)
+            .output()
+            .expect("run mmmq")
+    }
+
     /// Sends a signal without waiting.
     pub fn signal(&self, sig: i32) {
         unsafe { libc::kill(self.child.id() as i32, sig) };

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use mmmq_tests::{Broker, eventually, mmmq_bin, plugin_wasm, write_dispatchers};
+use mmmq_tests::{Broker, eventually, plugin_wasm, write_dispatchers};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -226,13 +226,13 @@ async fn bad_deploys_are_refused_and_ten_versions_are_kept() {
     for n in 0..12u8 {
         let file = dir.path().join(format!("v{n}.wasm"));
         std::fs::write(&file, variant(&good, n)).unwrap();
-        let out = std::process::Command::new(mmmq_bin())
-            .args(["plugin", "deploy"])
-            .arg(&file)
-            .args(["--name", "tb"])
-            .env("MMMQ_BROKER", &broker.url)
-            .output()
-            .unwrap();
+        let out = broker.cli([
+            "plugin".as_ref(),
+            "deploy".as_ref(),
+            file.as_os_str(),
+            "--name".as_ref(),
+            "tb".as_ref(),
+        ]);
         assert!(
             out.status.success(),
             "{}",
@@ -252,19 +252,11 @@ async fn bad_deploys_are_refused_and_ten_versions_are_kept() {
         })
         .count();
     assert_eq!(files, 10);
-    let out = std::process::Command::new(mmmq_bin())
-        .args(["plugin", "rollback", "tb"])
-        .env("MMMQ_BROKER", &broker.url)
-        .output()
-        .unwrap();
+    let out = broker.cli(["plugin", "rollback", "tb"]);
     assert!(out.status.success());
     let (_, after) = broker.get("/mmmq/plugins").await;
     assert_eq!(after[0]["current"], versions[8]["version"]);
-    let out = std::process::Command::new(mmmq_bin())
-        .args(["plugin", "list"])
-        .env("MMMQ_BROKER", &broker.url)
-        .output()
-        .unwrap();
+    let out = broker.cli(["plugin", "list"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains(&format!("*{}", versions[8]["version"].as_str().unwrap())),
@@ -280,4 +272,60 @@ async fn bad_deploys_are_refused_and_ten_versions_are_kept() {
         .dispatcher_when("k", |s| s["delivered"] == 1 && s["lag"] == 0)
         .await;
     assert_eq!(s["target"]["version"], versions[8]["version"], "{s}");
+}
+
+/// A shadow version runs after the current one on every message: its verdicts are compared and
+/// counted, its emits never appear, its faults do not touch the message, and the first
+/// disagreements are logged with their offsets.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shadow_version_is_compared_and_has_no_side_effects() {
+    let tmp = tempfile::tempdir().unwrap();
+    let calm = std::fs::read(plugin_wasm("testbed", Some("calm"))).unwrap();
+    let strict = std::fs::read(plugin_wasm("testbed", None)).unwrap();
+    write_dispatchers(tmp.path(), &json!([]));
+    let broker = Broker::start(tmp.path()).await;
+    let (_, shadow) = put_wasm(&broker, "tb", strict).await;
+    let (code, _) = put_wasm(&broker, "tb", calm).await;
+    assert_eq!(code, 200);
+    let shadow_version = shadow["version"].as_str().unwrap().to_owned();
+    write_dispatchers(
+        tmp.path(),
+        &json!([{"consumerId": "s", "pattern": "shadowed", "maxNackRetries": 0,
+                 "plugin": {"name": "tb", "shadow": shadow_version}}]),
+    );
+    let (code, body) = broker.post("/mmmq/admin/reload", &json!({})).await;
+    assert_eq!(code, 200, "{body}");
+    for m in [
+        json!({"n": 1}),
+        json!({"do": "nack"}),
+        json!({"n": 2}),
+        json!({"do": "emit", "to": "shadow-out"}),
+        json!({"do": "panic"}),
+        json!({"n": 3}),
+    ] {
+        broker.produce("shadowed", m).await;
+    }
+    let s = broker
+        .dispatcher_when("s", |s| s["target"]["shadow"]["compared"] == 6)
+        .await;
+    assert_eq!(s["delivered"], 6, "the current version decides: {s}");
+    assert_eq!(s["deadLettered"], 0, "{s}");
+    assert_eq!(
+        s["target"]["shadow"],
+        json!({"version": shadow_version, "compared": 6, "agreed": 4, "disagreed": 1, "faults": 1}),
+        "{s}"
+    );
+    assert_eq!(s["target"]["name"], "tb");
+    let (code, _) = broker.get("/mmmq/topics/shadow-out/messages").await;
+    assert_eq!(code, 404, "the shadow's emit was appended");
+    let line = eventually(WAIT, "the disagreement", || {
+        broker
+            .log
+            .lock()
+            .lines()
+            .find(|l| l.contains("the shadow version disagrees"))
+            .map(str::to_owned)
+    })
+    .await;
+    assert!(line.contains("offset=1"), "{line}");
 }

@@ -22,7 +22,7 @@ pub fn handle(msg: Message) -> Verdict {
     let pass = match (config("equals"), config("min"), config("max")) {
         (Some(want), _, _) => found.is_some_and(|v| match v {
             serde_json::Value::String(s) => *s == want,
-            other => other.to_string() == want,
+            other => serde_json::to_string(other).is_ok_and(|text| text == want),
         }),
         (None, None, None) => {
             return Verdict::DeadLetter("plugin.config needs equals, min or max".into());

@@ -7,6 +7,7 @@
 mod fleet;
 mod http;
 mod in_process;
+mod shadow;
 pub mod wasm;
 
 use std::sync::Arc;

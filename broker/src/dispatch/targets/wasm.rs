@@ -43,6 +43,8 @@ struct Shared {
     emits: ConsumerEmits,
     /// `plugin.config` and `plugin.allowedHosts`.
     grants: Grants,
+    /// `plugin.shadow`: a kept version run after the current one, its verdicts compared.
+    shadow: Option<super::shadow::Shadow>,
     current: ArcSwapOption<Compiled>,
     load_error: Mutex<Option<String>>,
     /// Each lane's instance between calls. One instance per (dispatcher, topic, partition, lane),
@@ -134,7 +136,22 @@ impl PluginTarget {
         log_sink: Option<LogSink>,
         emits: ConsumerEmits,
     ) -> Self {
+        let shadow = match spec.shadow.clone() {
+            Some(shadow) => {
+                let (engine, id, config) =
+                    (engine.clone(), consumer_id.to_owned(), spec.config.clone());
+                Some(
+                    tokio::task::spawn_blocking(move || {
+                        super::shadow::Shadow::load(&engine, &shadow, &id, config)
+                    })
+                    .await
+                    .expect("shadow compile task panicked"),
+                )
+            }
+            None => None,
+        };
         let shared = Arc::new(Shared {
+            shadow,
             engine,
             log: GuestLog::new(consumer_id, log_sink),
             emits,
@@ -338,6 +355,7 @@ impl Shared {
             max_message_bytes: self.emits.max_message_bytes(),
         };
         let this = self.clone();
+        let lane = topic.clone();
         let RunCalls {
             acked,
             outputs,
@@ -358,7 +376,11 @@ impl Shared {
                 if stop.is_cancelled() {
                     return RunCalls::ended(outputs, CallResult::Stopped(instance));
                 }
-                match instance.handle(m) {
+                let answer = instance.handle(m);
+                if let Some(shadow) = &this.shadow {
+                    shadow.compare(&this.engine, lane.clone(), m, &answer, limits);
+                }
+                match answer {
                     Ok(Verdict::Ack) => outputs.push((m.offset, instance.take_emits())),
                     Ok(verdict) => {
                         return RunCalls::ended(outputs, CallResult::Answered(instance, verdict));
@@ -444,6 +466,8 @@ impl Target for PluginTarget {
                 .load()
                 .as_ref()
                 .map(|c| c.world.to_owned()),
+            name: self.shared.spec.name.clone(),
+            shadow: self.shared.shadow.as_ref().map(|s| s.status()),
         }
     }
 
