@@ -1,8 +1,9 @@
 //! The broker: topics, dispatchers and metrics behind one handle. The HTTP layer is a thin skin
 //! over it, and it is what an application embeds.
 
+use mmmq_core::now_ms;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use mmmq_core::{ConsumerId, PullPage, StoredMessage, Topic, TopicInfo, TopicPattern};
 use serde_json::value::RawValue;
@@ -124,12 +125,6 @@ pub struct Broker {
     groups: Arc<crate::groups::Groups>,
     /// Deployed plugins and their versions.
     plugins: Arc<crate::plugin::store::PluginStore>,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Broker {

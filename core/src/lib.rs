@@ -26,7 +26,7 @@ pub mod topic;
 pub use ack::Ack;
 pub use handler::{ErasedHandler, HandlerFuture, Message, erase};
 pub use message::{
-    ContentShape, Envelope, MAX_CONTENT_DEPTH, Origin, StoredMessage, content_shape,
+    ContentShape, Envelope, MAX_CONTENT_DEPTH, Origin, StoredMessage, content_shape, now_ms,
 };
 pub use partition::{MAX_PARTITIONS, murmur2, partition_for_key};
 pub use pattern::{PatternError, TopicPattern};

@@ -75,6 +75,14 @@ pub fn content_shape(json: &str) -> ContentShape {
     }
 }
 
+/// Milliseconds since the Unix epoch: the clock of message timestamps, dead letters and
+/// deploys (0 on a clock before 1970).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// The payload of one log entry: the UTF-8 JSON of this struct (README, "Storage").
 ///
 /// The topic and the offset are not stored: the directory and the position in the log say them.

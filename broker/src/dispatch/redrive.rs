@@ -9,9 +9,9 @@
 //! the last one stopped (its position is a checkpoint named `__redrive` of the dead-letter
 //! partition); with `from` it covers that range and remembers nothing.
 
+use mmmq_core::now_ms;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use mmmq_core::{ConsumerId, Envelope, RedrivePartition, RedriveStatus, StoredMessage, Topic};
 use serde::Deserialize;
@@ -158,12 +158,6 @@ impl Worker {
         d.history = Some(Arc::new(history));
         Ok(d)
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Dispatch {

@@ -12,9 +12,10 @@
 //! (at-least-once). A clean stop writes the final position at once, so nothing ACKed is
 //! redelivered after a clean restart.
 
+pub(super) use mmmq_core::now_ms;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use mmmq_core::{ConsumerId, StoredMessage, Topic};
 use parking_lot::Mutex;
@@ -81,12 +82,6 @@ pub(super) struct Worker {
 
 /// The worker was told to stop while waiting.
 pub(super) struct Stopped;
-
-pub(super) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
 
 impl Worker {
     pub(super) fn label(&self) -> DispatchLabel {

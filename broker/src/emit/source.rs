@@ -1,6 +1,7 @@
 //! The emits of one dispatcher from one source partition: recovery of what a run before a crash
 //! stored, the bounds kept ahead of every append, and the appends themselves.
 
+use mmmq_core::now_ms;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -372,10 +373,4 @@ fn scan(
         present,
         max_source,
     })
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

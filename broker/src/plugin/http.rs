@@ -104,8 +104,11 @@ impl WasiHttpHooks for HttpHooks {
 
 impl WasiHttpView for HostState {
     fn http(&mut self) -> WasiHttpCtxView<'_> {
-        let (ctx, table, hooks) = self.http_parts();
-        WasiHttpCtxView { ctx, table, hooks }
+        WasiHttpCtxView {
+            ctx: &mut self.http_ctx,
+            table: &mut self.table,
+            hooks: &mut self.http_hooks,
+        }
     }
 }
 

@@ -76,7 +76,13 @@ pub enum PluginError {
 pub struct PluginEngine {
     engine: Engine,
     linker: Linker<HostState>,
+    /// The last versions compiled, newest last: a deploy's validation, the dispatchers that then
+    /// load it, a shadow of a kept version and a rollback to one all get the same compilation.
+    recent: parking_lot::Mutex<std::collections::VecDeque<Arc<Compiled>>>,
 }
+
+/// Compiled versions [`PluginEngine::compile`] keeps for reuse.
+const RECENT_COMPILED: usize = 8;
 
 impl PluginEngine {
     /// Builds the engine and starts its epoch ticker (which stops when the engine is dropped).
@@ -93,7 +99,11 @@ impl PluginEngine {
             .map_err(|e| PluginError::Compile(e.to_string()))?;
         super::worlds::add_to_linker(&mut linker)
             .map_err(|e| PluginError::Compile(e.to_string()))?;
-        let this = Arc::new(Self { engine, linker });
+        let this = Arc::new(Self {
+            engine,
+            linker,
+            recent: parking_lot::Mutex::new(std::collections::VecDeque::new()),
+        });
         let weak: Weak<Self> = Arc::downgrade(&this);
         std::thread::Builder::new()
             .name("mmmq-epoch".into())
@@ -108,10 +118,44 @@ impl PluginEngine {
         Ok(this)
     }
 
-    /// Compiles `bytes` and checks it against the handler world. Blocking (milliseconds to
-    /// seconds: keep it off the delivery path).
-    pub fn compile(&self, bytes: &[u8]) -> Result<Compiled, PluginError> {
+    /// The process's engine, made on first use (off the async executor): a deploy's
+    /// validation and every dispatcher compile with it, so they share its compilations.
+    pub async fn shared() -> Result<Arc<Self>, PluginError> {
+        static SHARED: tokio::sync::OnceCell<Arc<PluginEngine>> =
+            tokio::sync::OnceCell::const_new();
+        SHARED
+            .get_or_try_init(|| async {
+                tokio::task::spawn_blocking(PluginEngine::new)
+                    .await
+                    .expect("engine task panicked")
+            })
+            .await
+            .cloned()
+    }
+
+    /// Compiles `bytes` and checks it against the handler world, or returns the compilation of
+    /// the same version made lately. Blocking (milliseconds to seconds: keep it off the delivery
+    /// path).
+    pub fn compile(&self, bytes: &[u8]) -> Result<Arc<Compiled>, PluginError> {
         let version = version_of(bytes);
+        {
+            let mut recent = self.recent.lock();
+            if let Some(i) = recent.iter().position(|c| c.version == version) {
+                let hit = recent.remove(i).expect("found");
+                recent.push_back(hit.clone());
+                return Ok(hit);
+            }
+        }
+        let compiled = Arc::new(self.compile_new(bytes, version)?);
+        let mut recent = self.recent.lock();
+        recent.push_back(compiled.clone());
+        if recent.len() > RECENT_COMPILED {
+            recent.pop_front();
+        }
+        Ok(compiled)
+    }
+
+    fn compile_new(&self, bytes: &[u8], version: String) -> Result<Compiled, PluginError> {
         let component = Component::new(&self.engine, bytes).map_err(|e| {
             let msg = format!("{e:#}");
             if wasmparser_says_core_module(bytes) {
@@ -251,27 +295,15 @@ impl ResourceLimiter for Limiter {
 /// What a store carries.
 pub struct HostState {
     wasi: WasiCtx,
-    table: ResourceTable,
+    pub(super) table: ResourceTable,
     limiter: Limiter,
     pub(super) log: GuestLog,
     /// The dispatcher's `plugin.config` (0.2.0 `get-config`).
     pub(super) config: Arc<BTreeMap<String, String>>,
     /// What the call in progress emitted (0.2.0 `emit`).
     pub(super) emits: EmitBuffer,
-    http_ctx: wasmtime_wasi_http::WasiHttpCtx,
-    http_hooks: HttpHooks,
-}
-
-impl HostState {
-    pub(super) fn http_parts(
-        &mut self,
-    ) -> (
-        &mut wasmtime_wasi_http::WasiHttpCtx,
-        &mut ResourceTable,
-        &mut HttpHooks,
-    ) {
-        (&mut self.http_ctx, &mut self.table, &mut self.http_hooks)
-    }
+    pub(super) http_ctx: wasmtime_wasi_http::WasiHttpCtx,
+    pub(super) http_hooks: HttpHooks,
 }
 
 /// What a dispatcher grants its plugin beyond the sandbox: `plugin.config` and

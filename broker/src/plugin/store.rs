@@ -13,8 +13,8 @@
 //! order. Every file is written aside, synced and renamed; `versions.json` decides what is
 //! current, and `current.wasm` is repaired from it at open if a crash came between the two.
 
+use mmmq_core::now_ms;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -359,27 +359,4 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .expect("plugin store task panicked")
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Shared so that a deploy's validation and the dispatchers compile with one engine.
-impl PluginEngine {
-    /// The process's engine, made on first use (off the async executor).
-    pub async fn shared() -> Result<Arc<Self>, PluginError> {
-        static SHARED: tokio::sync::OnceCell<Arc<PluginEngine>> =
-            tokio::sync::OnceCell::const_new();
-        SHARED
-            .get_or_try_init(|| async {
-                tokio::task::spawn_blocking(PluginEngine::new)
-                    .await
-                    .expect("engine task panicked")
-            })
-            .await
-            .cloned()
-    }
 }

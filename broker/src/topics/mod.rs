@@ -317,9 +317,7 @@ fn open_topic(
             c.dedup_window_ms
         });
     let t = TopicLog::new(topic, dir, partitions, settings);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let now = mmmq_core::now_ms();
     for p in t.partitions() {
         dedup::rebuild(&t.dedup, &p, window, now)?;
     }

@@ -9,7 +9,7 @@
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use mmmq::storage::frame;
 use mmmq::storage::scan::{DATA_EXT, INDEX_EXT, segment_file_name};
@@ -37,9 +37,7 @@ pub struct MemoryBench {
 /// Lays down `n` small messages in `dir` as segments of about `segment_bytes`.
 fn write_log(dir: &Path, n: u64, segment_bytes: u64) -> std::io::Result<u64> {
     std::fs::create_dir_all(dir)?;
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let now = mmmq_core::now_ms();
     let mut segments = 0;
     let mut offset = 0;
     let mut frames = Vec::with_capacity(segment_bytes as usize + 4096);

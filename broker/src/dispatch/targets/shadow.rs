@@ -24,7 +24,7 @@ const LOGGED_DISAGREEMENTS: u64 = 20;
 /// The shadow of one dispatcher.
 pub(super) struct Shadow {
     version: String,
-    compiled: Result<Compiled, String>,
+    compiled: Result<Arc<Compiled>, String>,
     grants: Grants,
     log: GuestLog,
     consumer_id: String,

@@ -294,7 +294,7 @@ impl Shared {
             }
             Ok(Some(compiled)) => {
                 tracing::info!(consumer_id = %self.consumer_id, version = %compiled.version, bytes = compiled.size, "plugin version loaded");
-                self.current.store(Some(Arc::new(compiled)));
+                self.current.store(Some(compiled));
                 *self.load_error.lock() = None;
                 self.idle.lock().clear();
                 Ok(true)
