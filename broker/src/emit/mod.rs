@@ -129,22 +129,25 @@ impl ConsumerEmits {
         Ok(appended)
     }
 
+    /// The state of one source partition. A topic deleted and created again is a new log with
+    /// new (empty) checkpoints: its partition is another object, and gets fresh state.
     fn source(&self, topic: &Topic, partition: u32) -> Result<Arc<Source>, EmitError> {
-        let key = (topic.clone(), partition);
-        let mut sources = self.sources.lock();
-        if let Some(s) = sources.get(&key) {
-            return Ok(s.clone());
-        }
-        let gone = || EmitError::SourceGone {
-            topic: topic.to_string(),
-            partition,
-        };
         let p = self
             .emitter
             .registry
             .get(topic)
             .and_then(|t| t.partition(partition))
-            .ok_or_else(gone)?;
+            .ok_or_else(|| EmitError::SourceGone {
+                topic: topic.to_string(),
+                partition,
+            })?;
+        let mut sources = self.sources.lock();
+        let key = (topic.clone(), partition);
+        if let Some(s) = sources.get(&key)
+            && s.is_of(&p)
+        {
+            return Ok(s.clone());
+        }
         let s = Arc::new(Source::new(
             self.emitter.clone(),
             self.consumer_id.clone(),

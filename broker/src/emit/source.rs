@@ -74,6 +74,11 @@ impl Source {
         }
     }
 
+    /// Whether this is the state of `partition` (and not of a deleted topic's).
+    pub(super) fn is_of(&self, partition: &Arc<Partition>) -> bool {
+        Arc::ptr_eq(&self.partition, partition)
+    }
+
     /// See [`super::ConsumerEmits::commit`].
     pub(super) async fn commit(&self, outputs: Vec<Outputs>) -> Result<u64, EmitError> {
         self.recover().await?;

@@ -394,9 +394,8 @@ impl Shared {
         .expect("plugin call task panicked");
         // The ACKed calls' emits are stored before the answer lets the position move past them.
         if let Err(e) = self.emits.commit(&topic.0, topic.1, outputs).await {
-            if let CallResult::Answered(instance, _) | CallResult::Stopped(instance) = result {
-                self.keep_idle(topic, instance);
-            }
+            // The run is tried again from its first message, on a fresh instance (this one is
+            // dropped with `result`), so a plugin's state never sees a message twice.
             return RunAnswer::stopped(0, Outcome::Failed(TargetError::Emits(e.to_string())));
         }
         let outcome = match result {
