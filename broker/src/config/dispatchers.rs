@@ -572,6 +572,26 @@ mod tests {
                 "`plugin.allowedHosts[1]`: \"x.com\" must start with http:// or https://",
             ),
             (
+                r#"[{"consumerId":"a","pattern":"x","plugin":{"path":"p.wasm","name":"p"}}]"#,
+                "exactly one of `path` and `name`",
+            ),
+            (
+                r#"[{"consumerId":"a","pattern":"x","plugin":{"timeoutMs":5}}]"#,
+                "exactly one of `path` and `name`",
+            ),
+            (
+                r#"[{"consumerId":"a","pattern":"x","plugin":{"name":"../etc"}}]"#,
+                "`plugin.name`: bad plugin name",
+            ),
+            (
+                r#"[{"consumerId":"a","pattern":"x","plugin":{"path":"p.wasm","shadow":"0123456789abcdef"}}]"#,
+                "`plugin.shadow` names a kept version of a `plugin.name`",
+            ),
+            (
+                r#"[{"consumerId":"a","pattern":"x","plugin":{"name":"p","shadow":"v2"}}]"#,
+                "\"v2\" is not a version (16 hex digits)",
+            ),
+            (
                 r#"[{"consumerId":"a","pattern":"x","plugin":{"path":"p.wasm"},"batchMaxMessages":5}]"#,
                 "host targets only",
             ),
