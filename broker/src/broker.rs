@@ -1,7 +1,6 @@
 //! The broker: topics, dispatchers and metrics behind one handle. The HTTP layer is a thin skin
 //! over it, and it is what an application embeds.
 
-use mmmq_core::now_ms;
 use std::sync::Arc;
 use std::time::Duration;
 

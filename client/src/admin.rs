@@ -51,7 +51,17 @@ impl Admin {
     }
 
     async fn get<T: for<'de> Deserialize<'de>>(&self, path: &str) -> Result<T, ClientError> {
-        match self.conn.send(reqwest::Method::GET, path, None).await? {
+        self.call(reqwest::Method::GET, path, None).await
+    }
+
+    /// Sends a request and decodes a `200` answer; anything else is the broker's error.
+    async fn call<T: for<'de> Deserialize<'de>>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<T, ClientError> {
+        match self.conn.send(method, path, body).await? {
             (200, bytes) => decode(&bytes),
             (status, bytes) => Err(status_error(status, &bytes)),
         }
@@ -79,15 +89,12 @@ impl Admin {
         settings: &TopicSettings,
     ) -> Result<TopicDetail, ClientError> {
         let body = serde_json::to_vec(settings).expect("settings serialize");
-        let path = format!("/mmmq/topics/{name}");
-        match self
-            .conn
-            .send(reqwest::Method::PUT, &path, Some(body))
-            .await?
-        {
-            (200, bytes) => decode(&bytes),
-            (status, bytes) => Err(status_error(status, &bytes)),
-        }
+        self.call(
+            reqwest::Method::PUT,
+            &format!("/mmmq/topics/{name}"),
+            Some(body),
+        )
+        .await
     }
 
     /// Deletes `name`: its messages, checkpoints and dispatcher workers.
@@ -128,14 +135,7 @@ impl Admin {
         }
         let body = serde_json::to_vec(&body).expect("a map serializes");
         let path = format!("/mmmq/dispatchers/{consumer_id}/redrive");
-        match self
-            .conn
-            .send(reqwest::Method::POST, &path, Some(body))
-            .await?
-        {
-            (200, bytes) => decode(&bytes),
-            (status, bytes) => Err(status_error(status, &bytes)),
-        }
+        self.call(reqwest::Method::POST, &path, Some(body)).await
     }
 
     /// Deploys a component as the new current version of the plugin `name` (README,
@@ -163,23 +163,13 @@ impl Admin {
 
     /// Every deployed plugin with its kept versions and the dispatchers that run it.
     pub async fn plugins(&self) -> Result<Vec<PluginListing>, ClientError> {
-        match self
-            .conn
-            .send(reqwest::Method::GET, "/mmmq/plugins", None)
-            .await?
-        {
-            (200, bytes) => decode(&bytes),
-            (status, bytes) => Err(status_error(status, &bytes)),
-        }
+        self.get("/mmmq/plugins").await
     }
 
     /// Makes the version deployed before the current one current.
     pub async fn rollback_plugin(&self, name: &str) -> Result<Deployed, ClientError> {
         let path = format!("/mmmq/plugins/{name}/rollback");
-        match self.conn.send(reqwest::Method::POST, &path, None).await? {
-            (200, bytes) => decode(&bytes),
-            (status, bytes) => Err(status_error(status, &bytes)),
-        }
+        self.call(reqwest::Method::POST, &path, None).await
     }
 
     /// Makes a kept version current.
@@ -189,9 +179,6 @@ impl Admin {
         version: &str,
     ) -> Result<Deployed, ClientError> {
         let path = format!("/mmmq/plugins/{name}/versions/{version}/activate");
-        match self.conn.send(reqwest::Method::POST, &path, None).await? {
-            (200, bytes) => decode(&bytes),
-            (status, bytes) => Err(status_error(status, &bytes)),
-        }
+        self.call(reqwest::Method::POST, &path, None).await
     }
 }

@@ -190,11 +190,7 @@ async fn log_lines_go_to_the_logs_topic_with_their_message() {
         );
     }
     // `mmmq plugin logs` prints them for people.
-    let out = std::process::Command::new(mmmq_tests::mmmq_bin())
-        .args(["plugin", "logs", "lg"])
-        .env("MMMQ_BROKER", &broker.url)
-        .output()
-        .unwrap();
+    let out = broker.cli(["plugin", "logs", "lg"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     let first = text.lines().next().unwrap_or_default();
@@ -202,11 +198,7 @@ async fn log_lines_go_to_the_logs_topic_with_their_message() {
         first.starts_with(&format!("INFO  logged/0@0 ({version}): testbed version=v1")),
         "{text}"
     );
-    let out = std::process::Command::new(mmmq_tests::mmmq_bin())
-        .args(["plugin", "logs", "nobody"])
-        .env("MMMQ_BROKER", &broker.url)
-        .output()
-        .unwrap();
+    let out = broker.cli(["plugin", "logs", "nobody"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("has logged nothing yet"));
 }
 

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use mmmq_tests::{Answer, Broker, Consumer, host_dispatcher, mmmq_bin, write_dispatchers};
+use mmmq_tests::{Answer, Broker, Consumer, host_dispatcher, write_dispatchers};
 use serde_json::{Value, json};
 
 fn dispatcher(id: &str, pattern: &str, port: u16, retries: u32) -> Value {
@@ -27,11 +27,7 @@ async fn redrive_done(broker: &Broker, id: &str) -> Value {
 }
 
 fn cli(broker: &Broker, args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(mmmq_bin())
-        .args(args)
-        .env("MMMQ_BROKER", &broker.url)
-        .output()
-        .unwrap();
+    let out = broker.cli(args);
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     (out.status.success(), text)

@@ -9,39 +9,37 @@ use crate::plugin::store::{Deployed, PluginVersions, StoreError};
 impl Broker {
     /// Validates and stores a component as the new current version of `name`.
     pub async fn deploy_plugin(&self, name: &str, bytes: Vec<u8>) -> Result<Deployed, StoreError> {
-        let deployed = self.plugins.deploy(name, bytes).await?;
-        tracing::info!(
-            plugin = name,
-            version = deployed.version,
-            world = deployed.world,
-            "plugin deployed"
-        );
-        self.dispatch.reload_plugin(name).await;
-        Ok(deployed)
+        let deployed = self.plugins.deploy(name, bytes).await;
+        self.switched(deployed, "deployed").await
     }
 
     /// Makes the version deployed before the current one current.
     pub async fn rollback_plugin(&self, name: &str) -> Result<Deployed, StoreError> {
-        let deployed = self.plugins.rollback(name).await?;
-        tracing::info!(
-            plugin = name,
-            version = deployed.version,
-            "plugin rolled back"
-        );
-        self.dispatch.reload_plugin(name).await;
-        Ok(deployed)
+        let deployed = self.plugins.rollback(name).await;
+        self.switched(deployed, "rolled back").await
     }
 
     /// Makes a kept version current.
     pub async fn activate_plugin(&self, name: &str, version: &str) -> Result<Deployed, StoreError> {
-        let deployed = self.plugins.activate(name, version).await?;
+        let deployed = self.plugins.activate(name, version).await;
+        self.switched(deployed, "activated").await
+    }
+
+    /// After a change of current version: the dispatchers naming the plugin switch now.
+    async fn switched(
+        &self,
+        deployed: Result<Deployed, StoreError>,
+        what: &str,
+    ) -> Result<Deployed, StoreError> {
+        let d = deployed?;
         tracing::info!(
-            plugin = name,
-            version = deployed.version,
-            "plugin version activated"
+            plugin = d.name,
+            version = d.version,
+            world = d.world,
+            "plugin {what}"
         );
-        self.dispatch.reload_plugin(name).await;
-        Ok(deployed)
+        self.dispatch.reload_plugin(&d.name).await;
+        Ok(d)
     }
 
     /// Every deployed plugin with its versions and the dispatchers that run it.

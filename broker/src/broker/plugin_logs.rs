@@ -5,12 +5,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use mmmq_core::{StoredMessage, Topic};
+use mmmq_core::{StoredMessage, Topic, now_ms};
 use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::now_ms;
 use crate::plugin::LogRecord;
 use crate::topics::Registry;
 

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use mmmq_core::{StoredMessage, Topic};
+use mmmq_core::{StoredMessage, Topic, now_ms};
 
-use super::{Broker, BrokerError, Produced, now_ms};
+use super::{Broker, BrokerError, Produced};
 use crate::produce::ProduceItem;
 use crate::storage::StorageError;
 use crate::topics::dedup::Claim;

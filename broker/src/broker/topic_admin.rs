@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mmmq_core::{PartitionInfo, Topic, TopicDetail};
+use mmmq_core::{PartitionInfo, Topic, TopicDetail, now_ms};
 use tokio_util::sync::CancellationToken;
 
-use super::{Broker, BrokerError, now_ms};
+use super::{Broker, BrokerError};
 use crate::dispatch::Dispatch;
 use crate::metrics::{Metrics, TopicLabel};
 use crate::topics::settings::TopicUpdate;

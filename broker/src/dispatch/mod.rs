@@ -158,6 +158,30 @@ impl Dispatch {
         }
     }
 
+    /// A worker of dispatcher `r` over one partition: its position saved under `checkpoint_id`
+    /// (`None`: kept in memory only), over all of the partition or a redrive's `range`.
+    fn worker(
+        &self,
+        r: &Running,
+        (topic, partition): (&Topic, &Arc<Partition>),
+        cancel: &CancellationToken,
+        checkpoint_id: Option<ConsumerId>,
+        range: Option<redrive::Range>,
+    ) -> worker::Worker {
+        worker::Worker {
+            topic: topic.clone(),
+            partition: partition.clone(),
+            spec: r.spec.clone(),
+            target: r.target.clone(),
+            stats: Arc::new(WorkerStats::default()),
+            cancel: cancel.clone(),
+            registry: self.registry.clone(),
+            metrics: self.metrics.clone(),
+            checkpoint_id,
+            redrive: range,
+        }
+    }
+
     /// Starts a worker for each partition of `topic` that has none (a new topic, or one that
     /// grew), if the dispatcher's pattern matches.
     fn start_worker(&self, r: &mut Running, topic: &Arc<TopicLog>) {
@@ -169,20 +193,10 @@ impl Dispatch {
             if r.workers.contains_key(&key) {
                 continue;
             }
-            let stats = Arc::new(WorkerStats::default());
             let cancel = r.cancel.child_token();
-            let worker = worker::Worker {
-                topic: topic.topic.clone(),
-                partition: partition.clone(),
-                spec: r.spec.clone(),
-                target: r.target.clone(),
-                stats: stats.clone(),
-                cancel: cancel.clone(),
-                registry: self.registry.clone(),
-                metrics: self.metrics.clone(),
-                checkpoint_id: Some(r.spec.consumer_id.clone()),
-                redrive: None,
-            };
+            let checkpoint_id = Some(r.spec.consumer_id.clone());
+            let worker = self.worker(r, (&topic.topic, &partition), &cancel, checkpoint_id, None);
+            let stats = worker.stats.clone();
             tracing::info!(consumer_id = %r.spec.consumer_id, topic = %topic.topic, partition = partition.number, "dispatcher subscribed");
             r.workers.insert(
                 key,

@@ -9,11 +9,12 @@
 //! the last one stopped (its position is a checkpoint named `__redrive` of the dead-letter
 //! partition); with `from` it covers that range and remembers nothing.
 
-use mmmq_core::now_ms;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use mmmq_core::{ConsumerId, Envelope, RedrivePartition, RedriveStatus, StoredMessage, Topic};
+use mmmq_core::{
+    ConsumerId, Envelope, RedrivePartition, RedriveStatus, StoredMessage, Topic, now_ms,
+};
 use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -216,23 +217,14 @@ impl Dispatch {
             .map(|(p, start)| {
                 let end = p.log.next_offset();
                 let to = to.map_or(end, |t| t.min(end)).max(start);
-                let stats = Arc::new(WorkerStats::default());
-                stats.next_offset.store(start, Ordering::Relaxed);
-                let worker = Worker {
-                    topic: dlq.clone(),
-                    partition: p.clone(),
-                    spec: r.spec.clone(),
-                    target: r.target.clone(),
-                    stats: stats.clone(),
-                    cancel: cancel.clone(),
-                    registry: self.registry.clone(),
-                    metrics: self.metrics.clone(),
-                    checkpoint_id: from.is_none().then(|| mark.clone()),
-                    redrive: Some(Range {
-                        from: Some(start),
-                        to,
-                    }),
+                let range = Range {
+                    from: Some(start),
+                    to,
                 };
+                let checkpoint_id = from.is_none().then(|| mark.clone());
+                let worker = self.worker(r, (&dlq, &p), &cancel, checkpoint_id, Some(range));
+                let stats = worker.stats.clone();
+                stats.next_offset.store(start, Ordering::Relaxed);
                 tracing::info!(consumer_id = %id, partition = p.number, from = start, to, "redrive started");
                 Part {
                     partition: p.number,

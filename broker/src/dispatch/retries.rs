@@ -6,12 +6,12 @@
 
 use std::sync::atomic::Ordering;
 
-use mmmq_core::{StoredMessage, Topic};
+use mmmq_core::{StoredMessage, Topic, now_ms};
 use serde_json::value::RawValue;
 
 use super::backoff::Backoff;
 use super::target::{Delivery, Outcome, RunAnswer, TargetError};
-use super::worker::{Stopped, Worker, now_ms};
+use super::worker::{Stopped, Worker};
 use crate::config::DeliveryMode;
 use crate::metrics::ConsumerLabel;
 

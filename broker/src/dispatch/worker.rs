@@ -12,12 +12,11 @@
 //! (at-least-once). A clean stop writes the final position at once, so nothing ACKed is
 //! redelivered after a clean restart.
 
-pub(super) use mmmq_core::now_ms;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use mmmq_core::{ConsumerId, StoredMessage, Topic};
+use mmmq_core::{ConsumerId, StoredMessage, Topic, now_ms};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;

@@ -1,12 +1,11 @@
 //! The emits of one dispatcher from one source partition: recovery of what a run before a crash
 //! stored, the bounds kept ahead of every append, and the appends themselves.
 
-use mmmq_core::now_ms;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mmmq_core::{ConsumerId, Origin, StoredMessage, Topic};
+use mmmq_core::{ConsumerId, Origin, StoredMessage, Topic, now_ms};
 use parking_lot::Mutex;
 
 use super::bounds::{self, Bounds, Dest};

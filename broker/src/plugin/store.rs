@@ -13,9 +13,9 @@
 //! order. Every file is written aside, synced and renamed; `versions.json` decides what is
 //! current, and `current.wasm` is repaired from it at open if a crash came between the two.
 
-use mmmq_core::now_ms;
 use std::path::{Path, PathBuf};
 
+use mmmq_core::now_ms;
 use serde::{Deserialize, Serialize};
 
 use super::runtime::{PluginEngine, PluginError, version_of};
