@@ -189,6 +189,10 @@ async fn bad_deploys_are_refused_and_ten_versions_are_kept() {
             "the body must be the component",
         ),
         (
+            put_wasm(&broker, "tb", vec![0; (64 << 20) + 1]).await,
+            "limit of 67108864 bytes",
+        ),
+        (
             put_wasm(&broker, "..x", good.clone()).await,
             "bad plugin name",
         ),

@@ -1,7 +1,7 @@
 //! The emits of one dispatcher from one source partition: recovery of what a run before a crash
 //! stored, the bounds kept ahead of every append, and the appends themselves.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -339,7 +339,7 @@ fn scan(
     let checkpoint = partition.checkpoints.read(consumer_id)?.unwrap_or(0);
     let mut present = HashSet::new();
     let mut max_source = None;
-    let mut scanned = BTreeMap::new();
+    let mut scanned = 0u64;
     for ((dest, p), from) in &bounds {
         let Some(log) = registry.get(dest).and_then(|t| t.partition(*p)) else {
             continue;
@@ -369,9 +369,9 @@ fn scan(
                 }
             }
         }
-        scanned.insert((dest.to_string(), *p), end.saturating_sub(*from));
+        scanned += end.saturating_sub(*from);
     }
-    tracing::debug!(consumer_id = %consumer_id, topic = %topic, partition = partition.number, ?scanned, "scanned for emits stored before a restart");
+    tracing::debug!(consumer_id = %consumer_id, topic = %topic, partition = partition.number, destinations = bounds.len(), scanned, "scanned for emits stored before a restart");
     Ok(Found {
         bounds,
         present,

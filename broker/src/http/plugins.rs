@@ -28,11 +28,11 @@ pub(super) async fn deploy(
 ) -> Result<Json<Deployed>, ApiError> {
     let broker = state.broker()?;
     let Path(name) = name.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    let bytes = axum::body::to_bytes(body, MAX_PLUGIN_BYTES + 1)
+    let bytes = axum::body::to_bytes(body, MAX_PLUGIN_BYTES)
         .await
         .map_err(|_| {
             ApiError::BadRequest(format!(
-                "the component is larger than {MAX_PLUGIN_BYTES} bytes"
+                "the component is over the limit of {MAX_PLUGIN_BYTES} bytes"
             ))
         })?;
     if bytes.is_empty() {

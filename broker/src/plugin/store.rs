@@ -89,7 +89,7 @@ impl PluginStore {
             dir: root_dir.join("plugins"),
             changing: tokio::sync::Mutex::new(()),
         };
-        for name in store.names() {
+        for name in names(&store.dir) {
             if let Err(e) = store.repair(&name) {
                 tracing::error!(plugin = name, error = %e, "cannot repair the plugin's current version");
             }
@@ -243,10 +243,9 @@ impl PluginStore {
     /// Every deployed plugin, by name.
     pub async fn list(&self) -> Result<Vec<PluginVersions>, StoreError> {
         let dir = self.dir.clone();
-        let names = self.names();
         blocking(move || {
             let mut out = Vec::new();
-            for name in names {
+            for name in names(&dir) {
                 if let Some(mut index) = read_index(&dir.join(&name))? {
                     index.name = name;
                     out.push(index);
@@ -255,28 +254,6 @@ impl PluginStore {
             Ok(out)
         })
         .await
-    }
-
-    /// The plugin `name`'s versions, if it was deployed. Blocking.
-    pub fn read(&self, name: &str) -> Result<Option<PluginVersions>, StoreError> {
-        Self::check_name(name)?;
-        Ok(read_index(&self.dir.join(name))?.map(|mut i| {
-            i.name = name.to_owned();
-            i
-        }))
-    }
-
-    fn names(&self) -> Vec<String> {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return Vec::new();
-        };
-        let mut names: Vec<String> = entries
-            .filter_map(Result::ok)
-            .filter(|e| e.path().join(INDEX).is_file())
-            .filter_map(|e| e.file_name().into_string().ok())
-            .collect();
-        names.sort();
-        names
     }
 
     /// Rewrites `current.wasm` when it is not the index's current version (a crash between the
@@ -299,6 +276,20 @@ impl PluginStore {
         }
         Ok(())
     }
+}
+
+/// The deployed plugins in `dir`, by name. Blocking.
+fn names(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.path().join(INDEX).is_file())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    names.sort();
+    names
 }
 
 /// Drops the oldest versions past [`KEPT_VERSIONS`] (never the current one); their names.
