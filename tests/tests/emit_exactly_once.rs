@@ -53,6 +53,18 @@ async fn produce_until(broker_url: String, acked: Arc<AtomicU64>, stop: Arc<Atom
     }
 }
 
+/// A root dir with the router example as dispatcher `router` on `orders` (`extra`: its other
+/// fields).
+fn router_root(extra: Value) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    deploy_plugin(tmp.path(), &plugin_wasm("router", None), "router.wasm");
+    write_dispatchers(
+        tmp.path(),
+        &json!([plugin_dispatcher("router", "orders", "router.wasm", extra)]),
+    );
+    tmp
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_router_emits_every_message_once_through_sigkills() {
     let cycles = std::env::var("MMMQ_EMIT_CRASH_CYCLES")
@@ -65,17 +77,7 @@ async fn a_router_emits_every_message_once_through_sigkills() {
         .unwrap_or_else(rand::random::<u64>);
     eprintln!("MMMQ_CRASH_SEED={seed}");
     let mut rng = StdRng::seed_from_u64(seed);
-    let tmp = tempfile::tempdir().unwrap();
-    deploy_plugin(tmp.path(), &plugin_wasm("router", None), "router.wasm");
-    write_dispatchers(
-        tmp.path(),
-        &json!([plugin_dispatcher(
-            "router",
-            "orders",
-            "router.wasm",
-            json!({"maxInFlight": 3, "checkpointIntervalMs": 2000})
-        )]),
-    );
+    let tmp = router_root(json!({"maxInFlight": 3, "checkpointIntervalMs": 2000}));
     let acked = Arc::new(AtomicU64::new(0));
     let mut found_again = 0;
     {
@@ -193,17 +195,7 @@ async fn a_router_emits_every_message_once_through_sigkills() {
 /// bounded and found again after a crash like a first topic's, not confused with the old one's.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_recreated_source_topic_emits_once_through_a_crash() {
-    let tmp = tempfile::tempdir().unwrap();
-    deploy_plugin(tmp.path(), &plugin_wasm("router", None), "router.wasm");
-    write_dispatchers(
-        tmp.path(),
-        &json!([plugin_dispatcher(
-            "router",
-            "orders",
-            "router.wasm",
-            json!({"checkpointIntervalMs": 60000})
-        )]),
-    );
+    let tmp = router_root(json!({"checkpointIntervalMs": 60000}));
     let broker = Broker::start(tmp.path()).await;
     for seq in 0..5 {
         broker
