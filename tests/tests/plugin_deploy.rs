@@ -53,6 +53,15 @@ async fn deploy_rollback_and_activate_switch_versions_under_continuous_produce()
     assert_eq!(first["name"], "tb");
     assert_eq!(first["world"], "mmmq:plugin/handler@0.2.0");
     let v1_version = first["version"].as_str().unwrap().to_owned();
+    // The message that waited for a version is served by the first deploy at once, not after the
+    // dispatcher's retries have backed off.
+    let waited = Instant::now();
+    broker.dispatcher_when("d", |s| s["delivered"] == 1).await;
+    assert!(
+        waited.elapsed() < Duration::from_secs(2),
+        "the first deploy served after {:?}",
+        waited.elapsed()
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let producer = {
         let (url, stop) = (broker.url.clone(), stop.clone());

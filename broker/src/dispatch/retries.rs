@@ -15,6 +15,9 @@ use super::worker::{Stopped, Worker};
 use crate::config::DeliveryMode;
 use crate::metrics::ConsumerLabel;
 
+/// How often a dispatcher whose plugin is not loaded asks again.
+const NOT_LOADED_RETRY: std::time::Duration = std::time::Duration::from_millis(200);
+
 impl Worker {
     /// Delivers the gathered run (as one batch when the target takes batches) and advances.
     pub(super) async fn deliver_gathered(
@@ -99,11 +102,17 @@ impl Worker {
         if self.cancel.is_cancelled() {
             return Err(Stopped);
         }
-        let wait = backoff.failed();
+        let wait = match why {
+            // A plugin with no version that loads answers from memory: asking again often costs
+            // nothing, and a deploy or a fixed file then serves at once (README, "Deploying
+            // plugins": a switch within 2 s), not after a backoff grown while it was missing.
+            TargetError::NotLoaded(_) => backoff.failed().min(NOT_LOADED_RETRY),
+            _ => backoff.failed(),
+        };
         self.stats.retries.fetch_add(1, Ordering::Relaxed);
         self.metrics.retries.get_or_create(&self.label()).inc();
         if backoff.worth_logging() {
-            tracing::warn!(offset = d.envelope.offset, error = %why, retry_in_s = wait.as_secs(), "delivery failed; retrying");
+            tracing::warn!(offset = d.envelope.offset, error = %why, retry_in_ms = wait.as_millis() as u64, "delivery failed; retrying");
         }
         self.record_error(why.to_string());
         self.sleep(wait).await
