@@ -123,54 +123,154 @@ pub fn post_json<T: serde::Serialize + ?Sized>(
         .send()
 }
 
+/// The guest side of `wasi:http`, on the standard bindings: the request is sent, its body written
+/// while the answer is awaited (a server may answer before it has read the body), and the answer's
+/// error code is what the caller sees — `HTTP-request-denied` for an origin outside
+/// `plugin.allowedHosts`, a timeout, a refused connection — never a secondary failure of the body.
 #[cfg(target_arch = "wasm32")]
 mod imp {
     use super::{HttpError, Request, Response};
-    use wstd::http::{Body, Client};
+    use wasip2::http::outgoing_handler;
+    use wasip2::http::types::{
+        ErrorCode, Fields, FutureIncomingResponse, IncomingBody, IncomingResponse, Method,
+        OutgoingBody, OutgoingRequest, Scheme,
+    };
+    use wasip2::io::streams::StreamError;
 
     pub fn send(request: Request) -> Result<Response, HttpError> {
-        wstd::runtime::block_on(async move {
-            let mut builder = wstd::http::Request::builder()
-                .method(request.method.as_str())
-                .uri(request.url.as_str());
-            for (name, value) in &request.headers {
-                builder = builder.header(name.as_str(), value.as_str());
+        let url: http::Uri = request
+            .url
+            .parse()
+            .map_err(|e| HttpError(format!("bad URL {:?}: {e}", request.url)))?;
+        let headers = Fields::new();
+        for (name, value) in &request.headers {
+            headers
+                .append(name, value.as_bytes())
+                .map_err(|e| HttpError(format!("header {name}: {e:?}")))?;
+        }
+        let outgoing = OutgoingRequest::new(headers);
+        let bad = |what: &str| HttpError(format!("bad {what} in {:?}", request.url));
+        outgoing
+            .set_method(&method(&request.method))
+            .map_err(|()| HttpError(format!("bad method {:?}", request.method)))?;
+        let scheme = match url.scheme_str() {
+            Some("http") => Scheme::Http,
+            Some("https") => Scheme::Https,
+            Some(other) => Scheme::Other(other.to_owned()),
+            None => return Err(bad("scheme")),
+        };
+        outgoing
+            .set_scheme(Some(&scheme))
+            .map_err(|()| bad("scheme"))?;
+        outgoing
+            .set_authority(url.authority().map(|a| a.as_str()))
+            .map_err(|()| bad("host"))?;
+        outgoing
+            .set_path_with_query(url.path_and_query().map(|p| p.as_str()))
+            .map_err(|()| bad("path"))?;
+        let body = outgoing.body().expect("a new request has its body");
+        let answer = outgoing_handler::handle(outgoing, None).map_err(failed)?;
+        write_body(body, &request.body, &answer);
+        answer.subscribe().block();
+        let incoming = answer
+            .get()
+            .expect("the answer is ready")
+            .expect("the answer is taken once")
+            .map_err(failed)?;
+        read_response(incoming)
+    }
+
+    /// Writes the body as the host takes it, until it is all written or the answer came (a server
+    /// that answers without reading the body closes the stream; that is not an error).
+    fn write_body(body: OutgoingBody, mut rest: &[u8], answer: &FutureIncomingResponse) {
+        if let Ok(stream) = body.write() {
+            let answered = answer.subscribe();
+            while !rest.is_empty() {
+                let writable = stream.subscribe();
+                wasip2::io::poll::poll(&[&writable, &answered]);
+                if answered.ready() {
+                    break;
+                }
+                match stream.check_write() {
+                    Ok(0) => continue,
+                    Ok(n) => {
+                        let (chunk, tail) = rest.split_at(rest.len().min(n as usize));
+                        if stream.write(chunk).is_err() {
+                            break;
+                        }
+                        rest = tail;
+                    }
+                    Err(_) => break,
+                }
             }
-            // An empty body is sent as none, so a refusal reaches the guest as the broker's
-            // error code, not as a failed body write.
-            let body = if request.body.is_empty() {
-                Body::empty()
-            } else {
-                Body::from(request.body)
-            };
-            let outgoing = builder.body(body).map_err(|e| HttpError(e.to_string()))?;
-            let mut answer = Client::new()
-                .send(outgoing)
-                .await
-                .map_err(|e| HttpError(format!("{e:#}")))?;
-            let status = answer.status().as_u16();
-            let headers = answer
-                .headers()
-                .iter()
-                .map(|(n, v)| {
-                    (
-                        n.to_string(),
-                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                    )
-                })
-                .collect();
-            let body = answer
-                .body_mut()
-                .contents()
-                .await
-                .map_err(|e| HttpError(format!("{e:#}")))?
-                .to_vec();
-            Ok(Response {
-                status,
-                headers,
-                body,
-            })
+            // The stream is a child of the body: it goes first.
+            drop(stream);
+        }
+        let _ = OutgoingBody::finish(body, None);
+    }
+
+    fn read_response(incoming: IncomingResponse) -> Result<Response, HttpError> {
+        let status = incoming.status();
+        let headers = incoming
+            .headers()
+            .entries()
+            .into_iter()
+            .map(|(n, v)| (n, String::from_utf8_lossy(&v).into_owned()))
+            .collect();
+        let body = incoming.consume().expect("the body is taken once");
+        let stream = body.stream().expect("the body's stream is taken once");
+        let mut bytes = Vec::new();
+        loop {
+            match stream.blocking_read(64 * 1024) {
+                Ok(chunk) => bytes.extend_from_slice(&chunk),
+                Err(StreamError::Closed) => break,
+                Err(StreamError::LastOperationFailed(e)) => {
+                    return Err(HttpError(format!(
+                        "reading the answer: {}",
+                        e.to_debug_string()
+                    )));
+                }
+            }
+        }
+        drop(stream);
+        let _ = IncomingBody::finish(body);
+        Ok(Response {
+            status,
+            headers,
+            body: bytes,
         })
+    }
+
+    fn method(name: &str) -> Method {
+        match name.to_ascii_uppercase().as_str() {
+            "GET" => Method::Get,
+            "HEAD" => Method::Head,
+            "POST" => Method::Post,
+            "PUT" => Method::Put,
+            "DELETE" => Method::Delete,
+            "CONNECT" => Method::Connect,
+            "OPTIONS" => Method::Options,
+            "TRACE" => Method::Trace,
+            "PATCH" => Method::Patch,
+            _ => Method::Other(name.to_owned()),
+        }
+    }
+
+    /// The error code, said for people; the code's own name stays in it for programs and logs.
+    fn failed(code: ErrorCode) -> HttpError {
+        let what = match &code {
+            ErrorCode::HttpRequestDenied => {
+                "refused by the broker: the origin is not in plugin.allowedHosts"
+            }
+            ErrorCode::ConnectionRefused => "connection refused",
+            ErrorCode::DnsError(_) => "the host name did not resolve",
+            ErrorCode::ConnectionTimeout
+            | ErrorCode::ConnectionReadTimeout
+            | ErrorCode::ConnectionWriteTimeout
+            | ErrorCode::HttpResponseTimeout => "timed out (the call's timeoutMs bounds it)",
+            _ => "failed",
+        };
+        HttpError(format!("{what} ({code:?})"))
     }
 }
 

@@ -16,7 +16,13 @@ const WAIT: Duration = Duration::from_secs(60);
 async fn api() -> (u16, tokio::task::JoinHandle<()>) {
     use axum::routing::get;
     let app = axum::Router::new()
-        .route("/hello", get(|| async { "hi" }))
+        .route("/hello", get(|| async { "hi" }).post(|| async { "hi" }))
+        .route(
+            "/count",
+            axum::routing::post(|body: axum::body::Bytes| async move {
+                format!("{} bytes", body.len())
+            }),
+        )
         .route(
             "/slow",
             get(|| async {
@@ -85,6 +91,35 @@ async fn requests_reach_allowed_origins_only_and_count_against_the_timeout() {
     )
     .await;
 
+    // A body reaches the server whole; a server that answers without reading it is an answer.
+    broker
+        .produce(
+            "calls",
+            json!({"do": "http", "url": url(port, "/count"), "post": 1_500_000}),
+        )
+        .await;
+    eventually(
+        WAIT,
+        "the posted body",
+        log_line(&broker, "http status=200 body=1500000 bytes"),
+    )
+    .await;
+    broker
+        .produce(
+            "calls",
+            json!({"do": "http", "url": url(port, "/hello"), "post": 100}),
+        )
+        .await;
+    eventually(WAIT, "the answer to an unread body", || {
+        let log = broker.log.lock();
+        (log.lines()
+            .filter(|l| l.contains("http status=200 body=hi"))
+            .count()
+            == 2)
+            .then_some(())
+    })
+    .await;
+
     broker
         .produce(
             "calls",
@@ -92,7 +127,7 @@ async fn requests_reach_allowed_origins_only_and_count_against_the_timeout() {
         )
         .await;
     let refused = eventually(WAIT, "the refusal", log_line(&broker, "http error=")).await;
-    assert!(refused.contains("HTTP request failed"), "{refused}");
+    assert!(refused.contains("HttpRequestDenied"), "{refused}");
     let why = eventually(
         WAIT,
         "the reason",
@@ -117,7 +152,7 @@ async fn requests_reach_allowed_origins_only_and_count_against_the_timeout() {
         .produce("calls", json!({"do": "http", "url": url(port, "/slow")}))
         .await;
     let s = broker
-        .dispatcher_when("net", |s| s["lag"] == 0 && s["delivered"] == 3)
+        .dispatcher_when("net", |s| s["lag"] == 0 && s["delivered"] == 5)
         .await;
     let took = started.elapsed();
     assert!(

@@ -129,9 +129,17 @@ pub fn handle(msg: Message) -> Ack {
             }
         }
         Some("http") => {
-            // GET `url`; logs `http status=S body=B` or `http error=E`, and ACKs either way.
+            // GET `url` (POST of `post` bytes when given); logs `http status=S body=B` or
+            // `http error=E`, and ACKs either way.
             let url = field("url");
-            match mmmq_plugin_sdk::http::get(url.as_str().unwrap_or("")) {
+            let url = url.as_str().unwrap_or("");
+            let sent = match field("post").as_u64() {
+                Some(n) => mmmq_plugin_sdk::http::Request::new("POST", url)
+                    .body(vec![b'x'; n as usize])
+                    .send(),
+                None => mmmq_plugin_sdk::http::get(url),
+            };
+            match sent {
                 Ok(r) => info!("http status={} body={}", r.status, r.text().unwrap_or("?")),
                 Err(e) => info!("http error={e}"),
             }
