@@ -14,7 +14,7 @@ use crate::storage::Checkpoints;
 use crate::storage::error::StorageError;
 use crate::storage::frame::{self, FrameFault};
 use crate::storage::scan::{self, ChainGap, SegmentScan, TailCheck};
-use crate::storage::vfs::{OpenMode, Vfs};
+use crate::storage::vfs::{OpenMode, Vfs, VfsFile};
 
 /// Options of the command.
 #[derive(Debug, Clone, Default)]
@@ -248,17 +248,7 @@ fn inspect_segment(
             .map_err(|e| StorageError::io(&files.data, e))?;
         for (i, &position) in scan.positions.iter().enumerate() {
             let offset = files.start + i as u64;
-            let end = scan
-                .positions
-                .get(i + 1)
-                .copied()
-                .unwrap_or(scan.committed_end.max(position))
-                .min(scan.data_len);
-            let mut bytes = vec![0u8; end.saturating_sub(position) as usize];
-            if !bytes.is_empty() {
-                data.read_exact_at(&mut bytes, position)
-                    .map_err(|e| StorageError::io(&files.data, e))?;
-            }
+            let bytes = entry_bytes(&*data, scan, i)?;
             let size = frame::Header::parse(&bytes).map_or(0, |h| h.frame_len());
             let verdict = match frame::decode(&bytes) {
                 Ok(payload) => match std::str::from_utf8(payload)
@@ -320,4 +310,74 @@ fn inspect_segment(
         }
     }
     Ok(())
+}
+
+/// What [`read_entry`] found at an offset.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// The entry's payload (CRC checked).
+    Payload(Vec<u8>),
+    /// No committed entry has that offset: `first`…`next`−1 do.
+    Missing {
+        /// The first offset kept.
+        first: u64,
+        /// The offset after the last committed entry.
+        next: u64,
+    },
+    /// The entry is there but damaged.
+    Corrupt(String),
+}
+
+/// Reads the entry at `offset` of the log in `dir` (a partition's directory) without changing a
+/// byte, as `mmmq inspect` reads (for `mmmq plugin replay`, which may run beside a live broker).
+pub fn read_entry(vfs: &dyn Vfs, dir: &Path, offset: u64) -> Result<Entry, StorageError> {
+    let listing = scan::list_segments(vfs, dir)?;
+    let first = listing.segments.first().map_or(0, |s| s.start);
+    let Some(files) = listing.segments.iter().rev().find(|s| s.start <= offset) else {
+        let next = match listing.segments.last() {
+            Some(last) => scan::scan_segment(vfs, last, false)?.end_offset(),
+            None => 0,
+        };
+        return Ok(Entry::Missing { first, next });
+    };
+    let scan = scan::scan_segment(vfs, files, true)?;
+    let i = (offset - files.start) as usize;
+    if offset >= scan.end_offset() || i >= scan.positions.len() {
+        let last = listing.segments.last().expect("a segment was found");
+        let next = if last.start == files.start {
+            scan.end_offset()
+        } else {
+            scan::scan_segment(vfs, last, false)?.end_offset()
+        };
+        return Ok(Entry::Missing { first, next });
+    }
+    let data = vfs
+        .open(&files.data, OpenMode::ReadOnly)
+        .map_err(|e| StorageError::io(&files.data, e))?;
+    let bytes = entry_bytes(&*data, &scan, i)?;
+    Ok(match frame::decode(&bytes) {
+        Ok(payload) => Entry::Payload(payload.to_vec()),
+        Err(fault) => Entry::Corrupt(format!(
+            "offset {offset} in {}: {fault}",
+            files.data.display()
+        )),
+    })
+}
+
+/// The bytes of entry `i` of a scanned segment: from its position to the next entry's (the last
+/// one to the committed end), within the data file.
+fn entry_bytes(data: &dyn VfsFile, scan: &SegmentScan, i: usize) -> Result<Vec<u8>, StorageError> {
+    let position = scan.positions[i];
+    let end = scan
+        .positions
+        .get(i + 1)
+        .copied()
+        .unwrap_or(scan.committed_end.max(position))
+        .min(scan.data_len);
+    let mut bytes = vec![0u8; end.saturating_sub(position) as usize];
+    if !bytes.is_empty() {
+        data.read_exact_at(&mut bytes, position)
+            .map_err(|e| StorageError::io(&scan.files.data, e))?;
+    }
+    Ok(bytes)
 }

@@ -319,7 +319,9 @@ async fn a_shadow_version_is_compared_and_has_no_side_effects() {
         broker.produce("shadowed", m).await;
     }
     let s = broker
-        .dispatcher_when("s", |s| s["target"]["shadow"]["compared"] == 6)
+        .dispatcher_when("s", |s| {
+            s["target"]["shadow"]["compared"] == 6 && s["lag"] == 0 && s["delivered"] == 6
+        })
         .await;
     assert_eq!(s["delivered"], 6, "the current version decides: {s}");
     assert_eq!(s["deadLettered"], 0, "{s}");

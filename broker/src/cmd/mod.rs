@@ -10,6 +10,7 @@ mod bench;
 mod client;
 mod deploy;
 mod dlq;
+mod replay;
 mod topic;
 
 use std::path::PathBuf;
@@ -152,6 +153,9 @@ enum PluginCommand {
         /// The `.wasm` file.
         file: PathBuf,
     },
+    /// Runs the version of a plugin dispatcher's plugin that handled a stored message on it,
+    /// offline, with the dispatcher's limits and config: verdict, emits, logs, a fault's backtrace.
+    Replay(replay::ReplayArgs),
     /// Writes a new plugin crate NAME that builds as it is.
     New {
         /// Crate name (lower case, digits, '-', '_').
@@ -351,6 +355,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Plugin { what } => match what {
             PluginCommand::Deployed(cmd) => deploy::run(cmd),
+            PluginCommand::Replay(args) => replay::run(args),
             PluginCommand::Check { file } => {
                 let ok = mmmq::plugin::tools::check(&file, &mut std::io::stdout())?;
                 Ok(if ok {

@@ -85,7 +85,7 @@ impl Tracker {
 }
 
 /// The lane of a message among `n`: by key as Kafka's partitioner would, else by offset.
-fn lane_of(key: Option<&str>, offset: u64, n: usize) -> usize {
+pub fn lane_of(key: Option<&str>, offset: u64, n: usize) -> usize {
     match key {
         Some(k) => partition_for_key(k, n as u32) as usize,
         None => (offset % n as u64) as usize,

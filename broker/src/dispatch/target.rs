@@ -54,10 +54,11 @@ pub enum TargetError {
     /// A plugin with no version that loads (missing or broken file): its messages wait.
     #[error("plugin not loaded: {0}")]
     NotLoaded(String),
-    /// A plugin's emits could not be stored (the disk refused): the run is tried again, and
-    /// what was stored is not stored twice.
+    /// What a plugin run needs stored could not be (the disk refused its emits, or the record
+    /// of the version that handles it): the run is tried again, and what was stored is not
+    /// stored twice.
     #[error("{0}")]
-    Emits(String),
+    Storage(String),
     /// The dispatcher is stopping: the message was not tried (it is delivered after the restart).
     #[error("not delivered: the dispatcher is stopping")]
     Stopping,

@@ -77,6 +77,11 @@ impl Emitter {
         self.max_message_bytes
     }
 
+    /// The topics emits go to (and plugin dispatchers read).
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
     /// The emits of one dispatcher.
     pub fn for_consumer(self: &Arc<Self>, consumer_id: &ConsumerId) -> ConsumerEmits {
         ConsumerEmits {

@@ -87,7 +87,23 @@ const RECENT_COMPILED: usize = 8;
 impl PluginEngine {
     /// Builds the engine and starts its epoch ticker (which stops when the engine is dropped).
     pub fn new() -> Result<Arc<Self>, PluginError> {
+        Self::build(false)
+    }
+
+    /// An engine whose traps name the source file and line of each WebAssembly frame when the
+    /// component carries debug info (`mmmq plugin replay`; it costs compile time and memory the
+    /// broker does not spend).
+    pub fn with_backtrace_details() -> Result<Arc<Self>, PluginError> {
+        Self::build(true)
+    }
+
+    fn build(details: bool) -> Result<Arc<Self>, PluginError> {
         let mut config = Config::new();
+        config.wasm_backtrace_details(if details {
+            wasmtime::WasmBacktraceDetails::Enable
+        } else {
+            wasmtime::WasmBacktraceDetails::Environment
+        });
         config.wasm_component_model(true);
         config.epoch_interruption(true);
         config.max_wasm_stack(1 << 20);

@@ -125,6 +125,17 @@ impl Checkpoints {
         replace_durably(&*self.vfs, &self.dir.join(format!("{id}.{ext}")), bytes)
     }
 
+    /// Appends `lines` (each ending in `\n`) to the file `{id}.{ext}` beside `id`'s checkpoint,
+    /// durably. Blocking (one fsync).
+    pub fn append_beside(
+        &self,
+        id: &ConsumerId,
+        ext: &str,
+        lines: &[u8],
+    ) -> Result<(), StorageError> {
+        super::vfs::append_lines_durably(&*self.vfs, &self.dir.join(format!("{id}.{ext}")), lines)
+    }
+
     /// Every stored checkpoint, by consumer id (for status and `mmmq inspect`). Blocking.
     pub fn list(&self) -> Result<Vec<(String, u64)>, StorageError> {
         if !self.vfs.is_dir(&self.dir) {

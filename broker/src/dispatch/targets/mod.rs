@@ -15,6 +15,7 @@ use std::sync::Arc;
 use crate::config::{DeliveryMode, DispatcherSpec, TargetSpec};
 use crate::dispatch::target::{BoxFuture, Target};
 use crate::emit::Emitter;
+use crate::handled::Handlers;
 use crate::plugin::{LogRecord, LogSink, PluginEngine};
 pub use fleet::FleetTarget;
 pub use http::HttpTarget;
@@ -87,6 +88,11 @@ impl TargetFactory for Targets {
                         spec.consumer_id.as_str(),
                         Some(self.logs.clone()),
                         emitter.for_consumer(&spec.consumer_id),
+                        Some(Handlers::new(
+                            emitter.registry().clone(),
+                            spec.consumer_id.clone(),
+                            spec.max_in_flight as u32,
+                        )),
                     )
                     .await;
                     Ok(Arc::new(target) as Arc<dyn Target>)

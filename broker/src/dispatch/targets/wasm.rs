@@ -26,6 +26,7 @@ use crate::dispatch::target::{
     BoxFuture, Delivery, Outcome, RunAnswer, Target, TargetError, TargetStatus,
 };
 use crate::emit::{ConsumerEmits, Outputs};
+use crate::handled::Handlers;
 use crate::plugin::runtime::{
     Call, Compiled, Instance, Limits, PluginEngine, PluginError, Verdict, version_of,
 };
@@ -43,6 +44,9 @@ struct Shared {
     emits: ConsumerEmits,
     /// `plugin.config` and `plugin.allowedHosts`.
     grants: Grants,
+    /// Which version handled which offsets, for `mmmq plugin replay` (none for an embedded
+    /// target without topics).
+    handled: Option<Handlers>,
     /// `plugin.shadow`: a kept version run after the current one, its verdicts compared.
     shadow: Option<super::shadow::Shadow>,
     current: ArcSwapOption<Compiled>,
@@ -107,6 +111,8 @@ enum CallResult {
     Stopped(Instance),
     Faulted(PluginError),
     NoInstance(PluginError),
+    /// The record of which version handles the run could not be written: nothing was called.
+    Unrecorded(String),
 }
 
 /// What a run's calls gave: how many were ACKed, their emits, and how the run ended.
@@ -135,6 +141,7 @@ impl PluginTarget {
         consumer_id: &str,
         log_sink: Option<LogSink>,
         emits: ConsumerEmits,
+        handled: Option<Handlers>,
     ) -> Self {
         let shadow = match spec.shadow.clone() {
             Some(shadow) => {
@@ -152,6 +159,7 @@ impl PluginTarget {
         };
         let shared = Arc::new(Shared {
             shadow,
+            handled,
             engine,
             log: GuestLog::new(consumer_id, log_sink),
             emits,
@@ -356,12 +364,27 @@ impl Shared {
         };
         let this = self.clone();
         let lane = topic.clone();
+        let redrive = batch[0].history.is_some();
         let RunCalls {
             acked,
             outputs,
             result,
         } = tokio::task::spawn_blocking(move || {
             let mut outputs = Vec::new();
+            // Recorded before the version handles a message the record does not give it yet; a
+            // redrive's runs are not recorded (their offsets are the main position's past).
+            if let Some(handled) = &this.handled
+                && !redrive
+                && let Err(e) = handled.note(
+                    &lane.0,
+                    lane.1,
+                    lane.2,
+                    messages[0].offset,
+                    &compiled.version,
+                )
+            {
+                return RunCalls::ended(outputs, CallResult::Unrecorded(e.to_string()));
+            }
             let mut instance = match idle {
                 Some(i) => i,
                 None => {
@@ -396,7 +419,7 @@ impl Shared {
         if let Err(e) = self.emits.commit(&topic.0, topic.1, outputs).await {
             // The run is tried again from its first message, on a fresh instance (this one is
             // dropped with `result`), so a plugin's state never sees a message twice.
-            return RunAnswer::stopped(0, Outcome::Failed(TargetError::Emits(e.to_string())));
+            return RunAnswer::stopped(0, Outcome::Failed(TargetError::Storage(e.to_string())));
         }
         let outcome = match result {
             CallResult::Answered(instance, ack) => {
@@ -410,6 +433,9 @@ impl Shared {
                     Verdict::DeadLetter(reason) => Some(Outcome::DeadLetter(reason)),
                 }
             }
+            CallResult::Unrecorded(e) => Some(Outcome::Failed(TargetError::Storage(format!(
+                "cannot record which plugin version handles the message: {e}"
+            )))),
             CallResult::Stopped(instance) => {
                 self.keep_idle(topic, instance);
                 Some(Outcome::Failed(TargetError::Stopping))

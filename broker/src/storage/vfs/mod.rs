@@ -175,6 +175,42 @@ pub fn replace_durably(vfs: &dyn Vfs, path: &Path, bytes: &[u8]) -> Result<(), S
     vfs.sync_dir(dir).at(dir)
 }
 
+/// Appends `lines` (each ending in `\n`) to `path`, creating it, and syncs them. A last line a
+/// crash left torn (without its `\n`) is cut first, so a new line never joins it. Blocking (one
+/// fsync; two when the file is new).
+pub fn append_lines_durably(vfs: &dyn Vfs, path: &Path, lines: &[u8]) -> Result<(), StorageError> {
+    debug_assert!(lines.ends_with(b"\n"));
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let created = !vfs.exists(path);
+    if created {
+        create_dir_durably(vfs, dir)?;
+    }
+    let mode = if created {
+        OpenMode::CreateNew
+    } else {
+        OpenMode::ReadWrite
+    };
+    let file = vfs.open(path, mode).at(path)?;
+    let mut len = file.len().at(path)?;
+    if len > 0 {
+        let mut whole = vec![0u8; len as usize];
+        file.read_exact_at(&mut whole, 0).at(path)?;
+        if whole.last() != Some(&b'\n') {
+            len = whole
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |i| i as u64 + 1);
+            file.set_len(len).at(path)?;
+        }
+    }
+    file.write_all_at(lines, len).at(path)?;
+    file.sync_data().at(path)?;
+    if created {
+        vfs.sync_dir(dir).at(dir)?;
+    }
+    Ok(())
+}
+
 /// The whole contents of `path`, or `None` if it does not exist.
 pub fn read_whole(vfs: &dyn Vfs, path: &Path) -> Result<Option<Vec<u8>>, StorageError> {
     if !vfs.exists(path) {
