@@ -246,6 +246,10 @@ enum BenchCommand {
     /// backlog drained through a no-op plugin next to a no-op HTTP consumer. Build the plugin
     /// first: cargo build --profile plugin --target wasm32-wasip2 -p noop
     Plugin(bench::plugin::PluginBench),
+    /// The router example (0.2.0, one emit per message): call cost, a 1,000,000 backlog drained
+    /// next to the no-op plugin, deploy-to-serving latency. Build both first: cargo build
+    /// --profile plugin --target wasm32-wasip2 -p router -p noop
+    Router(bench::router::RouterBench),
     /// The broker over HTTP: durable produce, batch produce, and end to end through a no-op HTTP
     /// consumer, next to the storage engine alone.
     Http(bench::http::HttpBench),
@@ -415,6 +419,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 match what {
                     BenchCommand::Embedded(cfg) => bench::embedded::run(cfg, out).await,
                     BenchCommand::Plugin(cfg) => bench::plugin::run(cfg, out).await,
+                    BenchCommand::Router(cfg) => bench::router::run(cfg, out).await,
                     BenchCommand::Http(cfg) => bench::http::run(cfg, out).await,
                     BenchCommand::Storage(cfg) => bench::storage::run(cfg, out).await,
                     BenchCommand::Boot(cfg) => bench::boot::run(cfg, out).await,

@@ -79,13 +79,20 @@ pub enum Outcome {
     Failed(TargetError),
 }
 
+/// How long a target that answers per message keeps a run before it hands the rest back: the
+/// messages it ACKed are then done (their position can move, a reload can take effect) and the
+/// rest come in the next run.
+pub const RUN_TIME_BUDGET: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// The answer to a run of messages: how many were ACKed, in order from the first, and what
 /// came back for the next one when not all were.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunAnswer {
     /// Messages ACKed from the start of the run.
     pub acked: usize,
-    /// The outcome for message `acked`, when the run stopped there.
+    /// The outcome for message `acked`, when the run stopped there. `None` with fewer than the
+    /// whole run ACKed: the rest was handed back untried ([`RUN_TIME_BUDGET`]) and goes in the
+    /// next run.
     pub stopped: Option<Outcome>,
 }
 

@@ -32,8 +32,11 @@ use crate::topics::{Partition, Registry};
 pub(super) const READ_BATCH: usize = 256;
 /// Messages handed at once to a target that answers per message (plugins, in-process handlers):
 /// for a plugin this amortises the hop to a blocking thread (two wake-ups, tens of microseconds)
-/// over sub-microsecond calls, while a reload still takes effect at the next run.
-const PER_MESSAGE_RUN: usize = 64;
+/// over sub-microsecond calls, and the sync of a run's emits (one commit per destination) over
+/// many messages. The target hands back the rest of a run after
+/// [`RUN_TIME_BUDGET`](super::target::RUN_TIME_BUDGET), so a slow handler still moves the
+/// position often and a reload still takes effect within milliseconds.
+const PER_MESSAGE_RUN: usize = 1024;
 pub(super) const READ_BYTES: usize = 4 << 20;
 
 /// Counters of one worker, shown in `GET /mmmq/dispatchers`.
@@ -124,10 +127,12 @@ impl Worker {
         let run_len = self.run_len();
         'outer: loop {
             // A redrive ends at its `to`.
+            // At least a whole run per read, so runs are not cut at the read's end.
+            let read_batch = READ_BATCH.max(run_len);
             let max = match &self.redrive {
                 Some(r) if next >= r.to => break,
-                Some(r) => READ_BATCH.min((r.to - next) as usize),
-                None => READ_BATCH,
+                Some(r) => read_batch.min((r.to - next) as usize),
+                None => read_batch,
             };
             tokio::select! {
                 biased;

@@ -3,7 +3,7 @@
 //! baselines (the raw disk, the storage engine alone, an HTTP consumer) so results are read as
 //! ratios taken in the same run.
 //!
-//! One file per benchmark: `storage`, `http`, `plugin`, `embedded`, `boot`, `topics`; this module
+//! One file per benchmark: `storage`, `http`, `plugin`, `router`, `embedded`, `boot`, `topics`; this module
 //! holds what they share ([`Latencies`], scratch directories, a broker on a free port).
 
 pub mod boot;
@@ -13,6 +13,7 @@ pub mod embedded;
 pub mod http;
 pub mod memory;
 pub mod plugin;
+pub mod router;
 pub mod soak;
 pub mod storage;
 pub mod topics;
@@ -123,6 +124,35 @@ pub async fn start_broker(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     Ok((base, stop, server))
+}
+
+/// Waits until dispatcher `id` of the broker at `base` has delivered at least `n` messages, or
+/// `timeout` has passed; returns what it had delivered.
+pub async fn wait_delivered(
+    client: &reqwest::Client,
+    base: &str,
+    id: &str,
+    n: u64,
+    timeout: Duration,
+) -> anyhow::Result<u64> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let status: serde_json::Value = client
+            .get(format!("{base}/mmmq/dispatchers"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let delivered = status
+            .as_array()
+            .and_then(|a| a.iter().find(|d| d["consumerId"] == id))
+            .and_then(|d| d["delivered"].as_u64())
+            .unwrap_or(0);
+        if delivered >= n || std::time::Instant::now() > deadline {
+            return Ok(delivered);
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{scratch_dir, start_broker};
+use super::{scratch_dir, start_broker, wait_delivered};
 
 /// Parameters of `mmmq bench plugin`.
 #[derive(Debug, Clone, clap::Args)]
@@ -136,24 +136,7 @@ pub async fn run(cfg: PluginBench, out: &mut (dyn Write + Send)) -> anyhow::Resu
             .send()
             .await?;
         anyhow::ensure!(r.status() == 200, "reload answered {}", r.status());
-        let deadline = Instant::now() + Duration::from_secs(300);
-        loop {
-            let status: serde_json::Value = client
-                .get(format!("{base}/mmmq/dispatchers"))
-                .send()
-                .await?
-                .json()
-                .await?;
-            let delivered = status
-                .as_array()
-                .and_then(|a| a.iter().find(|d| d["consumerId"] == id))
-                .and_then(|d| d["delivered"].as_u64())
-                .unwrap_or(0);
-            if delivered >= backlog || Instant::now() > deadline {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        wait_delivered(&client, &base, id, backlog, Duration::from_secs(300)).await?;
         let rate = backlog as f64 / start.elapsed().as_secs_f64();
         rates.insert(id.to_owned(), json!(rate));
         writeln!(

@@ -10,7 +10,7 @@ use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::target::{
-    BoxFuture, Delivery, Outcome, RunAnswer, Target, TargetError, TargetStatus,
+    BoxFuture, Delivery, Outcome, RUN_TIME_BUDGET, RunAnswer, Target, TargetError, TargetStatus,
 };
 
 /// A handler: `Ok` is an ACK, `Err(reason)` a NACK.
@@ -55,9 +55,16 @@ impl Target for InProcessTarget {
         stop: &'a CancellationToken,
     ) -> BoxFuture<'a, RunAnswer> {
         Box::pin(async move {
+            let started = std::time::Instant::now();
             for (i, d) in batch.iter().enumerate() {
                 if stop.is_cancelled() {
                     return RunAnswer::stopped(i, Outcome::Failed(TargetError::Stopping));
+                }
+                if i > 0 && started.elapsed() >= RUN_TIME_BUDGET {
+                    return RunAnswer {
+                        acked: i,
+                        stopped: None,
+                    };
                 }
                 match self.call(d).await {
                     Outcome::Ack => {}

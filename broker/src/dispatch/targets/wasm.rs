@@ -23,7 +23,7 @@ use mmmq_core::Topic;
 
 use crate::config::PluginSpec;
 use crate::dispatch::target::{
-    BoxFuture, Delivery, Outcome, RunAnswer, Target, TargetError, TargetStatus,
+    BoxFuture, Delivery, Outcome, RUN_TIME_BUDGET, RunAnswer, Target, TargetError, TargetStatus,
 };
 use crate::emit::{ConsumerEmits, Outputs};
 use crate::handled::Handlers;
@@ -109,6 +109,8 @@ pub struct PluginTarget {
 enum CallResult {
     Answered(Instance, Verdict),
     Stopped(Instance),
+    /// The run's time was up: the rest of it is handed back untried.
+    Yielded(Instance),
     Faulted(PluginError),
     NoInstance(PluginError),
     /// The record of which version handles the run could not be written: nothing was called.
@@ -394,10 +396,14 @@ impl Shared {
                     }
                 }
             };
+            let started = std::time::Instant::now();
             for m in &messages {
                 // A stop waits for the call in progress, not for the rest of the run.
                 if stop.is_cancelled() {
                     return RunCalls::ended(outputs, CallResult::Stopped(instance));
+                }
+                if !outputs.is_empty() && started.elapsed() >= RUN_TIME_BUDGET {
+                    return RunCalls::ended(outputs, CallResult::Yielded(instance));
                 }
                 let answer = instance.handle(m);
                 if let Some(shadow) = &this.shadow {
@@ -436,6 +442,10 @@ impl Shared {
             CallResult::Unrecorded(e) => Some(Outcome::Failed(TargetError::Storage(format!(
                 "cannot record which plugin version handles the message: {e}"
             )))),
+            CallResult::Yielded(instance) => {
+                self.keep_idle(topic, instance);
+                None
+            }
             CallResult::Stopped(instance) => {
                 self.keep_idle(topic, instance);
                 Some(Outcome::Failed(TargetError::Stopping))
