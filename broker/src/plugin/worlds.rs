@@ -9,10 +9,13 @@ use wasmtime::{Engine, Store};
 use super::guest_log::GuestLevel;
 use super::runtime::{HostState, PluginError};
 
+// The message is passed to the guest borrowed from the `Call`, not copied into the bindings'
+// own types first (a call copies its content once, into the guest's memory).
 mod v1 {
     wasmtime::component::bindgen!({
         world: "handler",
         path: "../wit",
+        ownership: Borrowing { duplicate_if_necessary: true },
     });
 }
 
@@ -20,6 +23,7 @@ mod v2 {
     wasmtime::component::bindgen!({
         world: "handler",
         path: "../wit/0.2.0",
+        ownership: Borrowing { duplicate_if_necessary: true },
     });
 }
 
@@ -127,13 +131,13 @@ impl Handler {
             Self::V1(h) => {
                 use v1::mmmq::plugin::types::{Ack, Message};
                 let message = Message {
-                    topic: call.topic.clone(),
+                    topic: &call.topic,
                     offset: call.offset,
                     timestamp: call.timestamp,
-                    key: call.key.clone(),
-                    content: call.content.clone(),
+                    key: call.key.as_deref(),
+                    content: &call.content,
                 };
-                Ok(match h.call_handle(store, &message)? {
+                Ok(match h.call_handle(store, message)? {
                     Ack::Ack => Verdict::Ack,
                     Ack::Nack => Verdict::Nack,
                 })
@@ -141,16 +145,16 @@ impl Handler {
             Self::V2(h) => {
                 use v2::mmmq::plugin::types::{Message, Verdict as V};
                 let message = Message {
-                    topic: call.topic.clone(),
+                    topic: &call.topic,
                     partition: call.partition,
                     offset: call.offset,
                     timestamp: call.timestamp,
-                    key: call.key.clone(),
-                    id: call.id.clone(),
+                    key: call.key.as_deref(),
+                    id: call.id.as_deref(),
                     attempt: call.attempt,
-                    content: call.content.clone(),
+                    content: &call.content,
                 };
-                Ok(match h.call_handle(store, &message)? {
+                Ok(match h.call_handle(store, message)? {
                     V::Ack => Verdict::Ack,
                     V::Nack => Verdict::Nack,
                     V::RetryAfter(ms) => Verdict::RetryAfter(ms),

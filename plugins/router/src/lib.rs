@@ -13,12 +13,13 @@ use mmmq_plugin_sdk::{Message, Verdict, config, emit};
 pub fn handle(msg: Message) -> Verdict {
     let field = config("field").unwrap_or_else(|| "/type".into());
     let prefix = config("prefix").unwrap_or_else(|| "routed.".into());
-    let value = match msg.value() {
+    // Only the field is parsed out, not the whole content.
+    let value = match msg.pointer(&field) {
         Ok(v) => v,
         Err(e) => return Verdict::DeadLetter(format!("content is not JSON: {e}")),
     };
-    let route = match value.pointer(&field) {
-        Some(serde_json::Value::String(s)) => s.clone(),
+    let route = match value {
+        Some(serde_json::Value::String(s)) => s,
         Some(v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => v.to_string(),
         _ => match config("fallback") {
             Some(topic) => return send(&topic, &msg),

@@ -9,6 +9,7 @@ mod http;
 mod in_process;
 mod shadow;
 pub mod wasm;
+mod watch;
 
 use std::sync::Arc;
 

@@ -1,21 +1,17 @@
 //! The plugin target: delivers each message to a WebAssembly component (run by
 //! [`crate::plugin::runtime`]), and swaps in a new version of the component when its file changes.
 //!
-//! Hot reload: a debounced watcher on the file's directory (so in-place writes, a rename over the
-//! file and an editor's temporary files are all seen, and only the plugin's own name counts) and
+//! Hot reload: a debounced watcher on the file's directory ([`super::watch`]) and
 //! `POST /mmmq/admin/reload` both lead to [`PluginTarget::reload`]. The new file is compiled on a
 //! blocking thread, off the delivery path; if it compiles and implements the world it becomes
 //! current and the next message goes to it, while a message already in a call finishes on the old
 //! version. If it does not, the old version keeps serving and the error shows in the status.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use notify_debouncer_mini::notify::{RecommendedWatcher, RecursiveMode};
-use notify_debouncer_mini::{DebounceEventResult, DebouncedEvent, Debouncer, new_debouncer};
 use parking_lot::Mutex;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -31,9 +27,6 @@ use crate::plugin::runtime::{
     Call, Compiled, Instance, Limits, PluginEngine, PluginError, Verdict, version_of,
 };
 use crate::plugin::{Grants, GuestLog, LogSink};
-
-/// How long a file must be quiet before it is reloaded (editors write in several steps).
-const DEBOUNCE: Duration = Duration::from_millis(150);
 
 struct Shared {
     engine: Arc<PluginEngine>,
@@ -117,21 +110,10 @@ enum CallResult {
     Unrecorded(String),
 }
 
-/// What a run's calls gave: how many were ACKed, their emits, and how the run ended.
+/// What a run's calls gave: the emits of those ACKed, in order, and how the run ended.
 struct RunCalls {
-    acked: usize,
     outputs: Vec<Outputs>,
     result: CallResult,
-}
-
-impl RunCalls {
-    fn ended(outputs: Vec<Outputs>, result: CallResult) -> Self {
-        Self {
-            acked: outputs.len(),
-            outputs,
-            result,
-        }
-    }
 }
 
 impl PluginTarget {
@@ -177,93 +159,22 @@ impl PluginTarget {
             reloading: tokio::sync::Mutex::new(()),
         });
         let _ = shared.reload().await;
-        let watch = watch(&shared);
+        let weak: Weak<Shared> = Arc::downgrade(&shared);
+        let watch = super::watch::watch_file(
+            shared.spec.path.clone(),
+            shared.consumer_id.clone(),
+            move || {
+                let shared = weak.upgrade()?;
+                Some(Box::pin(async move {
+                    let _ = shared.reload().await;
+                }) as BoxFuture<'static, ()>)
+            },
+        );
         Self {
             shared,
             _watch: watch,
         }
     }
-}
-
-/// Watches the plugin file's directory and reloads when the file changes. A directory that does
-/// not exist yet is waited for: its nearest existing ancestor is watched (not recursively) until
-/// it appears, so a plugin directory created after start is picked up without an admin reload.
-/// The watch ends when the returned guard is dropped with the target.
-fn watch(shared: &Arc<Shared>) -> Option<DropGuard> {
-    let path = shared.spec.path.clone();
-    let dir = path.parent()?.to_owned();
-    let name = path.file_name()?.to_owned();
-    let stop = CancellationToken::new();
-    let stopped = stop.clone();
-    let weak: Weak<Shared> = Arc::downgrade(shared);
-    let consumer_id = shared.consumer_id.clone();
-    tokio::spawn(async move {
-        let mut was_waiting = false;
-        loop {
-            let Some(watched) = dir.ancestors().find(|a| a.is_dir()).map(Path::to_owned) else {
-                return;
-            };
-            let waiting = watched != dir;
-            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-            let wanted = name.clone();
-            let _debouncer = match start_watcher(&watched, move |events| {
-                if waiting || events.iter().any(|e| e.path.file_name() == Some(&wanted)) {
-                    let _ = tx.send(());
-                }
-            }) {
-                Ok(d) => d,
-                Err(e) => {
-                    tracing::warn!(consumer_id, dir = %watched.display(), error = %e, "cannot watch for the plugin file; reload with POST /mmmq/admin/reload");
-                    return;
-                }
-            };
-            if waiting {
-                if dir.is_dir() {
-                    // It appeared while the watcher started.
-                    was_waiting = true;
-                    continue;
-                }
-                tracing::info!(consumer_id, dir = %dir.display(), watching = %watched.display(), "the plugin's directory does not exist yet; waiting for it");
-            } else if was_waiting {
-                // The directory appeared, perhaps with the file already in it.
-                let Some(shared) = weak.upgrade() else { return };
-                let _ = shared.reload().await;
-            }
-            was_waiting = waiting;
-            loop {
-                tokio::select! {
-                    _ = stopped.cancelled() => return,
-                    event = rx.recv() => if event.is_none() { return },
-                }
-                if waiting {
-                    // Watch again from the directory itself or from a deeper ancestor.
-                    if dir.ancestors().find(|a| a.is_dir()) != Some(watched.as_path()) {
-                        break;
-                    }
-                    continue;
-                }
-                let Some(shared) = weak.upgrade() else { return };
-                let _ = shared.reload().await;
-            }
-        }
-    });
-    Some(stop.drop_guard())
-}
-
-/// A debounced, non-recursive watch of `dir` calling `on_events` with each batch of events.
-fn start_watcher(
-    dir: &Path,
-    on_events: impl Fn(&[DebouncedEvent]) + Send + 'static,
-) -> Result<Debouncer<RecommendedWatcher>, notify_debouncer_mini::notify::Error> {
-    let mut debouncer = new_debouncer(DEBOUNCE, move |res: DebounceEventResult| {
-        if let Ok(events) = res {
-            on_events(&events);
-        }
-    })?;
-    debouncer
-        .watcher()
-        .watch(dir, RecursiveMode::NonRecursive)?;
-    Ok(debouncer)
 }
 
 impl Shared {
@@ -325,6 +236,74 @@ impl Shared {
         }
     }
 
+    /// The calls of one run, on a blocking thread: `handle` for each message in order, stopping
+    /// at the first that is not ACKed or when the run's time is up.
+    #[allow(clippy::too_many_arguments)]
+    fn calls(
+        &self,
+        compiled: &Compiled,
+        idle: Option<Instance>,
+        messages: &[Call],
+        lane: &PartitionKey,
+        redrive: bool,
+        limits: Limits,
+        stop: CancellationToken,
+    ) -> RunCalls {
+        let mut outputs = Vec::with_capacity(messages.len());
+        // Recorded before the version handles a message the record does not give it yet; a
+        // redrive's runs are not recorded (their offsets are the main position's past).
+        if let Some(handled) = &self.handled
+            && !redrive
+            && let Err(e) = handled.note(
+                &lane.0,
+                lane.1,
+                lane.2,
+                messages[0].offset,
+                &compiled.version,
+            )
+        {
+            return RunCalls {
+                outputs,
+                result: CallResult::Unrecorded(e.to_string()),
+            };
+        }
+        let mut instance = match idle {
+            Some(i) => i,
+            None => match Instance::new(&self.engine, compiled, limits, &self.log, &self.grants) {
+                Ok(i) => i,
+                Err(e) => {
+                    return RunCalls {
+                        outputs,
+                        result: CallResult::NoInstance(e),
+                    };
+                }
+            },
+        };
+        let started = std::time::Instant::now();
+        let result = 'run: {
+            for m in messages {
+                // A stop waits for the call in progress, not for the rest of the run.
+                if stop.is_cancelled() {
+                    break 'run CallResult::Stopped(instance);
+                }
+                if !outputs.is_empty() && started.elapsed() >= RUN_TIME_BUDGET {
+                    break 'run CallResult::Yielded(instance);
+                }
+                let answer = instance.handle(m);
+                if let Some(shadow) = &self.shadow {
+                    shadow.compare(&self.engine, lane.clone(), m, &answer, limits);
+                }
+                match answer {
+                    Ok(Verdict::Ack) => outputs.push((m.offset, instance.take_emits())),
+                    Ok(verdict) => break 'run CallResult::Answered(instance, verdict),
+                    Err(e) => break 'run CallResult::Faulted(e),
+                }
+            }
+            CallResult::Answered(instance, Verdict::Ack)
+        };
+        RunCalls { outputs, result }
+    }
+
     /// Calls `handle` for each message in order on one blocking thread, stopping at the first that
     /// is not ACKed: how many were, and the outcome of the next.
     async fn call_run(self: &Arc<Self>, batch: &[Delivery], stop: CancellationToken) -> RunAnswer {
@@ -367,60 +346,12 @@ impl Shared {
         let this = self.clone();
         let lane = topic.clone();
         let redrive = batch[0].history.is_some();
-        let RunCalls {
-            acked,
-            outputs,
-            result,
-        } = tokio::task::spawn_blocking(move || {
-            let mut outputs = Vec::new();
-            // Recorded before the version handles a message the record does not give it yet; a
-            // redrive's runs are not recorded (their offsets are the main position's past).
-            if let Some(handled) = &this.handled
-                && !redrive
-                && let Err(e) = handled.note(
-                    &lane.0,
-                    lane.1,
-                    lane.2,
-                    messages[0].offset,
-                    &compiled.version,
-                )
-            {
-                return RunCalls::ended(outputs, CallResult::Unrecorded(e.to_string()));
-            }
-            let mut instance = match idle {
-                Some(i) => i,
-                None => {
-                    match Instance::new(&this.engine, &compiled, limits, &this.log, &this.grants) {
-                        Ok(i) => i,
-                        Err(e) => return RunCalls::ended(outputs, CallResult::NoInstance(e)),
-                    }
-                }
-            };
-            let started = std::time::Instant::now();
-            for m in &messages {
-                // A stop waits for the call in progress, not for the rest of the run.
-                if stop.is_cancelled() {
-                    return RunCalls::ended(outputs, CallResult::Stopped(instance));
-                }
-                if !outputs.is_empty() && started.elapsed() >= RUN_TIME_BUDGET {
-                    return RunCalls::ended(outputs, CallResult::Yielded(instance));
-                }
-                let answer = instance.handle(m);
-                if let Some(shadow) = &this.shadow {
-                    shadow.compare(&this.engine, lane.clone(), m, &answer, limits);
-                }
-                match answer {
-                    Ok(Verdict::Ack) => outputs.push((m.offset, instance.take_emits())),
-                    Ok(verdict) => {
-                        return RunCalls::ended(outputs, CallResult::Answered(instance, verdict));
-                    }
-                    Err(e) => return RunCalls::ended(outputs, CallResult::Faulted(e)),
-                }
-            }
-            RunCalls::ended(outputs, CallResult::Answered(instance, Verdict::Ack))
+        let RunCalls { outputs, result } = tokio::task::spawn_blocking(move || {
+            this.calls(&compiled, idle, &messages, &lane, redrive, limits, stop)
         })
         .await
         .expect("plugin call task panicked");
+        let acked = outputs.len();
         // The ACKed calls' emits are stored before the answer lets the position move past them.
         if let Err(e) = self.emits.commit(&topic.0, topic.1, outputs).await {
             // The run is tried again from its first message, on a fresh instance (this one is
