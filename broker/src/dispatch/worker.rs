@@ -39,6 +39,9 @@ pub(super) const READ_BATCH: usize = 256;
 const PER_MESSAGE_RUN: usize = 1024;
 pub(super) const READ_BYTES: usize = 4 << 20;
 
+/// A read of the log under way on a blocking thread.
+type ReadAhead = tokio::task::JoinHandle<Result<Vec<Entry>, crate::storage::StorageError>>;
+
 /// Counters of one worker, shown in `GET /mmmq/dispatchers`.
 #[derive(Debug, Default)]
 pub struct WorkerStats {
@@ -125,6 +128,7 @@ impl Worker {
         let mut next = start.next;
         let mut committed = self.partition.log.subscribe();
         let run_len = self.run_len();
+        let mut prefetch: Option<(u64, ReadAhead)> = None;
         'outer: loop {
             // A redrive ends at its `to`.
             // At least a whole run per read, so runs are not cut at the read's end.
@@ -140,24 +144,41 @@ impl Worker {
                 r = committed.wait_for(|&n| n > next) => if r.is_err() { break },
             }
             self.skip_deleted(&mut next, saver);
-            let log = self.partition.log.clone();
-            let from = next;
-            let entries =
-                match tokio::task::spawn_blocking(move || log.read_from(from, max, READ_BYTES))
-                    .await
-                    .expect("read task panicked")
-                {
-                    Ok(entries) => entries,
-                    Err(_) if self.partition.log.first_offset() > from => continue,
-                    Err(e) => {
-                        self.record_error(format!("reading offset {next}: {e}"));
-                        if self.sleep(backoff::START).await.is_err() {
-                            break;
-                        }
-                        continue;
+            // The read made while the last batch was being delivered, if it starts here.
+            let ahead = match prefetch.take() {
+                Some((at, read)) if at == next => read.await.expect("read task panicked").ok(),
+                _ => None,
+            };
+            let read = match ahead {
+                Some(entries) => Ok(entries),
+                None => {
+                    let log = self.partition.log.clone();
+                    let from = next;
+                    tokio::task::spawn_blocking(move || log.read_from(from, max, READ_BYTES))
+                        .await
+                        .expect("read task panicked")
+                }
+            };
+            let entries = match read {
+                Ok(entries) => entries,
+                Err(_) if self.partition.log.first_offset() > next => continue,
+                Err(e) => {
+                    self.record_error(format!("reading offset {next}: {e}"));
+                    if self.sleep(backoff::START).await.is_err() {
+                        break;
                     }
-                };
+                    continue;
+                }
+            };
             let read_end = entries.last().map_or(next, |e| e.offset + 1);
+            // A backlog: the next batch is read from disk while this one is delivered.
+            if self.redrive.is_none() && self.partition.log.next_offset() > read_end {
+                let log = self.partition.log.clone();
+                prefetch = Some((
+                    read_end,
+                    tokio::task::spawn_blocking(move || log.read_from(read_end, max, READ_BYTES)),
+                ));
+            }
             let mut run: Vec<(u64, Delivery)> = Vec::new();
             for entry in entries {
                 // A stop takes effect between messages, not after a whole read batch.
