@@ -55,7 +55,7 @@ pub enum ProduceError {
 }
 
 /// One message to produce, checked.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ProduceItem {
     topic: Topic,
     key: Option<String>,

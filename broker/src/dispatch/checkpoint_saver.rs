@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::claims::Claimer;
+use super::target::BoxFuture;
 use crate::config::{DeliveryMode, DispatcherSpec};
 use crate::storage::Position;
 use crate::topics::Partition;
@@ -16,6 +17,15 @@ use mmmq_core::ConsumerId;
 
 /// How long a failed checkpoint write waits before it is retried when no newer position comes.
 const CHECKPOINT_RETRY: Duration = Duration::from_secs(1);
+
+/// How long a stop waits for the target's work to be durable before it gives up on writing the
+/// final position (the last one written stays: a restart redelivers from there, as after a
+/// crash).
+const FINAL_SETTLE: Duration = Duration::from_secs(10);
+
+/// Resolves once what the target did for the messages ACKed so far is durable
+/// ([`super::Target::settled`]): a position is written only after it.
+pub(super) type Fence = Arc<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// Persists the newest ACKed position in the background, at most one write per checkpoint interval
 /// while positions keep coming.
@@ -48,6 +58,7 @@ struct Claims {
     partition: Arc<Partition>,
     id: ConsumerId,
     claimer: Claimer,
+    fence: Fence,
 }
 
 impl CheckpointSaver {
@@ -59,6 +70,7 @@ impl CheckpointSaver {
         spec: Arc<DispatcherSpec>,
         id: Option<ConsumerId>,
         start: Position,
+        fence: Fence,
     ) -> Self {
         let Some(id) = id else {
             return Self {
@@ -69,12 +81,13 @@ impl CheckpointSaver {
             };
         };
         match spec.delivery {
-            DeliveryMode::AtLeastOnce => Self::spawn(partition, spec, id, start),
+            DeliveryMode::AtLeastOnce => Self::spawn(partition, spec, id, start, fence),
             DeliveryMode::AtMostOnce => Self {
                 claims: Some(Claims {
                     claimer: Claimer::spawn(partition.clone(), id.clone(), &start),
                     partition,
                     id,
+                    fence,
                 }),
                 tx: watch::Sender::new(start),
                 stop: CancellationToken::new(),
@@ -98,6 +111,7 @@ impl CheckpointSaver {
         spec: Arc<DispatcherSpec>,
         id: ConsumerId,
         start: Position,
+        fence: Fence,
     ) -> Self {
         let (tx, mut rx) = watch::channel(start);
         let stop = CancellationToken::new();
@@ -121,6 +135,15 @@ impl CheckpointSaver {
                         let value = rx.borrow_and_update().clone();
                         if written.as_ref() == Some(&value) {
                             break;
+                        }
+                        // Nothing past what the target has made durable (a plugin's emits).
+                        if closed {
+                            if tokio::time::timeout(FINAL_SETTLE, fence()).await.is_err() {
+                                tracing::error!("the target's work is not durable; the final position is not written (a restart redelivers from the last one)");
+                                return;
+                            }
+                        } else {
+                            fence().await;
                         }
                         let topic = topic.clone();
                         let id = id.clone();
@@ -184,6 +207,15 @@ impl CheckpointSaver {
         }
         let Some(c) = self.claims else { return };
         c.claimer.finish().await;
+        if tokio::time::timeout(FINAL_SETTLE, (c.fence)())
+            .await
+            .is_err()
+        {
+            tracing::error!(
+                "the target's work is not durable; the final position is not written (the last claim stays)"
+            );
+            return;
+        }
         // At-most-once: the true position (every message sent or dropped), below the claim.
         let position = self.tx.borrow().clone();
         let id = c.id.clone();

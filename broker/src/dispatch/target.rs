@@ -5,8 +5,8 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use mmmq_core::Envelope;
 pub use mmmq_core::TargetStatus;
+use mmmq_core::{Envelope, Topic};
 use tokio_util::sync::CancellationToken;
 
 /// A boxed future, so that targets can be trait objects.
@@ -150,5 +150,12 @@ pub trait Target: Send + Sync {
     /// Re-reads what the target is made of (a plugin's file); `Ok(true)` when that changed it.
     fn reload(&self) -> BoxFuture<'_, Result<bool, String>> {
         Box::pin(async { Ok(false) })
+    }
+    /// Resolves once what the target did for the messages it ACKed so far in `partition` of
+    /// `topic` is durable (a plugin's emits, stored behind its calls): the checkpoint may then
+    /// move past them. Ready at once for targets that store nothing.
+    fn settled<'a>(&'a self, topic: &'a Topic, partition: u32) -> BoxFuture<'a, ()> {
+        let _ = (topic, partition);
+        Box::pin(async {})
     }
 }

@@ -108,11 +108,21 @@ impl Worker {
             return;
         };
         self.stats.next_offset.store(start.next, Ordering::Relaxed);
+        let (target, topic, partition) = (
+            self.target.clone(),
+            self.topic.clone(),
+            self.partition.number,
+        );
+        let fence: super::checkpoint_saver::Fence = Arc::new(move || {
+            let (target, topic) = (target.clone(), topic.clone());
+            Box::pin(async move { target.settled(&topic, partition).await })
+        });
         let saver = CheckpointSaver::new(
             self.partition.clone(),
             self.spec.clone(),
             self.checkpoint_id.clone(),
             start.clone(),
+            fence,
         );
         if self.spec.max_in_flight > 1 && self.redrive.is_none() {
             self.drain_lanes(start, &saver).await;

@@ -1,9 +1,10 @@
 //! Emit exactly once (README, "Plugins, version 2"; docs/guarantees.md, "Emit exactly once").
 //!
-//! What an `ack`ed call of a 0.2.0 plugin emitted is appended by the plugin target before it
-//! answers, so before the dispatcher's position moves past the message. A crash between that
-//! append and the checkpoint re-runs the message after the restart, and its emits must not be
-//! appended a second time, however long the broker was down. So:
+//! What the `ack`ed calls of a 0.2.0 plugin's run emitted is handed, when the run answers, to the
+//! commit task of its source partition ([`pipeline`]), which appends it while the plugin handles
+//! the next run; the dispatcher's checkpoint is written only once it is durable. A crash between
+//! that append and the checkpoint re-runs the message after the restart, and its emits must not
+//! be appended a second time, however long the broker was down. So:
 //!
 //! - Every emitted message is stored with its [`Origin`]: (consumerId, source topic, partition,
 //!   offset, index of the emit in its call).
@@ -21,6 +22,7 @@
 //! stored.
 
 mod bounds;
+pub mod pipeline;
 mod source;
 
 use std::collections::HashMap;
@@ -35,6 +37,7 @@ use crate::storage::StorageError;
 use crate::topics::Registry;
 
 pub use mmmq_core::Origin;
+use pipeline::Pipeline;
 use source::Source;
 
 /// Why a run's emits are not stored. Never the message's fault: the dispatcher retries the run
@@ -96,7 +99,13 @@ impl Emitter {
 pub struct ConsumerEmits {
     emitter: Arc<Emitter>,
     consumer_id: ConsumerId,
-    sources: Mutex<HashMap<(Topic, u32), Arc<Source>>>,
+    sources: Mutex<HashMap<(Topic, u32), Arc<Piped>>>,
+}
+
+/// One source partition's state and its commit task.
+struct Piped {
+    source: Arc<Source>,
+    pipeline: Pipeline,
 }
 
 /// What one message's call emitted: the message's offset and its emits, in order.
@@ -108,35 +117,40 @@ impl ConsumerEmits {
         self.emitter.max_message_bytes
     }
 
-    /// Appends the emits of `ack`ed calls on messages of `partition` of `topic`, each message's
-    /// in order, skipping those a run before a crash already stored. Resolves once they are
-    /// durable: the caller may then move past those messages. Returns how many were appended.
-    pub async fn commit(
+    /// Hands over the emits of `ack`ed calls on messages of `partition` of `topic`, each
+    /// message's in order, to be appended behind the calls ([`pipeline`]): skipping those a run
+    /// before a crash already stored, tried again until the disk takes them. Waits only while
+    /// [`pipeline::DEPTH`] runs' outputs are not stored yet. The dispatcher's checkpoint must not
+    /// be written past these messages before [`ConsumerEmits::settled`].
+    pub async fn submit(
         &self,
         topic: &Topic,
         partition: u32,
         outputs: Vec<Outputs>,
-    ) -> Result<u64, EmitError> {
+    ) -> Result<(), EmitError> {
         if outputs.iter().all(|(_, o)| o.is_empty()) {
-            return Ok(0);
+            return Ok(());
         }
-        let source = self.source(topic, partition)?;
-        let appended = source.commit(outputs).await?;
-        if appended > 0 {
-            self.emitter
-                .metrics
-                .emitted
-                .get_or_create(&crate::metrics::ConsumerLabel {
-                    consumer: self.consumer_id.to_string(),
-                })
-                .inc_by(appended);
+        let piped = self.source(topic, partition)?;
+        piped.pipeline.submit(outputs).await;
+        Ok(())
+    }
+
+    /// Resolves once everything handed over for `partition` of `topic` so far is durable.
+    pub async fn settled(&self, topic: &Topic, partition: u32) {
+        let piped = self
+            .sources
+            .lock()
+            .get(&(topic.clone(), partition))
+            .cloned();
+        if let Some(piped) = piped {
+            piped.pipeline.settled().await;
         }
-        Ok(appended)
     }
 
     /// The state of one source partition. A topic deleted and created again is a new log with
     /// new (empty) checkpoints: its partition is another object, and gets fresh state.
-    fn source(&self, topic: &Topic, partition: u32) -> Result<Arc<Source>, EmitError> {
+    fn source(&self, topic: &Topic, partition: u32) -> Result<Arc<Piped>, EmitError> {
         let p = self
             .emitter
             .registry
@@ -149,17 +163,34 @@ impl ConsumerEmits {
         let mut sources = self.sources.lock();
         let key = (topic.clone(), partition);
         if let Some(s) = sources.get(&key)
-            && s.is_of(&p)
+            && s.source.is_of(&p)
         {
             return Ok(s.clone());
         }
-        let s = Arc::new(Source::new(
+        let source = Arc::new(Source::new(
             self.emitter.clone(),
             self.consumer_id.clone(),
             topic.clone(),
             p,
         ));
-        sources.insert(key, s.clone());
-        Ok(s)
+        let piped = Arc::new(Piped {
+            pipeline: Pipeline::start(self, source.clone()),
+            source,
+        });
+        sources.insert(key, piped.clone());
+        Ok(piped)
+    }
+}
+
+/// Counts what a commit appended in `mmmq_messages_emitted_total`.
+fn count_emitted(emitter: &Emitter, consumer_id: &ConsumerId, appended: u64) {
+    if appended > 0 {
+        emitter
+            .metrics
+            .emitted
+            .get_or_create(&crate::metrics::ConsumerLabel {
+                consumer: consumer_id.to_string(),
+            })
+            .inc_by(appended);
     }
 }

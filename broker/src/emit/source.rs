@@ -78,7 +78,17 @@ impl Source {
         Arc::ptr_eq(&self.partition, partition)
     }
 
-    /// See [`super::ConsumerEmits::commit`].
+    /// Whether its source partition still exists (its topic was not deleted meanwhile).
+    pub(super) fn exists(&self) -> bool {
+        self.emitter
+            .registry
+            .get(&self.topic)
+            .and_then(|t| t.partition(self.partition.number))
+            .is_some_and(|p| self.is_of(&p))
+    }
+
+    /// Appends the outputs of ACKed calls, skipping those a run before a crash stored; resolves
+    /// once they are durable. Returns how many were appended.
     pub(super) async fn commit(&self, outputs: Vec<Outputs>) -> Result<u64, EmitError> {
         self.recover().await?;
         let max_source = outputs.iter().map(|(o, _)| *o).max().unwrap_or(0);

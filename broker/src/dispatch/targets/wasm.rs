@@ -352,10 +352,11 @@ impl Shared {
         .await
         .expect("plugin call task panicked");
         let acked = outputs.len();
-        // The ACKed calls' emits are stored before the answer lets the position move past them.
-        if let Err(e) = self.emits.commit(&topic.0, topic.1, outputs).await {
-            // The run is tried again from its first message, on a fresh instance (this one is
-            // dropped with `result`), so a plugin's state never sees a message twice.
+        // The ACKed calls' emits are stored behind the calls, and the checkpoint waits for them
+        // (`Target::settled`).
+        if let Err(e) = self.emits.submit(&topic.0, topic.1, outputs).await {
+            // The source topic is gone; the run is tried again from its first message, on a
+            // fresh instance (this one is dropped with `result`).
             return RunAnswer::stopped(0, Outcome::Failed(TargetError::Storage(e.to_string())));
         }
         let outcome = match result {
@@ -439,5 +440,9 @@ impl Target for PluginTarget {
 
     fn reload(&self) -> BoxFuture<'_, Result<bool, String>> {
         Box::pin(self.shared.reload())
+    }
+
+    fn settled<'a>(&'a self, topic: &'a Topic, partition: u32) -> BoxFuture<'a, ()> {
+        Box::pin(self.shared.emits.settled(topic, partition))
     }
 }
