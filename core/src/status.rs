@@ -181,6 +181,10 @@ pub enum TargetStatus {
         /// The shadow version's comparison (`plugin.shadow`), if it has one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         shadow: Option<ShadowStatus>,
+        /// Why the plugin's emits are not being stored right now, if they are not: they are
+        /// tried again, and the checkpoint waits for them.
+        #[serde(default, rename = "emitError", skip_serializing_if = "Option::is_none")]
+        emit_error: Option<String>,
     },
     /// A kind of target this version does not know (a newer broker's).
     #[serde(other)]

@@ -231,3 +231,78 @@ async fn a_recreated_source_topic_emits_once_through_a_crash() {
         .collect();
     assert_eq!(seqs, (0..8).collect::<Vec<_>>());
 }
+
+/// The checkpoint file's next offset (its first 8 bytes), or 0.
+fn checkpoint(root: &std::path::Path, topic: &str, id: &str) -> u64 {
+    std::fs::read(root.join(format!("topics/{topic}/checkpoints/{id}.checkpoint")))
+        .ok()
+        .and_then(|b| {
+            b.get(..8)
+                .map(|b| u64::from_be_bytes(b.try_into().unwrap()))
+        })
+        .unwrap_or(0)
+}
+
+/// Emits the disk (here: the topic limit) refuses are tried again until they are stored, without
+/// calling the plugin again, while the checkpoint waits for them; status says why meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_emits_are_retried_and_the_checkpoint_waits_for_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    deploy_plugin(root, &plugin_wasm("testbed", None), "testbed.wasm");
+    write_dispatchers(
+        root,
+        &json!([plugin_dispatcher("x", "in", "testbed.wasm", json!({}))]),
+    );
+    // `in` and `out-a` fit; `out-b` is one topic too many until `out-a` is deleted.
+    let broker = Broker::start_with(root, &["--max-topics", "2"]).await;
+    broker
+        .produce("in", json!({"do": "emit", "to": "out-a"}))
+        .await;
+    broker
+        .produce("in", json!({"do": "emit", "to": "out-b"}))
+        .await;
+    let s = broker
+        .dispatcher_when("x", |s| s["target"]["emitError"].is_string())
+        .await;
+    assert!(
+        s["target"]["emitError"]
+            .as_str()
+            .unwrap()
+            .contains("--max-topics"),
+        "{s}"
+    );
+    // The plugin goes on (a message without emits is handled) but the checkpoint stays before
+    // the message whose emit is not stored.
+    broker.produce("in", json!({"n": 2})).await;
+    broker.dispatcher_when("x", |s| s["delivered"] == 3).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        checkpoint(root, "in", "x") <= 1,
+        "the checkpoint moved past an unstored emit"
+    );
+    let (code, body) = broker.delete("/mmmq/topics/out-a").await;
+    assert_eq!(code, 200, "{body}");
+    let s = broker
+        .dispatcher_when("x", |s| s["target"]["emitError"].is_null())
+        .await;
+    assert_eq!(s["delivered"], 3, "{s}");
+    let out = broker.pull_all("out-b").await;
+    assert_eq!(out.len(), 1, "stored once: {out:?}");
+    assert_eq!(out[0]["origin"]["offset"], 1);
+    // Handled once: the plugin logged offset 1 one time.
+    let log = broker.log.lock().clone();
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("testbed version=v1 topic=in offset=1 "))
+            .count(),
+        1,
+        "{log}"
+    );
+    mmmq_tests::eventually(
+        Duration::from_secs(10),
+        "the checkpoint past the emit",
+        || (checkpoint(root, "in", "x") == 3).then_some(()),
+    )
+    .await;
+}

@@ -422,12 +422,19 @@ pub async fn dispatchers(broker: &Conn, json: bool, out: &mut dyn Write) -> Resu
                     path,
                     version,
                     load_error,
+                    emit_error,
                     ..
-                } => match (version, load_error) {
-                    (Some(v), None) => format!("{path} @{v}"),
-                    (Some(v), Some(_)) => format!("{path} @{v} (newer file failed)"),
-                    (None, _) => format!("{path} (not loaded)"),
-                },
+                } => {
+                    let serving = match (version, load_error) {
+                        (Some(v), None) => format!("{path} @{v}"),
+                        (Some(v), Some(_)) => format!("{path} @{v} (newer file failed)"),
+                        (None, _) => format!("{path} (not loaded)"),
+                    };
+                    match emit_error {
+                        Some(_) => format!("{serving} (emits not stored, retrying)"),
+                        None => serving,
+                    }
+                }
                 TargetStatus::Other => "?".to_owned(),
             };
             vec![

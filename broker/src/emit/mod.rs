@@ -91,6 +91,7 @@ impl Emitter {
             emitter: self.clone(),
             consumer_id: consumer_id.clone(),
             sources: Mutex::new(HashMap::new()),
+            failing: Arc::default(),
         }
     }
 }
@@ -100,6 +101,8 @@ pub struct ConsumerEmits {
     emitter: Arc<Emitter>,
     consumer_id: ConsumerId,
     sources: Mutex<HashMap<(Topic, u32), Arc<Piped>>>,
+    /// Why the last commit was refused, until one succeeds (for status).
+    failing: Arc<Mutex<Option<String>>>,
 }
 
 /// One source partition's state and its commit task.
@@ -134,6 +137,11 @@ impl ConsumerEmits {
         let piped = self.source(topic, partition)?;
         piped.pipeline.submit(outputs).await;
         Ok(())
+    }
+
+    /// Why the emits are not being stored right now, if they are not.
+    pub fn failing(&self) -> Option<String> {
+        self.failing.lock().clone()
     }
 
     /// Resolves once everything handed over for `partition` of `topic` so far is durable.

@@ -48,6 +48,7 @@ impl Pipeline {
         let counts = watch::Sender::new(Counts::default());
         let progress = counts.clone();
         let (emitter, consumer_id) = (emits.emitter.clone(), emits.consumer_id.clone());
+        let failing = emits.failing.clone();
         tokio::spawn(async move {
             while let Some(outputs) = inbox.recv().await {
                 let mut backoff = Duration::from_millis(10);
@@ -55,11 +56,13 @@ impl Pipeline {
                     match source.commit(outputs.clone()).await {
                         Ok(appended) => {
                             super::count_emitted(&emitter, &consumer_id, appended);
+                            failing.lock().take();
                             break;
                         }
                         // The source topic was deleted: nothing of it is delivered any more.
                         Err(_) if !source.exists() => break,
                         Err(e) => {
+                            *failing.lock() = Some(e.to_string());
                             tracing::warn!(consumer_id = %consumer_id, error = %e, retry_in_ms = backoff.as_millis() as u64, "a plugin's emits were not stored; trying again (the checkpoint waits)");
                             tokio::time::sleep(backoff).await;
                             backoff = (backoff * 2).min(MAX_BACKOFF);

@@ -435,6 +435,7 @@ impl Target for PluginTarget {
                 .map(|c| c.world.to_owned()),
             name: self.shared.spec.name.clone(),
             shadow: self.shared.shadow.as_ref().map(|s| s.status()),
+            emit_error: self.shared.emits.failing(),
         }
     }
 
