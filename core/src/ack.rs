@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 /// For a producer, `Ack` means the message is durable; for a consumer, that it is done with the
 /// message and the broker may move its checkpoint past it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Ack {
     /// Accepted (producer: durable; consumer: handled).

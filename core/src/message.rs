@@ -110,6 +110,7 @@ pub struct StoredMessage {
 /// re-run of the same message after a crash finds its outputs by their origin and appends none of
 /// them again, however long ago they were stored.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Origin {
     /// The dispatcher whose plugin emitted it.
@@ -154,6 +155,7 @@ impl StoredMessage {
 /// A stored message as pull answers and consumers receive it:
 /// `{"topic":…,"partition":…,"offset":…,"timestamp":…,"key":…,"content":…}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Envelope {
     /// The topic the message was produced to.
     pub topic: Topic,
@@ -174,6 +176,7 @@ pub struct Envelope {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<Origin>,
     /// The producer's content, verbatim (last, so that its bytes end the envelope).
+    #[cfg_attr(feature = "openapi", schema(value_type = serde_json::Value))]
     pub content: Box<RawValue>,
 }
 

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// One kept version of a deployed plugin.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct VersionInfo {
     /// 16 hex digits of the component's SHA-256.
@@ -18,6 +19,7 @@ pub struct VersionInfo {
 
 /// The answer to a deploy, rollback or activation: what is current now.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Deployed {
     /// The plugin.
     pub name: String,
@@ -29,6 +31,7 @@ pub struct Deployed {
 
 /// A deployed plugin as `GET /mmmq/plugins` lists it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PluginListing {
     /// The name.

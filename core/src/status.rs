@@ -8,6 +8,7 @@ use crate::Envelope;
 
 /// A topic as `GET /mmmq/topics` lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TopicInfo {
     /// The name.
@@ -47,6 +48,7 @@ fn at_least_once() -> String {
 
 /// A topic's configuration (`topics/{topic}/topic.json`, `PUT /mmmq/topics/{topic}`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TopicConfig {
     /// Partitions, 1–1024; may grow, never shrink.
@@ -79,6 +81,7 @@ pub const DEFAULT_RETENTION_MS: u64 = 14 * 24 * 60 * 60 * 1000;
 
 /// One partition as `GET /mmmq/topics/{topic}` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PartitionInfo {
     /// Its number.
@@ -95,6 +98,7 @@ pub struct PartitionInfo {
 
 /// `GET /mmmq/topics/{topic}` (and the answer to `PUT`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TopicDetail {
     /// The name.
@@ -107,6 +111,7 @@ pub struct TopicDetail {
 
 /// A page of a pull (`GET /mmmq/topics/{topic}/messages`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PullPage {
     /// Envelopes in offset order; a corrupt entry is left out (the gap in offsets shows it).
     pub messages: Vec<Envelope>,
@@ -116,6 +121,7 @@ pub struct PullPage {
 
 /// One host of a fleet, as `GET /mmmq/dispatchers` shows it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct HostHealth {
     /// Where it POSTs.
@@ -130,6 +136,7 @@ pub struct HostHealth {
 
 /// A shadow version run after the current one on every message (README, "Deploying plugins").
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ShadowStatus {
     /// The shadow version.
@@ -149,6 +156,7 @@ pub struct ShadowStatus {
 
 /// What `GET /mmmq/dispatchers` shows of a target.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "kebab-case")]
 pub enum TargetStatus {
     /// A remote consumer.
@@ -193,6 +201,7 @@ pub enum TargetStatus {
 
 /// What a reload changed.
 #[derive(Debug, Default, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ReloadReport {
     /// New dispatchers.
@@ -212,6 +221,7 @@ pub struct ReloadReport {
 
 /// Status of one dispatcher on one topic.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TopicStatus {
     /// The topic.
@@ -246,6 +256,7 @@ pub struct TopicStatus {
 
 /// Status of one dispatcher (`GET /mmmq/dispatchers`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct DispatcherStatus {
     /// Its id.
@@ -289,6 +300,7 @@ pub struct DispatcherStatus {
 /// A dead-letter redrive (`POST /mmmq/dispatchers/{consumerId}/redrive`): the dead letters of
 /// `__dlq.<consumerId>` delivered again to the dispatcher's own target.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RedriveStatus {
     /// Still delivering.
@@ -315,6 +327,7 @@ pub struct RedriveStatus {
 
 /// One partition of a redrive: offsets `from`…`to`−1 of the dead-letter topic.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RedrivePartition {
     /// The partition of the dead-letter topic.
@@ -329,6 +342,7 @@ pub struct RedrivePartition {
 
 /// A partition of a topic, as group assignments name it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TopicPartition {
     /// The topic.
     pub topic: String,
@@ -338,6 +352,7 @@ pub struct TopicPartition {
 
 /// The answer to a group poll (`GET /mmmq/groups/{group}/messages`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GroupPoll {
     /// Messages of the member's partitions, each partition's in offset order.
     pub messages: Vec<Envelope>,
@@ -347,6 +362,7 @@ pub struct GroupPoll {
 
 /// A group as `GET /mmmq/groups/{group}` shows it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct GroupStatus {
     /// The group.
@@ -361,6 +377,7 @@ pub struct GroupStatus {
 
 /// One member of a group.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct GroupMember {
     /// Its name.
@@ -375,6 +392,7 @@ pub struct GroupMember {
 
 /// One partition of a group.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct GroupPartition {
     /// The topic.

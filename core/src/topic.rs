@@ -86,6 +86,7 @@ fn validate(kind: &'static str, name: &str, max: usize) -> Result<(), NameError>
 ///
 /// Holding a `Topic` is proof that the name is safe to join onto a directory path.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Topic(String);
 
 impl Topic {
@@ -118,6 +119,7 @@ impl Topic {
 ///
 /// It is capped so that its dead-letter topic `__dlq.<id>` is still a valid topic name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ConsumerId(String);
 
 /// The longest consumer id: the dead-letter topic `__dlq.<id>` must fit in a topic name.

@@ -7,17 +7,24 @@ use axum::http::{HeaderMap, header};
 use axum::response::IntoResponse;
 use mmmq_core::RedriveStatus;
 
+use super::openapi::{BodyErrors, ErrorBody, Errors, Health};
 use super::{ApiError, AppState, parse_json, read_json_body};
 use crate::broker::BrokerError;
 use crate::dispatch::redrive::RedriveError;
 use crate::dispatch::{DispatcherStatus, ReloadReport};
 
+/// Every dispatcher: target, counts, lag and errors, per topic and partition.
+#[utoipa::path(get, path = "/mmmq/dispatchers", tag = "dispatchers",
+    responses((status = 200, body = Vec<DispatcherStatus>), Errors))]
 pub(super) async fn dispatchers(
     State(state): State<AppState>,
 ) -> Result<Json<Vec<DispatcherStatus>>, ApiError> {
     Ok(Json(state.broker()?.dispatchers().await))
 }
 
+/// Re-reads `dispatchers.json` and the plugin files (a bad file: `400`, the running ones stay).
+#[utoipa::path(post, path = "/mmmq/admin/reload", tag = "dispatchers",
+    responses((status = 200, body = ReloadReport), Errors))]
 pub(super) async fn reload(State(state): State<AppState>) -> Result<Json<ReloadReport>, ApiError> {
     match state.broker()?.reload().await {
         Ok(report) => Ok(Json(report)),
@@ -30,15 +37,23 @@ pub(super) async fn reload(State(state): State<AppState>) -> Result<Json<ReloadR
     }
 }
 
-#[derive(serde::Deserialize, Default)]
+/// Which dead letters to redrive (an empty body: from where the last redrive stopped to the end).
+#[derive(serde::Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct RedriveRequest {
+pub(super) struct RedriveRequest {
+    /// The first dead-letter offset.
     from: Option<u64>,
+    /// The offset after the last.
     to: Option<u64>,
 }
 
 /// `POST /mmmq/dispatchers/{consumerId}/redrive` `{"from"?, "to"?}` (an empty body: all not
 /// yet redriven).
+/// Starts delivering a dispatcher's dead letters again (`409` while one runs).
+#[utoipa::path(post, path = "/mmmq/dispatchers/{consumerId}/redrive", tag = "dispatchers",
+    params(("consumerId" = String, Path, description = "The dispatcher's consumerId")),
+    request_body(content = Option<RedriveRequest>),
+    responses((status = 200, body = RedriveStatus), (status = 409, description = "A redrive is running", body = ErrorBody), Errors, BodyErrors))]
 pub(super) async fn redrive(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -63,11 +78,17 @@ pub(super) async fn redrive(
     }
 }
 
+/// Ready (`503` while recovering at boot). Needs no token.
+#[utoipa::path(get, path = "/healthz", tag = "meta",
+    responses((status = 200, body = Health), Errors))]
 pub(super) async fn healthz(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     state.broker()?;
     Ok(Json(serde_json::json!({"status": "ok"})))
 }
 
+/// Prometheus metrics.
+#[utoipa::path(get, path = "/metrics", tag = "meta",
+    responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String), Errors))]
 pub(super) async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     let text = state.broker()?.metrics_text().await;
     Ok((

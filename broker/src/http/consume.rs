@@ -9,26 +9,40 @@ use axum::extract::{Path, Query, State};
 use mmmq_core::{PullPage, TopicInfo};
 use serde::Deserialize;
 
+use super::openapi::Errors;
 use super::{ApiError, AppState};
 
 /// Messages a pull answers when `max` is not given.
 const DEFAULT_MAX: usize = 100;
 
+/// Every topic.
+#[utoipa::path(get, path = "/mmmq/topics", tag = "topics",
+    responses((status = 200, body = Vec<TopicInfo>), Errors))]
 pub(super) async fn topics(
     State(state): State<AppState>,
 ) -> Result<Json<Vec<TopicInfo>>, ApiError> {
     Ok(Json(state.broker()?.topics()))
 }
 
-#[derive(Deserialize)]
+/// Where and how much to pull.
+#[derive(Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
 pub(super) struct PullQuery {
+    /// The partition (default 0).
     partition: Option<u32>,
+    /// The first offset (default 0).
     from: Option<u64>,
+    /// At most this many messages, 1–1000 (default 100).
     max: Option<usize>,
+    /// When nothing is at `from`, wait up to this long (≤ 30000) for it.
     wait_ms: Option<u64>,
 }
 
+/// Messages of a partition from an offset, long-polling when there are none yet.
+#[utoipa::path(get, path = "/mmmq/topics/{topic}/messages", tag = "topics",
+    params(("topic" = String, Path, description = "The topic"), PullQuery),
+    responses((status = 200, body = PullPage), Errors))]
 #[tracing::instrument(skip_all, fields(topic))]
 pub(super) async fn pull(
     State(state): State<AppState>,

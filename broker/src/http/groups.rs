@@ -10,6 +10,7 @@ use axum::http::HeaderMap;
 use mmmq_core::{GroupPoll, GroupStatus};
 use serde::Deserialize;
 
+use super::openapi::{BodyErrors, Committed, ErrorBody, Errors, Left};
 use super::{ApiError, AppState, parse_json, read_json_body};
 use crate::broker::MAX_PULL_WAIT;
 use crate::groups::DEFAULT_SESSION_TIMEOUT;
@@ -19,16 +20,27 @@ fn path<T>(p: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
         .map_err(|e| ApiError::BadRequest(e.body_text()))
 }
 
-#[derive(Deserialize)]
+/// Who polls, for which topics, how much.
+#[derive(Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
 pub(super) struct PollQuery {
+    /// The member's id (joins the group on its first poll).
     member: String,
+    /// The topics, as a pattern (`orders.*`, `**`).
     pattern: String,
+    /// At most this many messages (default 100).
     max: Option<usize>,
+    /// When nothing is there, wait up to this long (≤ 30000) for it.
     wait_ms: Option<u64>,
+    /// A member not heard from for this long leaves (default 30000).
     session_timeout_ms: Option<u64>,
 }
 
+/// Messages of the partitions the group gives this member.
+#[utoipa::path(get, path = "/mmmq/groups/{group}/messages", tag = "groups",
+    params(("group" = String, Path, description = "The group"), PollQuery),
+    responses((status = 200, body = GroupPoll), Errors))]
 pub(super) async fn poll(
     State(state): State<AppState>,
     group: Result<Path<String>, PathRejection>,
@@ -54,21 +66,33 @@ pub(super) async fn poll(
     Ok(Json(answer))
 }
 
-#[derive(Deserialize)]
+/// A member's positions.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct CommitRequest {
+pub(super) struct CommitRequest {
+    /// The member.
     member: String,
+    /// The next offset to read, per partition it owns.
     offsets: Vec<CommitOffset>,
 }
 
-#[derive(Deserialize)]
+/// The next offset to read of one partition.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct CommitOffset {
+pub(super) struct CommitOffset {
+    /// The topic.
     topic: String,
+    /// The partition.
     partition: u32,
+    /// The next offset to read.
     offset: u64,
 }
 
+/// Commits a member's positions (`409` for a partition it does not own).
+#[utoipa::path(post, path = "/mmmq/groups/{group}/commit", tag = "groups",
+    params(("group" = String, Path, description = "The group")),
+    request_body = CommitRequest,
+    responses((status = 200, body = Committed), (status = 409, description = "Not the partition's owner", body = ErrorBody), Errors, BodyErrors))]
 pub(super) async fn commit(
     State(state): State<AppState>,
     group: Result<Path<String>, PathRejection>,
@@ -88,6 +112,10 @@ pub(super) async fn commit(
     Ok(Json(serde_json::json!({"committed": true})))
 }
 
+/// A member leaves its group at once.
+#[utoipa::path(delete, path = "/mmmq/groups/{group}/members/{member}", tag = "groups",
+    params(("group" = String, Path, description = "The group"), ("member" = String, Path, description = "The member")),
+    responses((status = 200, body = Left), Errors))]
 pub(super) async fn leave(
     State(state): State<AppState>,
     p: Result<Path<(String, String)>, PathRejection>,
@@ -97,12 +125,19 @@ pub(super) async fn leave(
     Ok(Json(serde_json::json!({"left": member})))
 }
 
+/// Every group.
+#[utoipa::path(get, path = "/mmmq/groups", tag = "groups",
+    responses((status = 200, body = Vec<GroupStatus>), Errors))]
 pub(super) async fn list(
     State(state): State<AppState>,
 ) -> Result<Json<Vec<GroupStatus>>, ApiError> {
     Ok(Json(state.broker()?.groups().list()))
 }
 
+/// A group: members, partitions, lag.
+#[utoipa::path(get, path = "/mmmq/groups/{group}", tag = "groups",
+    params(("group" = String, Path, description = "The group")),
+    responses((status = 200, body = GroupStatus), Errors))]
 pub(super) async fn show(
     State(state): State<AppState>,
     group: Result<Path<String>, PathRejection>,

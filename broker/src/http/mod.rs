@@ -6,6 +6,7 @@
 //! - `produce`: `POST /mmmq/messages` and `/mmmq/messages/batch`.
 //! - `consume`: topic list and pull with long poll.
 //! - `admin`: dispatcher status, reload, health, metrics.
+//! - `openapi`: `GET /mmmq/openapi.json`, and the schemas of answers the handlers build by hand.
 //!
 //! Bodies are read by hand (not with `Json<T>`), so that every rejection — too large, wrong
 //! content type, malformed — is a JSON error the client can read, never axum's plain text.
@@ -13,6 +14,7 @@
 mod admin;
 mod consume;
 mod groups;
+mod openapi;
 mod plugins;
 pub mod produce;
 pub mod serve;
@@ -23,10 +25,13 @@ use std::sync::Arc;
 use axum::Router;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use serde::de::DeserializeOwned;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::broker::{Broker, BrokerError};
 use crate::storage::StorageError;
@@ -39,6 +44,8 @@ pub struct AppState {
     /// Cancelled at shutdown, so long polls answer at once instead of holding the exit.
     stopping: CancellationToken,
     auth_token: Option<Arc<str>>,
+    /// The API's description (`GET /mmmq/openapi.json`).
+    openapi: Arc<serde_json::Value>,
 }
 
 impl AppState {
@@ -49,7 +56,13 @@ impl AppState {
             max_body_bytes,
             stopping,
             auth_token: None,
+            openapi: Arc::new(serde_json::Value::Null),
         }
+    }
+
+    fn with_openapi(mut self, doc: &utoipa::openapi::OpenApi) -> Self {
+        self.openapi = Arc::new(serde_json::to_value(doc).expect("the description serializes"));
+        self
     }
 
     /// Requires `Authorization: Bearer <token>` on every endpoint but `/healthz`.
@@ -68,39 +81,12 @@ impl AppState {
     }
 }
 
-/// Every route of README, "HTTP API".
+/// Every route of README, "HTTP API", and its description (`GET /mmmq/openapi.json`): each route
+/// comes from its handler's `#[utoipa::path]`, so what is served and what is described are one
+/// list.
 pub fn router(state: AppState) -> Router {
-    let api = Router::new()
-        .route("/mmmq/messages", post(produce::produce))
-        .route("/mmmq/messages/batch", post(produce::produce_batch))
-        .route("/mmmq/topics", get(consume::topics))
-        .route(
-            "/mmmq/topics/{topic}",
-            get(topics::show).put(topics::put).delete(topics::delete),
-        )
-        .route("/mmmq/topics/{topic}/messages", get(consume::pull))
-        .route("/mmmq/groups", get(groups::list))
-        .route("/mmmq/groups/{group}", get(groups::show))
-        .route("/mmmq/groups/{group}/messages", get(groups::poll))
-        .route("/mmmq/groups/{group}/commit", post(groups::commit))
-        .route(
-            "/mmmq/groups/{group}/members/{member}",
-            axum::routing::delete(groups::leave),
-        )
-        .route("/mmmq/dispatchers", get(admin::dispatchers))
-        .route(
-            "/mmmq/dispatchers/{consumer_id}/redrive",
-            post(admin::redrive),
-        )
-        .route("/mmmq/admin/reload", post(admin::reload))
-        .route("/mmmq/plugins", get(plugins::list))
-        .route("/mmmq/plugins/{name}", axum::routing::put(plugins::deploy))
-        .route("/mmmq/plugins/{name}/rollback", post(plugins::rollback))
-        .route(
-            "/mmmq/plugins/{name}/versions/{version}/activate",
-            post(plugins::activate),
-        )
-        .route("/metrics", get(admin::metrics));
+    let (api, doc) = described_routes().split_for_parts();
+    let state = state.with_openapi(&doc);
     // Without a token the check is not layered at all: a middleware is a boxed future and a
     // state clone on every request of the produce path.
     let api = if state.auth_token.is_some() {
@@ -117,6 +103,39 @@ pub fn router(state: AppState) -> Router {
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state)
+}
+
+/// The routes behind the token, with their descriptions; `/healthz` (open) is described here
+/// too and routed by [`router`].
+fn described_routes() -> OpenApiRouter<AppState> {
+    let mut doc = openapi::ApiDoc::openapi();
+    // `/healthz` is served outside the token check, but described with the rest.
+    doc.merge(
+        OpenApiRouter::<AppState>::new()
+            .routes(routes!(admin::healthz))
+            .split_for_parts()
+            .1,
+    );
+    OpenApiRouter::with_openapi(doc)
+        .routes(routes!(produce::produce))
+        .routes(routes!(produce::produce_batch))
+        .routes(routes!(consume::topics))
+        .routes(routes!(topics::show, topics::put, topics::delete))
+        .routes(routes!(consume::pull))
+        .routes(routes!(groups::list))
+        .routes(routes!(groups::show))
+        .routes(routes!(groups::poll))
+        .routes(routes!(groups::commit))
+        .routes(routes!(groups::leave))
+        .routes(routes!(admin::dispatchers))
+        .routes(routes!(admin::redrive))
+        .routes(routes!(admin::reload))
+        .routes(routes!(plugins::list))
+        .routes(routes!(plugins::deploy))
+        .routes(routes!(plugins::rollback))
+        .routes(routes!(plugins::activate))
+        .routes(routes!(admin::metrics))
+        .routes(routes!(openapi::document))
 }
 
 /// Checks the bearer token when one is configured, in constant time.

@@ -4,6 +4,7 @@ use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 
+use super::openapi::Errors;
 use super::{ApiError, AppState};
 use crate::plugin::store::{Deployed, MAX_PLUGIN_BYTES, StoreError};
 use mmmq_core::PluginListing;
@@ -21,6 +22,12 @@ impl From<StoreError> for ApiError {
 }
 
 /// `PUT /mmmq/plugins/{name}` with the component's bytes.
+/// Deploys a component as the plugin's new current version; dispatchers naming it switch before
+/// the answer.
+#[utoipa::path(put, path = "/mmmq/plugins/{name}", tag = "plugins",
+    params(("name" = String, Path, description = "The plugin")),
+    request_body(content = Vec<u8>, content_type = "application/wasm", description = "The component's bytes (at most 64 MiB)"),
+    responses((status = 200, body = Deployed), Errors))]
 pub(super) async fn deploy(
     State(state): State<AppState>,
     name: Result<Path<String>, PathRejection>,
@@ -44,6 +51,9 @@ pub(super) async fn deploy(
 }
 
 /// `GET /mmmq/plugins`.
+/// Deployed plugins, their kept versions and the dispatchers that use them.
+#[utoipa::path(get, path = "/mmmq/plugins", tag = "plugins",
+    responses((status = 200, body = Vec<PluginListing>), Errors))]
 pub(super) async fn list(
     State(state): State<AppState>,
 ) -> Result<Json<Vec<PluginListing>>, ApiError> {
@@ -51,6 +61,10 @@ pub(super) async fn list(
 }
 
 /// `POST /mmmq/plugins/{name}/rollback`.
+/// The version deployed before the current one becomes current.
+#[utoipa::path(post, path = "/mmmq/plugins/{name}/rollback", tag = "plugins",
+    params(("name" = String, Path, description = "The plugin")),
+    responses((status = 200, body = Deployed), Errors))]
 pub(super) async fn rollback(
     State(state): State<AppState>,
     name: Result<Path<String>, PathRejection>,
@@ -61,6 +75,10 @@ pub(super) async fn rollback(
 }
 
 /// `POST /mmmq/plugins/{name}/versions/{version}/activate`.
+/// A kept version becomes current.
+#[utoipa::path(post, path = "/mmmq/plugins/{name}/versions/{version}/activate", tag = "plugins",
+    params(("name" = String, Path, description = "The plugin"), ("version" = String, Path, description = "The version (16 hex digits)")),
+    responses((status = 200, body = Deployed), Errors))]
 pub(super) async fn activate(
     State(state): State<AppState>,
     path: Result<Path<(String, String)>, PathRejection>,

@@ -7,20 +7,29 @@ use mmmq_core::{Ack, Topic};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use super::openapi::{BodyErrors, Errors};
 use super::{ApiError, AppState, parse_json, read_json_body};
 use crate::broker::BrokerError;
 use crate::config::BATCH_BODY_FACTOR;
 use crate::produce::ProduceItem;
 
-#[derive(Deserialize)]
+/// One message to produce.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ProduceRequest {
+pub(super) struct ProduceRequest {
+    /// The topic (created by its first message).
     topic: String,
+    /// Any JSON value.
+    #[schema(value_type = serde_json::Value)]
     content: Box<RawValue>,
+    /// Routes it to a partition as Kafka's partitioner would, and orders it per key.
     #[serde(default)]
     key: Option<String>,
+    /// A partition instead of routing by key.
     #[serde(default)]
     partition: Option<u32>,
+    /// An idempotency id: a second produce of it within the topic's `dedupWindowMs` stores
+    /// nothing and answers the first one's position with `duplicate: true`.
     #[serde(default)]
     id: Option<String>,
 }
@@ -29,7 +38,8 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
-#[derive(Serialize)]
+/// A stored message.
+#[derive(Serialize, utoipa::ToSchema)]
 pub(super) struct ProduceAck {
     ack: Ack,
     topic: Topic,
@@ -39,7 +49,8 @@ pub(super) struct ProduceAck {
     duplicate: bool,
 }
 
-#[derive(Serialize)]
+/// Where one message of a batch was stored.
+#[derive(Serialize, utoipa::ToSchema)]
 pub(super) struct BatchResult {
     topic: Topic,
     partition: u32,
@@ -48,7 +59,8 @@ pub(super) struct BatchResult {
     duplicate: bool,
 }
 
-#[derive(Serialize)]
+/// A stored batch.
+#[derive(Serialize, utoipa::ToSchema)]
 pub(super) struct BatchAck {
     ack: Ack,
     results: Vec<BatchResult>,
@@ -80,6 +92,10 @@ fn validate(req: ProduceRequest, max_content: usize) -> Result<ProduceItem, Stri
         .map_err(|e| e.to_string())
 }
 
+/// Stores one message durably (acknowledged once it survives a power cut).
+#[utoipa::path(post, path = "/mmmq/messages", tag = "produce",
+    request_body = ProduceRequest,
+    responses((status = 200, body = ProduceAck), Errors, BodyErrors))]
 #[tracing::instrument(level = "debug", skip_all)]
 pub(super) async fn produce(
     State(state): State<AppState>,
@@ -100,6 +116,10 @@ pub(super) async fn produce(
     }))
 }
 
+/// Stores an array of messages, each partition's share in one commit.
+#[utoipa::path(post, path = "/mmmq/messages/batch", tag = "produce",
+    request_body = Vec<ProduceRequest>,
+    responses((status = 200, body = BatchAck), Errors, BodyErrors))]
 #[tracing::instrument(level = "debug", skip_all)]
 pub(super) async fn produce_batch(
     State(state): State<AppState>,
