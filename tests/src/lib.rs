@@ -408,6 +408,16 @@ pub fn plugin_dispatcher(id: &str, pattern: &str, file: &str, extra: Value) -> V
     d
 }
 
+/// A root dir whose one dispatcher, `id`, runs the `testbed` plugin on `pattern` (`extra` as in
+/// [`plugin_dispatcher`]).
+pub fn testbed_root(root: &Path, id: &str, pattern: &str, extra: Value) {
+    deploy_plugin(root, &plugin_wasm("testbed", None), "testbed.wasm");
+    write_dispatchers(
+        root,
+        &serde_json::json!([plugin_dispatcher(id, pattern, "testbed.wasm", extra)]),
+    );
+}
+
 /// How a test consumer answers one envelope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answer {

@@ -16,7 +16,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use mmmq_tests::{Broker, deploy_plugin, plugin_dispatcher, plugin_wasm, write_dispatchers};
+use mmmq_tests::{
+    Broker, deploy_plugin, plugin_dispatcher, plugin_wasm, testbed_root, write_dispatchers,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
@@ -249,11 +251,7 @@ fn checkpoint(root: &std::path::Path, topic: &str, id: &str) -> u64 {
 async fn refused_emits_are_retried_and_the_checkpoint_waits_for_them() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
-    deploy_plugin(root, &plugin_wasm("testbed", None), "testbed.wasm");
-    write_dispatchers(
-        root,
-        &json!([plugin_dispatcher("x", "in", "testbed.wasm", json!({}))]),
-    );
+    testbed_root(root, "x", "in", json!({}));
     // `in` and `out-a` fit; `out-b` is one topic too many until `out-a` is deleted.
     let broker = Broker::start_with(root, &["--max-topics", "2"]).await;
     broker

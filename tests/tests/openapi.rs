@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use mmmq_tests::{Broker, deploy_plugin, plugin_dispatcher, plugin_wasm, write_dispatchers};
+use mmmq_tests::{Broker, plugin_wasm, testbed_root};
 use serde_json::{Value, json};
 
 /// `(METHOD, /path/{param})` of every operation in the document.
@@ -120,16 +120,7 @@ fn misfits(doc: &Value, method: &str, path: &str, status: u16, answer: &Value) -
 async fn answers_of_every_endpoint_fit_their_schemas() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
-    deploy_plugin(root, &plugin_wasm("testbed", None), "testbed.wasm");
-    write_dispatchers(
-        root,
-        &json!([plugin_dispatcher(
-            "p",
-            "orders",
-            "testbed.wasm",
-            json!({"maxNackRetries": 0})
-        )]),
-    );
+    testbed_root(root, "p", "orders", json!({"maxNackRetries": 0}));
     let broker = Broker::start(root).await;
     let (_, doc) = broker.get("/mmmq/openapi.json").await;
     // The check can fail: answers of the wrong shape do not fit.

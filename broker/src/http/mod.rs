@@ -6,6 +6,7 @@
 //! - `produce`: `POST /mmmq/messages` and `/mmmq/messages/batch`.
 //! - `consume`: topic list and pull with long poll.
 //! - `admin`: dispatcher status, reload, health, metrics.
+//! - `dashboard`: `GET /`, the page for people.
 //! - `openapi`: `GET /mmmq/openapi.json`, and the schemas of answers the handlers build by hand.
 //!
 //! Bodies are read by hand (not with `Json<T>`), so that every rejection — too large, wrong
@@ -13,6 +14,7 @@
 
 mod admin;
 mod consume;
+mod dashboard;
 mod groups;
 mod openapi;
 mod plugins;
@@ -100,19 +102,21 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(api)
         .route("/healthz", get(admin::healthz))
+        .route("/", get(dashboard::page))
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state)
 }
 
-/// The routes behind the token, with their descriptions; `/healthz` (open) is described here
-/// too and routed by [`router`].
+/// The routes behind the token, with their descriptions; `/healthz` and `/` (open) are described
+/// here too and routed by [`router`].
 fn described_routes() -> OpenApiRouter<AppState> {
     let mut doc = openapi::ApiDoc::openapi();
-    // `/healthz` is served outside the token check, but described with the rest.
+    // Served outside the token check ([`router`]), but described with the rest.
     doc.merge(
         OpenApiRouter::<AppState>::new()
             .routes(routes!(admin::healthz))
+            .routes(routes!(dashboard::page))
             .split_for_parts()
             .1,
     );

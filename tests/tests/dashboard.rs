@@ -1,0 +1,224 @@
+//! The dashboard (README, "Dashboard") in a real browser: Debian's Chromium, headless, driven
+//! through chromedriver (WebDriver, `fantoccini`) against the real broker. `./scripts/test`
+//! installs both when they are missing. Screenshots of each view go to
+//! `target/dashboard-screenshots/`.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use mmmq_tests::{Broker, testbed_root};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// A headless Chromium session; chromedriver ends with it.
+struct Browser {
+    client: Client,
+    driver: Child,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    async fn start() -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let driver = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect(
+                "chromedriver is missing: ./scripts/test installs chromium and chromium-driver",
+            );
+        let profile = tempfile::tempdir().unwrap();
+        let mut caps = serde_json::Map::new();
+        // The flags this machine's closed network needs (no background connections, no QUIC).
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({"binary": "/usr/bin/chromium", "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--window-size=1280,900", format!("--user-data-dir={}", profile.path().display()),
+            ]}),
+        );
+        let started = Instant::now();
+        let client = loop {
+            match ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+                .capabilities(caps.clone())
+                .connect(&format!("http://127.0.0.1:{port}"))
+                .await
+            {
+                Ok(c) => break c,
+                Err(e) if started.elapsed() < WAIT => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("cannot start a browser session: {e}"),
+            }
+        };
+        Self {
+            client,
+            driver,
+            _profile: profile,
+        }
+    }
+
+    /// Waits until the element at `css` exists and its text contains `needle`; returns the text.
+    async fn text(&self, css: &str, needle: &str) -> String {
+        let started = Instant::now();
+        loop {
+            let mut seen = String::new();
+            if let Ok(e) = self.client.find(Locator::Css(css)).await {
+                seen = e.text().await.unwrap_or_default();
+                if seen.contains(needle) {
+                    return seen;
+                }
+            }
+            assert!(
+                started.elapsed() < WAIT,
+                "{css} never showed {needle:?} (last: {seen:?})"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn click(&self, css: &str) {
+        self.client
+            .wait()
+            .at_most(WAIT)
+            .for_element(Locator::Css(css))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+    }
+
+    async fn fill(&self, css: &str, value: &str) {
+        let e = self.client.find(Locator::Css(css)).await.unwrap();
+        e.clear().await.unwrap();
+        e.send_keys(value).await.unwrap();
+    }
+
+    async fn screenshot(&self, name: &str) {
+        let dir = PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../target/dashboard-screenshots"
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let png = self.client.screenshot().await.unwrap();
+        std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
+    }
+
+    async fn close(mut self) {
+        let _ = self.client.clone().close().await;
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_dashboard_shows_topics_produces_browses_and_shows_dispatchers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    testbed_root(root, "audit", "orders", json!({}));
+    let broker = Broker::start(root).await;
+    broker.produce("orders", json!({"n": 1})).await;
+
+    let b = Browser::start().await;
+    b.client.goto(&format!("{}/", broker.url)).await.unwrap();
+    // The overview: health, counts, and rates once two samples of the metrics are in.
+    b.text("#health", "ok").await;
+    let topics: u64 = b.text("#topic-count", "").await.parse().unwrap_or(0);
+    assert!(
+        topics >= 1,
+        "orders (and the plugin's log topic) counted: {topics}"
+    );
+    b.text("#rate-in", ".").await;
+    b.screenshot("overview").await;
+    b.click("nav button[data-view=topics]").await;
+    b.text("tr[data-topic=orders]", "orders").await;
+    b.screenshot("topics").await;
+
+    // Produce through the form, find it through the API and in the browser.
+    b.click("nav button[data-view=messages]").await;
+    b.fill("#produce input[name=topic]", "orders").await;
+    b.fill("#produce input[name=key]", "k-7").await;
+    b.fill(
+        "#produce textarea[name=content]",
+        r#"{"from": "the browser"}"#,
+    )
+    .await;
+    b.click("#produce button").await;
+    b.text("#produce-result", "stored: orders partition 0 offset 1")
+        .await;
+    let stored = broker.pull_all("orders").await;
+    assert_eq!(stored[1]["content"], json!({"from": "the browser"}));
+    assert_eq!(stored[1]["key"], "k-7");
+    b.click("#browse button").await;
+    b.text("#message-rows", "the browser").await;
+    b.screenshot("messages").await;
+
+    // Bad input shows the broker's (or the form's) reason, and the page keeps working.
+    b.fill("#produce textarea[name=content]", "{nope").await;
+    b.click("#produce button").await;
+    b.text("#produce-result", "content is not JSON").await;
+    b.fill("#produce textarea[name=content]", "1").await;
+    b.fill("#produce input[name=topic]", "bad name").await;
+    b.click("#produce button").await;
+    let refused = b.text("#produce-result", "topic").await;
+    assert!(!refused.contains("stored"), "{refused}");
+    assert_eq!(broker.pull_all("orders").await.len(), 2);
+
+    // Dispatchers: the plugin dispatcher, its version, its lag dropping to 0.
+    b.click("nav button[data-view=dispatchers]").await;
+    let row = b.text("tr[data-dispatcher=audit]", "plugin").await;
+    assert!(row.contains("@"), "the version shows: {row}");
+    b.text("tr[data-dispatcher=audit] td.lag", "0").await;
+    b.screenshot("dispatchers").await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_an_auth_token_the_dashboard_asks_for_it_and_keeps_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::start_with(tmp.path(), &["--auth-token", "s3cret"]).await;
+    let (code, _) = broker.get("/mmmq/topics").await;
+    assert_eq!(code, 401);
+    let b = Browser::start().await;
+    b.client.goto(&format!("{}/", broker.url)).await.unwrap();
+    let login = b
+        .client
+        .wait()
+        .at_most(WAIT)
+        .for_element(Locator::Css("#login.on"))
+        .await
+        .unwrap();
+    b.screenshot("token").await;
+    login
+        .find(Locator::Css("input[name=token]"))
+        .await
+        .unwrap()
+        .send_keys("s3cret")
+        .await
+        .unwrap();
+    b.click("#token-form button").await;
+    b.text("#health", "ok").await;
+    b.text("#topic-count", "0").await;
+    // Kept for the session: a reload does not ask again.
+    b.client.refresh().await.unwrap();
+    b.text("#topic-count", "0").await;
+    let asked: Value = b
+        .client
+        .execute("return document.getElementById('login').className", vec![])
+        .await
+        .unwrap();
+    assert_eq!(asked, json!(""));
+    b.close().await;
+}
