@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
-use mmmq_tests::{Broker, testbed_root};
+use mmmq_tests::{Broker, plugin_wasm, testbed_root};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -98,6 +98,11 @@ impl Browser {
             .click()
             .await
             .unwrap();
+    }
+
+    async fn select(&self, css: &str, value: &str) {
+        let e = self.client.find(Locator::Css(css)).await.unwrap();
+        e.select_by_value(value).await.unwrap();
     }
 
     async fn fill(&self, css: &str, value: &str) {
@@ -220,5 +225,78 @@ async fn with_an_auth_token_the_dashboard_asks_for_it_and_keeps_it() {
         .await
         .unwrap();
     assert_eq!(asked, json!(""));
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_letters_redrive_plugins_logs_and_a_live_tail_through_the_page() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    testbed_root(root, "p", "orders", json!({"maxNackRetries": 0}));
+    let broker = Broker::start(root).await;
+    broker.produce("orders", json!({"do": "panic"})).await;
+    broker
+        .dispatcher_when("p", |s| s["deadLettered"] == 1)
+        .await;
+
+    let b = Browser::start().await;
+    b.client.goto(&format!("{}/", broker.url)).await.unwrap();
+    b.text("#health", "ok").await;
+
+    // Dead letters: the reason and attempts, then a redrive from the page.
+    b.click("nav button[data-view=deadletters]").await;
+    b.text("#dlq-dispatcher", "p").await;
+    b.click("#dlq button[name=show]").await;
+    let row = b.text("#dlq-rows", "trapped").await;
+    assert!(row.contains("orders 0@0"), "{row}");
+    b.screenshot("deadletters").await;
+    b.click("#redrive").await;
+    b.text("#dlq-result", "redriving 1 dead letter(s)").await;
+    // The redriven message traps again: dead-lettered again, with its history.
+    broker
+        .dispatcher_when("p", |s| {
+            s["redrive"]["running"] == false && s["redrive"]["deadLettered"] == 1
+        })
+        .await;
+
+    // Plugins: deploy two versions by file upload, roll back to the first.
+    b.click("nav button[data-view=plugins]").await;
+    let mut versions = Vec::new();
+    for variant in [None, Some("v2")] {
+        b.fill("#deploy input[name=name]", "tb").await;
+        let file = b
+            .client
+            .find(Locator::Css("#deploy input[name=file]"))
+            .await
+            .unwrap();
+        file.send_keys(plugin_wasm("testbed", variant).to_str().unwrap())
+            .await
+            .unwrap();
+        b.click("#deploy button").await;
+        let said = b.text("#deploy-result", "deployed tb version").await;
+        let version = said.split_whitespace().nth(3).unwrap().to_owned();
+        b.text("tr[data-plugin=tb] td.current", &version).await;
+        versions.push(version);
+    }
+    b.screenshot("plugins").await;
+    b.click("tr[data-plugin=tb] button[data-rollback]").await;
+    b.text("#deploy-result", &format!("tb now runs {}", versions[0]))
+        .await;
+    let (_, listed) = broker.get("/mmmq/plugins").await;
+    assert_eq!(listed[0]["current"], versions[0].as_str());
+
+    // The plugin's own log lines.
+    b.select("#logs select", "p").await;
+    b.click("#logs button").await;
+    b.text("#log-rows", "testbed version=v1").await;
+
+    // A live tail: a message produced after the page started following shows up.
+    b.click("nav button[data-view=messages]").await;
+    b.select("#browse select", "orders").await;
+    b.click("#follow").await;
+    b.click("#browse button").await;
+    b.text("#message-rows", "panic").await;
+    broker.produce("orders", json!({"n": "live"})).await;
+    b.text("#message-rows", "live").await;
     b.close().await;
 }
