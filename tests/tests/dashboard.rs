@@ -181,12 +181,33 @@ async fn the_dashboard_shows_topics_produces_browses_and_shows_dispatchers() {
     assert!(!refused.contains("stored"), "{refused}");
     assert_eq!(broker.pull_all("orders").await.len(), 2);
 
-    // Dispatchers: the plugin dispatcher, its version, its lag dropping to 0.
+    // Dispatchers: the plugin dispatcher and its version; a second one naming a plugin not deployed
+    // yet holds its messages (lag 2 on the page) until a deploy drains them (lag 0).
     b.click("nav button[data-view=dispatchers]").await;
     let row = b.text("tr[data-dispatcher=audit]", "plugin").await;
     assert!(row.contains("@"), "the version shows: {row}");
     b.text("tr[data-dispatcher=audit] td.lag", "0").await;
+    let mut dispatchers: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("dispatchers.json")).unwrap())
+            .unwrap();
+    dispatchers
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"consumerId": "late", "pattern": "orders", "plugin": {"name": "later"}}));
+    std::fs::write(root.join("dispatchers.json"), dispatchers.to_string()).unwrap();
+    let (code, body) = broker.post("/mmmq/admin/reload", &json!({})).await;
+    assert_eq!(code, 200, "{body}");
+    b.text("tr[data-dispatcher=late] td.lag", "2").await;
     b.screenshot("dispatchers").await;
+    let deployed = broker
+        .http
+        .put(format!("{}/mmmq/plugins/later", broker.url))
+        .body(std::fs::read(plugin_wasm("testbed", None)).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deployed.status(), 200);
+    b.text("tr[data-dispatcher=late] td.lag", "0").await;
     b.close().await;
 }
 
