@@ -149,7 +149,23 @@ async fn the_dashboard_shows_topics_produces_browses_and_shows_dispatchers() {
     b.screenshot("overview").await;
     b.click("nav button[data-view=topics]").await;
     b.text("tr[data-topic=orders]", "orders").await;
+    // Create a topic of 3 partitions, see its partitions and configuration, delete it.
+    b.fill("#create-topic input[name=name]", "made.here").await;
+    b.fill("#create-topic input[name=partitions]", "3").await;
+    b.click("#create-topic button").await;
+    b.click("tr[data-topic=\"made.here\"] td").await;
+    let partitions = b.text("#topic-partitions", "2").await;
+    assert_eq!(partitions.lines().count(), 3, "{partitions}");
+    b.text("#topic-config", "\"partitions\": 3").await;
     b.screenshot("topics").await;
+    b.click("tr[data-topic=\"made.here\"] button[data-delete]")
+        .await;
+    b.client.accept_alert().await.unwrap();
+    let started = Instant::now();
+    while broker.get("/mmmq/topics/made.here").await.0 != 404 {
+        assert!(started.elapsed() < WAIT, "the topic was not deleted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // Produce through the form, find it through the API and in the browser.
     b.click("nav button[data-view=messages]").await;
