@@ -126,6 +126,29 @@ pub async fn start_broker(
     Ok((base, stop, server))
 }
 
+/// Adds dispatcher `d` to `dispatchers`, writes them as `{root}/dispatchers.json` and reloads the
+/// broker at `base`: when the reload answered (the dispatcher starts then).
+pub async fn add_dispatcher(
+    client: &reqwest::Client,
+    base: &str,
+    root: &Path,
+    dispatchers: &mut Vec<serde_json::Value>,
+    d: serde_json::Value,
+) -> anyhow::Result<std::time::Instant> {
+    dispatchers.push(d);
+    std::fs::write(
+        root.join("dispatchers.json"),
+        serde_json::Value::Array(dispatchers.clone()).to_string(),
+    )?;
+    let start = std::time::Instant::now();
+    let r = client
+        .post(format!("{base}/mmmq/admin/reload"))
+        .send()
+        .await?;
+    anyhow::ensure!(r.status() == 200, "reload answered {}", r.status());
+    Ok(start)
+}
+
 /// Waits until dispatcher `id` of the broker at `base` has delivered at least `n` messages, or
 /// `timeout` has passed; returns what it had delivered.
 pub async fn wait_delivered(

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{scratch_dir, start_broker, wait_delivered};
+use super::{add_dispatcher, scratch_dir, start_broker, wait_delivered};
 
 /// Parameters of `mmmq bench plugin`.
 #[derive(Debug, Clone, clap::Args)]
@@ -125,17 +125,7 @@ pub async fn run(cfg: PluginBench, out: &mut (dyn Write + Send)) -> anyhow::Resu
         for (k, v) in target.as_object().expect("object") {
             d[k] = v.clone();
         }
-        dispatchers.push(d);
-        std::fs::write(
-            root.join("dispatchers.json"),
-            serde_json::Value::Array(dispatchers.clone()).to_string(),
-        )?;
-        let start = Instant::now();
-        let r = client
-            .post(format!("{base}/mmmq/admin/reload"))
-            .send()
-            .await?;
-        anyhow::ensure!(r.status() == 200, "reload answered {}", r.status());
+        let start = add_dispatcher(&client, &base, &root, &mut dispatchers, d).await?;
         wait_delivered(&client, &base, id, backlog, Duration::from_secs(300)).await?;
         let rate = backlog as f64 / start.elapsed().as_secs_f64();
         rates.insert(id.to_owned(), json!(rate));

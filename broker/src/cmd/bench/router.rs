@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{Latencies, scratch_dir, start_broker, wait_delivered};
+use super::{Latencies, add_dispatcher, scratch_dir, start_broker, wait_delivered};
 
 /// Parameters of `mmmq bench router`.
 #[derive(Debug, Clone, clap::Args)]
@@ -65,17 +65,8 @@ pub async fn run(cfg: RouterBench, out: &mut (dyn Write + Send)) -> anyhow::Resu
             json!({"path": "plugins/router.wasm", "config": {"prefix": "routed."}}),
         ),
     ] {
-        dispatchers.push(json!({"consumerId": id, "pattern": "orders", "plugin": plugin}));
-        std::fs::write(
-            root.join("dispatchers.json"),
-            serde_json::Value::Array(dispatchers.clone()).to_string(),
-        )?;
-        let start = Instant::now();
-        let r = client
-            .post(format!("{base}/mmmq/admin/reload"))
-            .send()
-            .await?;
-        anyhow::ensure!(r.status() == 200, "reload answered {}", r.status());
+        let d = json!({"consumerId": id, "pattern": "orders", "plugin": plugin});
+        let start = add_dispatcher(&client, &base, &root, &mut dispatchers, d).await?;
         let done = wait_delivered(&client, &base, id, backlog, Duration::from_secs(600)).await?;
         // The router is done when its outputs are stored, not when its calls are.
         let mut routed = stored(&client, &base, "routed.eu").await?;
