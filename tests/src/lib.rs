@@ -158,6 +158,21 @@ impl Broker {
         self.request(reqwest::Method::PUT, path, Some(body)).await
     }
 
+    /// Deploys a component as plugin `name` (`PUT /mmmq/plugins/{name}`); returns the status and
+    /// the JSON answer.
+    pub async fn deploy_wasm(&self, name: &str, bytes: Vec<u8>) -> (u16, Value) {
+        let r = self
+            .http
+            .put(format!("{}/mmmq/plugins/{name}", self.url))
+            .header("content-type", "application/wasm")
+            .body(bytes)
+            .send()
+            .await
+            .unwrap();
+        let code = r.status().as_u16();
+        (code, r.json().await.unwrap_or(Value::Null))
+    }
+
     /// DELETEs a path; returns the status and the JSON answer.
     pub async fn delete(&self, path: &str) -> (u16, Value) {
         self.request(reqwest::Method::DELETE, path, None).await

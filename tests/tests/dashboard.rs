@@ -215,14 +215,13 @@ async fn the_dashboard_shows_topics_produces_browses_and_shows_dispatchers() {
     assert_eq!(code, 200, "{body}");
     b.text("tr[data-dispatcher=late] td.lag", "2").await;
     b.screenshot("dispatchers").await;
-    let deployed = broker
-        .http
-        .put(format!("{}/mmmq/plugins/later", broker.url))
-        .body(std::fs::read(plugin_wasm("testbed", None)).unwrap())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(deployed.status(), 200);
+    let (code, body) = broker
+        .deploy_wasm(
+            "later",
+            std::fs::read(plugin_wasm("testbed", None)).unwrap(),
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
     b.text("tr[data-dispatcher=late] td.lag", "0").await;
     b.close().await;
 }

@@ -226,15 +226,8 @@ async fn answers_of_every_endpoint_fit_their_schemas() {
         broker.delete("/mmmq/groups/g/members/m1").await,
     );
     let wasm = std::fs::read(plugin_wasm("testbed", None)).unwrap();
-    let deployed = broker
-        .http
-        .put(format!("{}/mmmq/plugins/tb", broker.url))
-        .body(wasm)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(deployed.status(), 200);
-    let deployed: Value = deployed.json().await.unwrap();
+    let (code, deployed) = broker.deploy_wasm("tb", wasm).await;
+    assert_eq!(code, 200, "{deployed}");
     check(&doc, "PUT", "/mmmq/plugins/{name}", 200, &deployed);
     ok("GET", "/mmmq/plugins", broker.get("/mmmq/plugins").await);
     let version = deployed["version"].as_str().unwrap();

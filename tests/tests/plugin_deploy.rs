@@ -12,19 +12,6 @@ use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-async fn put_wasm(broker: &Broker, name: &str, bytes: Vec<u8>) -> (u16, Value) {
-    let r = broker
-        .http
-        .put(format!("{}/mmmq/plugins/{name}", broker.url))
-        .header("content-type", "application/wasm")
-        .body(bytes)
-        .send()
-        .await
-        .unwrap();
-    let code = r.status().as_u16();
-    (code, r.json().await.unwrap_or(Value::Null))
-}
-
 /// The same component with a custom section appended: another version of the same code.
 fn variant(wasm: &[u8], n: u8) -> Vec<u8> {
     let mut out = wasm.to_vec();
@@ -48,7 +35,7 @@ async fn deploy_rollback_and_activate_switch_versions_under_continuous_produce()
     // Produced before any deploy: it waits for a version.
     broker.produce("dep", json!({"n": "early"})).await;
 
-    let (code, first) = put_wasm(&broker, "tb", v1.clone()).await;
+    let (code, first) = broker.deploy_wasm("tb", v1.clone()).await;
     assert_eq!(code, 200, "{first}");
     assert_eq!(first["name"], "tb");
     assert_eq!(first["world"], "mmmq:plugin/handler@0.2.0");
@@ -88,7 +75,7 @@ async fn deploy_rollback_and_activate_switch_versions_under_continuous_produce()
         tokio::time::sleep(Duration::from_millis(400)).await;
         let started = Instant::now();
         let (code, answer) = match what {
-            "deploy" => put_wasm(&broker, "tb", v2.clone()).await,
+            "deploy" => broker.deploy_wasm("tb", v2.clone()).await,
             "rollback" => broker.post("/mmmq/plugins/tb/rollback", &json!({})).await,
             _ => {
                 let v2_version = switched_at
@@ -180,29 +167,29 @@ async fn bad_deploys_are_refused_and_ten_versions_are_kept() {
         &json!([{"consumerId": "k", "pattern": "keep", "plugin": {"name": "tb"}}]),
     );
     let broker = Broker::start(tmp.path()).await;
-    let (code, _) = put_wasm(&broker, "tb", good.clone()).await;
+    let (code, _) = broker.deploy_wasm("tb", good.clone()).await;
     assert_eq!(code, 200);
     let current = |list: &Value| list[0]["current"].clone();
     let before = current(&broker.get("/mmmq/plugins").await.1);
     let refusals = [
         (
-            put_wasm(&broker, "tb", b"not wasm at all".to_vec()).await,
+            broker.deploy_wasm("tb", b"not wasm at all".to_vec()).await,
             "not a valid WebAssembly component",
         ),
         (
-            put_wasm(&broker, "tb", not_a_handler).await,
+            broker.deploy_wasm("tb", not_a_handler).await,
             "does not implement",
         ),
         (
-            put_wasm(&broker, "tb", Vec::new()).await,
+            broker.deploy_wasm("tb", Vec::new()).await,
             "the body must be the component",
         ),
         (
-            put_wasm(&broker, "tb", vec![0; (64 << 20) + 1]).await,
+            broker.deploy_wasm("tb", vec![0; (64 << 20) + 1]).await,
             "limit of 67108864 bytes",
         ),
         (
-            put_wasm(&broker, "..x", good.clone()).await,
+            broker.deploy_wasm("..x", good.clone()).await,
             "bad plugin name",
         ),
         (
@@ -297,8 +284,8 @@ async fn a_shadow_version_is_compared_and_has_no_side_effects() {
     let strict = std::fs::read(plugin_wasm("testbed", None)).unwrap();
     write_dispatchers(tmp.path(), &json!([]));
     let broker = Broker::start(tmp.path()).await;
-    let (_, shadow) = put_wasm(&broker, "tb", strict).await;
-    let (code, _) = put_wasm(&broker, "tb", calm).await;
+    let (_, shadow) = broker.deploy_wasm("tb", strict).await;
+    let (code, _) = broker.deploy_wasm("tb", calm).await;
     assert_eq!(code, 200);
     let shadow_version = shadow["version"].as_str().unwrap().to_owned();
     write_dispatchers(

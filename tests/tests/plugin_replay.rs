@@ -9,15 +9,8 @@ use mmmq_tests::{Broker, eventually, plugin_wasm, write_dispatchers};
 use serde_json::{Value, json};
 
 async fn deploy(broker: &Broker, bytes: Vec<u8>) -> String {
-    let r = broker
-        .http
-        .put(format!("{}/mmmq/plugins/tb", broker.url))
-        .body(bytes)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let body: Value = r.json().await.unwrap();
+    let (code, body) = broker.deploy_wasm("tb", bytes).await;
+    assert_eq!(code, 200, "{body}");
     body["version"].as_str().unwrap().to_owned()
 }
 
