@@ -1,7 +1,8 @@
 use std::time::Duration;
 
 use mmmq_core::{
-    Deployed, DispatcherStatus, GroupStatus, PluginListing, RedriveStatus, TopicDetail, TopicInfo,
+    Deployed, DispatcherStatus, GroupStatus, PluginListing, RedriveStatus, ReloadReport,
+    TopicDetail, TopicInfo,
 };
 use serde::{Deserialize, Serialize};
 
@@ -115,6 +116,14 @@ impl Admin {
     /// Every dispatcher.
     pub async fn dispatchers(&self) -> Result<Vec<DispatcherStatus>, ClientError> {
         self.get("/mmmq/dispatchers").await
+    }
+
+    /// Makes the broker re-read `dispatchers.json` and its plugin files (`POST
+    /// /mmmq/admin/reload`). A bad file is refused with the reason (`ClientError::Rejected`) and
+    /// the running dispatchers stay.
+    pub async fn reload(&self) -> Result<ReloadReport, ClientError> {
+        self.call(reqwest::Method::POST, "/mmmq/admin/reload", None)
+            .await
     }
 
     /// Delivers `consumer_id`'s dead letters again to its own target: offsets `from`…`to`−1 of

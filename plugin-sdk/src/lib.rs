@@ -51,7 +51,8 @@
 //! working. [`config`] reads the dispatcher's `plugin.config`; [`emit`] produces to other topics
 //! (exactly once, and only if the handler ACKs); [`http`] calls the origins the dispatcher allows.
 //! The component implements the
-//! `mmmq:plugin/handler@0.2.0` world (`wit/0.2.0/plugin.wit`).
+//! `mmmq:plugin/handler@0.2.0` world (`wit/plugin.wit` in this crate, a copy of the repository's
+//! `wit/0.2.0/plugin.wit`).
 //!
 //! # The sandbox
 //! The component gets no filesystem, network or environment, and frozen clocks (use
@@ -72,7 +73,7 @@ pub mod http;
 pub mod __bindings {
     wit_bindgen::generate!({
         world: "handler",
-        path: "../wit/0.2.0",
+        path: "wit",
         pub_export_macro: true,
         export_macro_name: "__export_handler",
         default_bindings_module: "mmmq_plugin_sdk::__bindings",

@@ -361,6 +361,29 @@ pub fn print_json<T: serde::Serialize>(
     Ok(json)
 }
 
+/// `mmmq reload`: what changed, one line per kind of change that happened.
+pub async fn reload(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
+    let report = Admin::new(&broker.url)?
+        .auth_token(broker.token.clone())
+        .reload()
+        .await?;
+    if print_json(json, &report, out)? {
+        return Ok(());
+    }
+    let kinds = [
+        ("added", &report.added),
+        ("removed", &report.removed),
+        ("changed", &report.changed),
+        ("reloaded", &report.reloaded),
+        ("reload errors", &report.reload_errors),
+        ("unchanged", &report.unchanged),
+    ];
+    for (kind, ids) in kinds.iter().filter(|(_, ids)| !ids.is_empty()) {
+        writeln!(out, "{kind}: {}", ids.join(", "))?;
+    }
+    Ok(())
+}
+
 /// `mmmq groups`.
 pub async fn groups(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
     let all = Admin::new(&broker.url)?

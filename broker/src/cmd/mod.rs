@@ -4,28 +4,47 @@
 //! - this module: the command line ([`Cli`]), `serve`, `inspect` and `plugin`, which hand over to
 //!   the library at once.
 //! - `client`: `produce`, `tail`, `topics`, `dispatchers`, over `mmmq-client`.
+//! - `plugin`: `mmmq plugin …` (`deploy`: the commands on deployed plugins; `replay`).
+//! - `shell`: `completions` and `man`, generated from [`Cli`].
 //! - `bench`: `mmmq bench`, one file per benchmark.
 
 mod bench;
 mod client;
 mod deploy;
 mod dlq;
+mod plugin;
 mod replay;
+mod shell;
 mod topic;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use mmmq::config::{ServeConfig, defaults};
 use mmmq::storage::{FlushMode, OsFs, Vfs};
+
+/// `mmmq --version`: the version, the plugin worlds this binary runs, and the SDK a new plugin
+/// (`mmmq plugin new`) is built with. (`-V` prints the version alone.)
+static LONG_VERSION: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{}
+plugin worlds: {}
+plugin SDK: mmmq-plugin-sdk {}",
+        env!("CARGO_PKG_VERSION"),
+        mmmq::plugin::SERVED_WORLDS.join(", "),
+        mmmq::plugin::scaffold::SDK_VERSION,
+    )
+});
+
 #[derive(Parser)]
 #[command(
     name = "mmmq",
     version,
+    long_version = LONG_VERSION.as_str(),
     about = "A durable message broker with WebAssembly handlers"
 )]
 pub struct Cli {
@@ -105,6 +124,14 @@ enum Command {
         #[command(flatten)]
         broker: BrokerArg,
     },
+    /// Make the broker re-read `dispatchers.json` and its plugin files; prints what changed.
+    Reload {
+        /// JSON instead of lines.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        broker: BrokerArg,
+    },
     /// Read a topic directory offline and print every entry and a summary; exits 1 on corruption.
     Inspect {
         /// A topic directory (`{root}/topics/{topic}`), a `topics/` directory or a root dir.
@@ -116,8 +143,12 @@ enum Command {
     /// Tools for WebAssembly handlers.
     Plugin {
         #[command(subcommand)]
-        what: PluginCommand,
+        what: plugin::PluginCommand,
     },
+    /// Print a shell completion script (e.g. `mmmq completions bash > /etc/bash_completion.d/mmmq`).
+    Completions(shell::CompletionsArgs),
+    /// Print the man page (`mmmq man | man -l -`), or write all pages with --out-dir.
+    Man(shell::ManArgs),
     /// Benchmarks that print JSON lines.
     Bench {
         #[command(subcommand)]
@@ -142,48 +173,6 @@ impl BrokerArg {
             token: self.auth_token.clone(),
         }
     }
-}
-
-#[derive(Subcommand)]
-enum PluginCommand {
-    #[command(flatten)]
-    Deployed(deploy::DeployCommand),
-    /// Is FILE a component mmmq can run? Prints its world, version and imports; exits 1 if not.
-    Check {
-        /// The `.wasm` file.
-        file: PathBuf,
-    },
-    /// Runs the version of a plugin dispatcher's plugin that handled a stored message on it,
-    /// offline, with the dispatcher's limits and config: verdict, emits, logs, a fault's backtrace.
-    Replay(replay::ReplayArgs),
-    /// Writes a new plugin crate NAME that builds as it is.
-    New {
-        /// Crate name (lower case, digits, '-', '_').
-        name: String,
-        /// Where to create it.
-        #[arg(long, default_value = ".")]
-        dir: PathBuf,
-        /// The plugin-sdk directory of an mmmq checkout (default: the one this binary was built from).
-        #[arg(long)]
-        sdk_path: Option<PathBuf>,
-    },
-    /// What a plugin dispatcher's plugin logged (`__logs.CONSUMER`): level, the message it was
-    /// handling, the plugin version, the line.
-    Logs {
-        /// The dispatcher's consumerId.
-        consumer: String,
-        /// First offset of the log topic.
-        #[arg(long, default_value_t = 0)]
-        from: u64,
-        /// Keep waiting for new lines.
-        #[arg(long)]
-        follow: bool,
-        /// One JSON envelope per line instead of text.
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        broker: BrokerArg,
-    },
 }
 
 #[derive(clap::Args)]
@@ -342,10 +331,23 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Topic { what } => topic::run(what),
+        Command::Completions(args) => {
+            shell::completions(&args, &mut std::io::stdout())?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Man(args) => {
+            shell::man(&args, &mut std::io::stdout())?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Dlq { what } => dlq::run(what),
         Command::Groups { json, broker } => {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(client::groups(&broker.conn(), json, &mut std::io::stdout()))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Reload { json, broker } => {
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(client::reload(&broker.conn(), json, &mut std::io::stdout()))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Dispatchers { json, broker } => {
@@ -357,60 +359,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ))?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Plugin { what } => match what {
-            PluginCommand::Deployed(cmd) => deploy::run(cmd),
-            PluginCommand::Replay(args) => replay::run(args),
-            PluginCommand::Check { file } => {
-                let ok = mmmq::plugin::tools::check(&file, &mut std::io::stdout())?;
-                Ok(if ok {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::from(1)
-                })
-            }
-            PluginCommand::Logs {
-                consumer,
-                from,
-                follow,
-                json,
-                broker,
-            } => {
-                let rt = tokio::runtime::Runtime::new()?;
-                let topic = format!("__logs.{consumer}");
-                let format = if json {
-                    client::envelope_line
-                } else {
-                    client::plugin_log_line
-                };
-                let tailed = rt.block_on(client::tail_with(
-                    &broker.conn(),
-                    (&topic, 0),
-                    (from, follow),
-                    &mut std::io::stdout(),
-                    format,
-                ));
-                match tailed {
-                    Err(client::CliError::Client(mmmq_client::ClientError::NoSuchTopic(_))) => {
-                        println!("{consumer:?} has logged nothing yet");
-                        Ok(ExitCode::SUCCESS)
-                    }
-                    other => other.map(|()| ExitCode::SUCCESS).map_err(Into::into),
-                }
-            }
-            PluginCommand::New {
-                name,
-                dir,
-                sdk_path,
-            } => {
-                let root = mmmq::plugin::tools::new(&name, &dir, sdk_path.as_deref())?;
-                println!("created {}", root.display());
-                println!(
-                    "  cd {} && cargo test && cargo build --release --target wasm32-wasip2",
-                    root.display()
-                );
-                Ok(ExitCode::SUCCESS)
-            }
-        },
+        Command::Plugin { what } => plugin::run(what),
         Command::Bench { what } => {
             raise_fd_limit();
             let rt = tokio::runtime::Runtime::new()?;

@@ -4,7 +4,8 @@
 //! - [`runtime`]: the engine, compilation, the sandboxed instance and its limits.
 //! - `worlds`: the two WIT worlds served (0.1.0 and 0.2.0) behind one call and one verdict.
 //! - [`store`]: deployed plugins and their kept versions (`{root-dir}/plugins/{name}/`).
-//! - [`tools`]: `mmmq plugin check` and `mmmq plugin new`.
+//! - [`tools`]: `mmmq plugin check`.
+//! - [`scaffold`]: `mmmq plugin new`, a plugin crate that builds anywhere.
 //! - [`emit_buffer`]: what a call emits, checked and held until its verdict is known.
 //! - `http`: outbound `wasi:http` limited to `plugin.allowedHosts` and the call's time.
 //! - `guest_log`: a guest's log lines and stdout/stderr into `tracing`, rate-limited.
@@ -16,9 +17,14 @@ pub mod emit_buffer;
 mod guest_log;
 mod http;
 pub mod runtime;
+pub mod scaffold;
 pub mod store;
 pub mod tools;
 mod worlds;
 
 pub use guest_log::{GuestLog, LineContext, LogRecord, LogSink};
 pub use runtime::{Compiled, Grants, PluginEngine, PluginError};
+pub use worlds::{WORLD_V1, WORLD_V2};
+
+/// The worlds this broker runs, newest first (`mmmq --version` prints them).
+pub const SERVED_WORLDS: [&str; 2] = [WORLD_V2, WORLD_V1];

@@ -14,7 +14,7 @@ use super::runtime::{HostState, PluginError};
 mod v1 {
     wasmtime::component::bindgen!({
         world: "handler",
-        path: "../wit",
+        path: "wit",
         ownership: Borrowing { duplicate_if_necessary: true },
     });
 }
@@ -22,7 +22,7 @@ mod v1 {
 mod v2 {
     wasmtime::component::bindgen!({
         world: "handler",
-        path: "../wit/0.2.0",
+        path: "wit/0.2.0",
         ownership: Borrowing { duplicate_if_necessary: true },
     });
 }
