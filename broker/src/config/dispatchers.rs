@@ -5,13 +5,17 @@
 //! half-understood configuration would deliver messages where nobody meant them to go.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use mmmq_core::{ConsumerId, TopicPattern};
 use serde::Deserialize;
 
-use super::ConfigError;
+pub use super::plugin_spec::{
+    DEFAULT_PLUGIN_MEMORY, DEFAULT_PLUGIN_TIMEOUT_MS, PluginSpec, ShadowSpec,
+};
+use super::plugin_spec::{RawPlugin, plugin_spec};
+use super::{ConfigError, positive_ms};
 
 /// Where a dispatcher delivers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,37 +81,6 @@ impl DeliveryMode {
     }
 }
 
-/// A WebAssembly handler.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PluginSpec {
-    /// The component file, resolved against the root dir (for a named plugin, its
-    /// `current.wasm`).
-    pub path: PathBuf,
-    /// `plugin.name`: a deployed plugin (README, "Deploying plugins") whose current version it
-    /// follows; `None` for `plugin.path`.
-    pub name: Option<String>,
-    /// `plugin.shadow`: a kept version of the named plugin run after the current one on every
-    /// message, side-effect free, its verdicts compared.
-    pub shadow: Option<ShadowSpec>,
-    /// Each `handle` call is interrupted after this long.
-    pub timeout: Duration,
-    /// The guest's memory cap.
-    pub max_memory_bytes: u64,
-    /// `plugin.config`: what a 0.2.0 plugin reads with `get-config`.
-    pub config: std::sync::Arc<std::collections::BTreeMap<String, String>>,
-    /// `plugin.allowedHosts`: the origins its `wasi:http` requests may go to (none: no network).
-    pub allowed_hosts: std::sync::Arc<Vec<super::AllowedOrigin>>,
-}
-
-/// A shadow version (README, "Deploying plugins").
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShadowSpec {
-    /// The version.
-    pub version: String,
-    /// Its file in the plugin's directory.
-    pub path: PathBuf,
-}
-
 /// One validated dispatcher.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DispatcherSpec {
@@ -156,24 +129,8 @@ struct RawHost {
     auth_token: Option<String>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct RawPlugin {
-    path: Option<String>,
-    name: Option<String>,
-    shadow: Option<String>,
-    timeout_ms: Option<u64>,
-    max_memory_bytes: Option<u64>,
-    config: Option<std::collections::BTreeMap<String, String>>,
-    allowed_hosts: Option<Vec<String>>,
-}
-
 /// Defaults of `dispatchers.json` (README, "Dispatchers").
 pub const DEFAULT_HOST_TIMEOUT_MS: u64 = 30_000;
-/// Default plugin call timeout.
-pub const DEFAULT_PLUGIN_TIMEOUT_MS: u64 = 1_000;
-/// Default plugin memory cap (64 MiB).
-pub const DEFAULT_PLUGIN_MEMORY: u64 = 64 * 1024 * 1024;
 /// Default NACK resends.
 pub const DEFAULT_MAX_NACK_RETRIES: u32 = 3;
 /// Most hosts in a fleet.
@@ -278,65 +235,7 @@ fn parse_entry(value: serde_json::Value, root_dir: &Path) -> Result<DispatcherSp
                     .collect::<Result<_, _>>()?,
             )
         }
-        (None, None, Some(p)) => {
-            let (path, name) = match (&p.path, &p.name) {
-                (Some(path), None) if path.trim().is_empty() => {
-                    return Err("`plugin.path` is empty".into());
-                }
-                (Some(path), None) => (root_dir.join(path), None),
-                (None, Some(name)) => {
-                    crate::plugin::store::PluginStore::check_name(name)
-                        .map_err(|e| format!("`plugin.name`: {e}"))?;
-                    (
-                        crate::plugin::store::PluginStore::current_path(root_dir, name),
-                        Some(name.clone()),
-                    )
-                }
-                _ => return Err("`plugin` needs exactly one of `path` and `name`".into()),
-            };
-            let shadow = match (&p.shadow, &name) {
-                (None, _) => None,
-                (Some(_), None) => {
-                    return Err("`plugin.shadow` names a kept version of a `plugin.name`".into());
-                }
-                (Some(v), Some(name)) => {
-                    if v.len() != 16 || !v.bytes().all(|b| b.is_ascii_hexdigit()) {
-                        return Err(format!(
-                            "`plugin.shadow`: {v:?} is not a version (16 hex digits)"
-                        ));
-                    }
-                    Some(ShadowSpec {
-                        version: v.clone(),
-                        path: crate::plugin::store::PluginStore::version_path(root_dir, name, v),
-                    })
-                }
-            };
-            let max_memory_bytes = p.max_memory_bytes.unwrap_or(DEFAULT_PLUGIN_MEMORY);
-            if max_memory_bytes < 64 * 1024 {
-                return Err(
-                    "`plugin.maxMemoryBytes` must be at least 65536 (one wasm page)".into(),
-                );
-            }
-            TargetSpec::Plugin(PluginSpec {
-                path,
-                name,
-                shadow,
-                timeout: positive_ms(p.timeout_ms, DEFAULT_PLUGIN_TIMEOUT_MS, "plugin.timeoutMs")?,
-                max_memory_bytes,
-                config: std::sync::Arc::new(p.config.unwrap_or_default()),
-                allowed_hosts: std::sync::Arc::new(
-                    p.allowed_hosts
-                        .unwrap_or_default()
-                        .iter()
-                        .enumerate()
-                        .map(|(i, h)| {
-                            super::AllowedOrigin::parse(h)
-                                .map_err(|e| format!("`plugin.allowedHosts[{i}]`: {e}"))
-                        })
-                        .collect::<Result<_, _>>()?,
-                ),
-            })
-        }
+        (None, None, Some(p)) => TargetSpec::Plugin(plugin_spec(p, root_dir)?),
     };
     let batch = raw.batch_max_messages.unwrap_or(1);
     if !(1..=MAX_BATCH_MESSAGES).contains(&batch) {
@@ -418,14 +317,6 @@ fn host_spec(h: RawHost, field: &str) -> Result<HostSpec, String> {
         )?,
         auth_token: h.auth_token,
     })
-}
-
-fn positive_ms(v: Option<u64>, default: u64, field: &str) -> Result<Duration, String> {
-    match v.unwrap_or(default) {
-        0 => Err(format!("`{field}` must be at least 1")),
-        ms if ms > 3_600_000 => Err(format!("`{field}` must be at most 3600000 (one hour)")),
-        ms => Ok(Duration::from_millis(ms)),
-    }
 }
 
 #[cfg(test)]

@@ -4,13 +4,16 @@
 //! # Layout
 //! - [`serve`]: [`ServeConfig`], its defaults (which the flags point at) and its validation.
 //! - [`dispatchers`]: the strict `dispatchers.json` loader and the specs it yields.
+//! - `plugin_spec`: an entry's `plugin` object ([`PluginSpec`]).
 //! - [`allowed_hosts`]: the origins a plugin may call (`plugin.allowedHosts`).
 
 pub mod allowed_hosts;
 pub mod dispatchers;
+mod plugin_spec;
 pub mod serve;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 pub use allowed_hosts::AllowedOrigin;
 pub use dispatchers::*;
@@ -55,4 +58,13 @@ pub enum ConfigError {
         /// What is wrong.
         reason: String,
     },
+}
+
+/// A duration field in milliseconds: `default` when absent, 1 ms to an hour.
+fn positive_ms(v: Option<u64>, default: u64, field: &str) -> Result<Duration, String> {
+    match v.unwrap_or(default) {
+        0 => Err(format!("`{field}` must be at least 1")),
+        ms if ms > 3_600_000 => Err(format!("`{field}` must be at most 3600000 (one hour)")),
+        ms => Ok(Duration::from_millis(ms)),
+    }
 }
