@@ -132,16 +132,24 @@ async fn a_new_plugin_builds_against_the_packaged_sdk_checks_and_is_deployed() {
         "{check}"
     );
 
+    // A running broker gets a dispatcher naming the plugin, by `mmmq reload` as the README says.
     let root = tmp.path().join("broker");
-    write_dispatchers(
-        &root,
-        &json!([{"consumerId": "greeter", "pattern": "events", "plugin": {"name": "greeter"}}]),
-    );
     let broker = Broker::start(&root).await;
     broker.produce("events", json!({"id": 7})).await;
     broker
         .produce("events", json!({"name": "not an event"}))
         .await;
+    write_dispatchers(
+        &root,
+        &json!([{"consumerId": "greeter", "pattern": "events", "plugin": {"name": "greeter"}}]),
+    );
+    assert!(readme.contains("mmmq reload"));
+    let reloaded = run(Command::new(mmmq_bin()).args(["reload", "--broker", &broker.url]));
+    assert!(
+        String::from_utf8_lossy(&reloaded.stdout).contains("added: greeter"),
+        "{}",
+        String::from_utf8_lossy(&reloaded.stdout)
+    );
     assert!(
         readme.contains(
             "mmmq plugin deploy target/wasm32-wasip2/release/greeter.wasm --name greeter"

@@ -115,6 +115,7 @@ mod tests {
             "cargo build --release --target wasm32-wasip2",
             "mmmq plugin check target/wasm32-wasip2/release/my_handler.wasm",
             "mmmq plugin deploy target/wasm32-wasip2/release/my_handler.wasm --name my-handler",
+            "mmmq reload",
         ] {
             assert!(readme.contains(command), "{command} in\n{readme}");
         }
