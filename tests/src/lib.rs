@@ -334,6 +334,15 @@ impl Broker {
             .expect("run mmmq")
     }
 
+    /// [`Broker::cli`] that must succeed (it panics with what the command printed otherwise).
+    pub fn cli_ok<I, S>(&self, args: I) -> std::process::Output
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        succeeded(self.cli(args))
+    }
+
     /// Sends a signal without waiting.
     pub fn signal(&self, sig: i32) {
         unsafe { libc::kill(self.child.id() as i32, sig) };
@@ -730,4 +739,22 @@ impl Broker {
             })
             .collect()
     }
+}
+
+/// Runs `cmd` and waits; panics with what it printed unless it succeeded.
+pub fn run_ok(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    succeeded(out)
+}
+
+/// `out`, after checking that its command succeeded (else a panic with what it printed).
+fn succeeded(out: std::process::Output) -> std::process::Output {
+    assert!(
+        out.status.success(),
+        "the command failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use mmmq_tests::{mmmq_bin, workspace_root};
+use mmmq_tests::{mmmq_bin, run_ok, workspace_root};
 use serde_json::Value;
 
 /// The crates published to crates.io.
@@ -113,13 +113,7 @@ fn published_crates_have_complete_metadata() {
 }
 
 fn mmmq(args: &[&str]) -> String {
-    let out = Command::new(mmmq_bin()).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "mmmq {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    String::from_utf8(run_ok(Command::new(mmmq_bin()).args(args)).stdout).unwrap()
 }
 
 #[test]
@@ -149,19 +143,10 @@ fn bash_completion_completes_commands_and_flags() {
         let all: Vec<&str> = words.split(' ').collect();
         let n = all.len() - 1;
         let (cur, prev) = (all[n], all[n - 1]);
-        let out = Command::new("bash")
-            .arg("-c")
-            .arg(format!(
-                "{script}\nCOMP_WORDS=({words}); COMP_CWORD={n}; COMP_LINE='{words}'; \
-                 _mmmq mmmq {cur} {prev}; printf '%s\\n' \"${{COMPREPLY[@]}}\""
-            ))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = run_ok(Command::new("bash").arg("-c").arg(format!(
+            "{script}\nCOMP_WORDS=({words}); COMP_CWORD={n}; COMP_LINE='{words}'; \
+             _mmmq mmmq {cur} {prev}; printf '%s\\n' \"${{COMPREPLY[@]}}\""
+        )));
         String::from_utf8(out.stdout).unwrap()
     };
     let top = complete("mmmq ''");

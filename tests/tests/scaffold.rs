@@ -8,22 +8,10 @@
 //! `cargo install --path broker --locked` installed.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-use mmmq_tests::{Broker, mmmq_bin, workspace_root, write_dispatchers};
+use mmmq_tests::{Broker, mmmq_bin, run_ok, workspace_root, write_dispatchers};
 use serde_json::json;
-
-/// Runs `cmd`; panics with its output unless it succeeds.
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
@@ -34,24 +22,28 @@ fn packaged_sdk(into: &Path) -> PathBuf {
     let version = env!("CARGO_PKG_VERSION");
     // Its own target dir: the workspace's is locked by the `cargo test` running this.
     let target = into.join("package-target");
-    run(cargo()
-        .current_dir(workspace_root())
-        .args([
-            "package",
-            "-p",
-            "mmmq-plugin-sdk",
-            "--no-verify",
-            "--allow-dirty",
-            "--offline",
-            "--target-dir",
-        ])
-        .arg(&target));
+    run_ok(
+        cargo()
+            .current_dir(workspace_root())
+            .args([
+                "package",
+                "-p",
+                "mmmq-plugin-sdk",
+                "--no-verify",
+                "--allow-dirty",
+                "--offline",
+                "--target-dir",
+            ])
+            .arg(&target),
+    );
     let krate = target.join(format!("package/mmmq-plugin-sdk-{version}.crate"));
-    run(Command::new("tar")
-        .arg("xzf")
-        .arg(&krate)
-        .arg("-C")
-        .arg(into));
+    run_ok(
+        Command::new("tar")
+            .arg("xzf")
+            .arg(&krate)
+            .arg("-C")
+            .arg(into),
+    );
     let sdk = into.join(format!("mmmq-plugin-sdk-{version}"));
     assert!(
         sdk.join("wit/plugin.wit").exists(),
@@ -87,7 +79,7 @@ async fn a_new_plugin_builds_against_the_packaged_sdk_checks_and_is_deployed() {
     std::fs::create_dir(&empty).unwrap();
 
     // `mmmq --version` names the SDK version a scaffold is built with.
-    let version = run(Command::new(mmmq_bin()).arg("--version"));
+    let version = run_ok(Command::new(mmmq_bin()).arg("--version"));
     let version = String::from_utf8_lossy(&version.stdout);
     let sdk_version = env!("CARGO_PKG_VERSION");
     assert!(
@@ -96,9 +88,11 @@ async fn a_new_plugin_builds_against_the_packaged_sdk_checks_and_is_deployed() {
         "{version}"
     );
 
-    run(Command::new(mmmq_bin())
-        .current_dir(&empty)
-        .args(["plugin", "new", "greeter"]));
+    run_ok(
+        Command::new(mmmq_bin())
+            .current_dir(&empty)
+            .args(["plugin", "new", "greeter"]),
+    );
     let krate = empty.join("greeter");
     let manifest = std::fs::read_to_string(krate.join("Cargo.toml")).unwrap();
     assert!(
@@ -108,7 +102,7 @@ async fn a_new_plugin_builds_against_the_packaged_sdk_checks_and_is_deployed() {
     let readme = std::fs::read_to_string(krate.join("README.md")).unwrap();
 
     // The scaffold's own test, natively.
-    let tested = run(&mut scaffold_cargo(&krate, &sdk, &["test"]));
+    let tested = run_ok(&mut scaffold_cargo(&krate, &sdk, &["test"]));
     assert!(
         String::from_utf8_lossy(&tested.stdout).contains("1 passed"),
         "{}",
@@ -116,16 +110,18 @@ async fn a_new_plugin_builds_against_the_packaged_sdk_checks_and_is_deployed() {
     );
     // The README's three commands: build, check, deploy.
     assert!(readme.contains("cargo build --release --target wasm32-wasip2"));
-    run(&mut scaffold_cargo(
+    run_ok(&mut scaffold_cargo(
         &krate,
         &sdk,
         &["build", "--release", "--target", "wasm32-wasip2"],
     ));
     let wasm = workspace_root().join("target/wasm-scaffold/wasm32-wasip2/release/greeter.wasm");
     assert!(readme.contains("mmmq plugin check target/wasm32-wasip2/release/greeter.wasm"));
-    let check = run(Command::new(mmmq_bin())
-        .args(["plugin", "check"])
-        .arg(&wasm));
+    let check = run_ok(
+        Command::new(mmmq_bin())
+            .args(["plugin", "check"])
+            .arg(&wasm),
+    );
     let check = String::from_utf8_lossy(&check.stdout);
     assert!(
         check.contains("compatible mmmq plugin") && check.contains("mmmq:plugin/handler@0.2.0"),
@@ -139,12 +135,23 @@ async fn a_new_plugin_builds_against_the_packaged_sdk_checks_and_is_deployed() {
     broker
         .produce("events", json!({"name": "not an event"}))
         .await;
+    // A broken file is refused with the reason, and nothing changes.
+    write_dispatchers(
+        &root,
+        &json!([{"consumerId": "greeter", "pattern": "events", "plugin": {"name": "greeter", "timeoutMs": 0}}]),
+    );
+    let refused = broker.cli(["reload"]);
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && why.contains("`plugin.timeoutMs` must be at least 1"),
+        "{why}"
+    );
     write_dispatchers(
         &root,
         &json!([{"consumerId": "greeter", "pattern": "events", "plugin": {"name": "greeter"}}]),
     );
     assert!(readme.contains("mmmq reload"));
-    let reloaded = run(Command::new(mmmq_bin()).args(["reload", "--broker", &broker.url]));
+    let reloaded = broker.cli_ok(["reload"]);
     assert!(
         String::from_utf8_lossy(&reloaded.stdout).contains("added: greeter"),
         "{}",
@@ -155,18 +162,15 @@ async fn a_new_plugin_builds_against_the_packaged_sdk_checks_and_is_deployed() {
             "mmmq plugin deploy target/wasm32-wasip2/release/greeter.wasm --name greeter"
         )
     );
-    run(Command::new(mmmq_bin())
-        .args(["plugin", "deploy"])
-        .arg(&wasm)
-        .args(["--name", "greeter", "--broker", &broker.url]));
+    let wasm_path = wasm.to_str().unwrap();
+    broker.cli_ok(["plugin", "deploy", wasm_path, "--name", "greeter"]);
     // The plugin handles both: the event is ACKed, the rest dead-lettered at once.
     broker
         .dispatcher_when("greeter", |s| {
             s["delivered"] == 1 && s["topics"][0]["deadLettered"] == 1
         })
         .await;
-    let logs =
-        run(Command::new(mmmq_bin()).args(["plugin", "logs", "greeter", "--broker", &broker.url]));
+    let logs = broker.cli_ok(["plugin", "logs", "greeter"]);
     let logs = String::from_utf8_lossy(&logs.stdout);
     assert!(logs.contains("events offset 0: event 7"), "{logs}");
 }
@@ -176,32 +180,38 @@ async fn a_new_plugin_builds_against_the_packaged_sdk_checks_and_is_deployed() {
 fn sdk_path_scaffolds_against_a_checkout() {
     mmmq_tests::ensure_wasm_target();
     let tmp = tempfile::tempdir().unwrap();
-    run(Command::new(mmmq_bin())
-        .args(["plugin", "new", "my-handler", "--dir"])
-        .arg(tmp.path())
-        .arg("--sdk-path")
-        .arg(workspace_root().join("plugin-sdk")));
+    run_ok(
+        Command::new(mmmq_bin())
+            .args(["plugin", "new", "my-handler", "--dir"])
+            .arg(tmp.path())
+            .arg("--sdk-path")
+            .arg(workspace_root().join("plugin-sdk")),
+    );
     let krate = tmp.path().join("my-handler");
     let manifest = std::fs::read_to_string(krate.join("Cargo.toml")).unwrap();
     assert!(
         manifest.contains("mmmq-plugin-sdk = { path = "),
         "{manifest}"
     );
-    run(cargo()
-        .current_dir(&krate)
-        .args([
-            "build",
-            "--offline",
-            "--release",
-            "--target",
-            "wasm32-wasip2",
-            "--target-dir",
-        ])
-        .arg(workspace_root().join("target/wasm-scaffold")));
+    run_ok(
+        cargo()
+            .current_dir(&krate)
+            .args([
+                "build",
+                "--offline",
+                "--release",
+                "--target",
+                "wasm32-wasip2",
+                "--target-dir",
+            ])
+            .arg(workspace_root().join("target/wasm-scaffold")),
+    );
     let wasm = workspace_root().join("target/wasm-scaffold/wasm32-wasip2/release/my_handler.wasm");
-    run(Command::new(mmmq_bin())
-        .args(["plugin", "check"])
-        .arg(&wasm));
+    run_ok(
+        Command::new(mmmq_bin())
+            .args(["plugin", "check"])
+            .arg(&wasm),
+    );
     // Not an SDK: refused, nothing written.
     let out = Command::new(mmmq_bin())
         .args(["plugin", "new", "other", "--dir"])

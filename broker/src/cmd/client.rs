@@ -37,6 +37,13 @@ pub struct Conn {
     pub token: Option<String>,
 }
 
+impl Conn {
+    /// The admin client of this broker, with the token.
+    pub fn admin(&self) -> Result<Admin, ClientError> {
+        Ok(Admin::new(&self.url)?.auth_token(self.token.clone()))
+    }
+}
+
 /// A receipt as `mmmq produce` prints it: `{"offset","partition","topic"}`, plus
 /// `"duplicate":true` when the id had been produced before.
 fn receipt(r: &mmmq_client::Receipt) -> serde_json::Value {
@@ -222,10 +229,7 @@ pub fn table(headers: &[&str], rows: &[Vec<String>], out: &mut dyn Write) -> std
 
 /// `mmmq topics`.
 pub async fn topics(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
-    let topics = Admin::new(&broker.url)?
-        .auth_token(broker.token.clone())
-        .topics()
-        .await?;
+    let topics = broker.admin()?.topics().await?;
     if print_json(json, &topics, out)? {
         return Ok(());
     }
@@ -291,7 +295,7 @@ pub async fn topic(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
-    let admin = Admin::new(&broker.url)?.auth_token(broker.token.clone());
+    let admin = broker.admin()?;
     let detail = match action {
         TopicAction::Put(settings) => admin.put_topic(name, &settings).await?,
         TopicAction::Show => admin.topic(name).await?,
@@ -363,10 +367,7 @@ pub fn print_json<T: serde::Serialize>(
 
 /// `mmmq reload`: what changed, one line per kind of change that happened.
 pub async fn reload(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
-    let report = Admin::new(&broker.url)?
-        .auth_token(broker.token.clone())
-        .reload()
-        .await?;
+    let report = broker.admin()?.reload().await?;
     if print_json(json, &report, out)? {
         return Ok(());
     }
@@ -386,10 +387,7 @@ pub async fn reload(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<()
 
 /// `mmmq groups`.
 pub async fn groups(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
-    let all = Admin::new(&broker.url)?
-        .auth_token(broker.token.clone())
-        .groups()
-        .await?;
+    let all = broker.admin()?.groups().await?;
     if print_json(json, &all, out)? {
         return Ok(());
     }
@@ -420,10 +418,7 @@ pub async fn groups(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<()
 
 /// `mmmq dispatchers`.
 pub async fn dispatchers(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
-    let all = Admin::new(&broker.url)?
-        .auth_token(broker.token.clone())
-        .dispatchers()
-        .await?;
+    let all = broker.admin()?.dispatchers().await?;
     if print_json(json, &all, out)? {
         return Ok(());
     }

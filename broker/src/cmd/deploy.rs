@@ -54,10 +54,7 @@ pub enum DeployCommand {
 pub fn run(cmd: DeployCommand) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Runtime::new()?;
     let out = &mut std::io::stdout();
-    let admin = |b: &BrokerArg| -> anyhow::Result<Admin> {
-        let conn = b.conn();
-        Ok(Admin::new(&conn.url)?.auth_token(conn.token))
-    };
+    let admin = |b: &BrokerArg| -> anyhow::Result<Admin> { Ok(b.conn().admin()?) };
     let deployed = match cmd {
         DeployCommand::Deploy { file, name, broker } => {
             let bytes = std::fs::read(&file)

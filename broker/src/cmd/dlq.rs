@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Subcommand;
-use mmmq_client::{Admin, ClientError, PullConsumer, RedriveStatus};
+use mmmq_client::{ClientError, PullConsumer, RedriveStatus};
 
 use super::{BrokerArg, client};
 
@@ -80,7 +80,7 @@ async fn list(
     out: &mut dyn Write,
 ) -> Result<(), client::CliError> {
     let topic = format!("__dlq.{consumer}");
-    let admin = Admin::new(&broker.url)?.auth_token(broker.token.clone());
+    let admin = broker.admin()?;
     let partitions = match admin.topic(&topic).await {
         Ok(detail) => detail.partitions.len() as u32,
         Err(ClientError::NoSuchTopic(_)) => {
@@ -155,7 +155,7 @@ async fn redrive(
     wait: bool,
     out: &mut dyn Write,
 ) -> Result<(), client::CliError> {
-    let admin = Admin::new(&broker.url)?.auth_token(broker.token.clone());
+    let admin = broker.admin()?;
     let mut status = admin.redrive(consumer, from, to).await?;
     print_progress(&status, out)?;
     while wait && status.running {
