@@ -158,6 +158,9 @@ pub struct ShadowStatus {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "kebab-case")]
+// One per dispatcher in a status answer: the plugin variant's size costs nothing worth a box that
+// every `match` on it would have to see through.
+#[allow(clippy::large_enum_variant)]
 pub enum TargetStatus {
     /// A remote consumer.
     Host {
@@ -193,10 +196,18 @@ pub enum TargetStatus {
         /// tried again, and the checkpoint waits for them.
         #[serde(default, rename = "emitError", skip_serializing_if = "Option::is_none")]
         emit_error: Option<String>,
+        /// A named plugin (`plugin.name`) with no deployed version yet: nothing is wrong, its
+        /// messages wait for the first `mmmq plugin deploy`.
+        #[serde(default, rename = "awaitingDeploy", skip_serializing_if = "is_false")]
+        awaiting_deploy: bool,
     },
     /// A kind of target this version does not know (a newer broker's).
     #[serde(other)]
     Other,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// What a reload changed.
@@ -217,6 +228,10 @@ pub struct ReloadReport {
     /// Plugin dispatchers whose changed component file could not be loaded (the old version
     /// keeps serving).
     pub reload_errors: Vec<String>,
+    /// Dispatchers of a named plugin (`plugin.name`) that has no deployed version yet: not an
+    /// error, their messages wait for the first deploy.
+    #[serde(default)]
+    pub awaiting_deploy: Vec<String>,
 }
 
 /// Status of one dispatcher on one topic.

@@ -32,14 +32,41 @@ async fn deploy_rollback_and_activate_switch_versions_under_continuous_produce()
         &json!([{"consumerId": "d", "pattern": "dep", "plugin": {"name": "tb"}}]),
     );
     let broker = Broker::start(tmp.path()).await;
-    // Produced before any deploy: it waits for a version.
+    // Produced before any deploy: it waits for a version, which is not reported as an error.
     broker.produce("dep", json!({"n": "early"})).await;
+    let waiting = broker
+        .dispatcher_when("d", |s| s["lastError"].is_string())
+        .await;
+    assert_eq!(waiting["target"]["awaitingDeploy"], true, "{waiting}");
+    assert_eq!(waiting["target"]["loadError"], Value::Null, "{waiting}");
+    assert!(
+        waiting["lastError"]
+            .as_str()
+            .unwrap()
+            .contains("no deployed version yet (mmmq plugin deploy --name tb)"),
+        "{waiting}"
+    );
+    let (code, reload) = broker.post("/mmmq/admin/reload", &json!({})).await;
+    assert_eq!(code, 200, "{reload}");
+    assert_eq!(reload["awaitingDeploy"], json!(["d"]), "{reload}");
+    assert_eq!(reload["reloadErrors"], json!([]), "{reload}");
+    let listed = broker.cli_ok(["dispatchers"]);
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains("(awaiting a first deploy)"),
+        "{listed:?}"
+    );
 
     let (code, first) = broker.deploy_wasm("tb", v1.clone()).await;
     assert_eq!(code, 200, "{first}");
     assert_eq!(first["name"], "tb");
     assert_eq!(first["world"], "mmmq:plugin/handler@0.2.0");
     let v1_version = first["version"].as_str().unwrap().to_owned();
+    let serving = broker.dispatcher("d").await;
+    assert_eq!(
+        serving["target"]["awaitingDeploy"],
+        Value::Null,
+        "{serving}"
+    );
     // The message that waited for a version is served by the first deploy at once, not after the
     // dispatcher's retries have backed off.
     let waited = Instant::now();

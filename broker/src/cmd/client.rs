@@ -377,6 +377,7 @@ pub async fn reload(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<()
         ("changed", &report.changed),
         ("reloaded", &report.reloaded),
         ("reload errors", &report.reload_errors),
+        ("awaiting a first deploy", &report.awaiting_deploy),
         ("unchanged", &report.unchanged),
     ];
     for (kind, ids) in kinds.iter().filter(|(_, ids)| !ids.is_empty()) {
@@ -441,11 +442,15 @@ pub async fn dispatchers(broker: &Conn, json: bool, out: &mut dyn Write) -> Resu
                     version,
                     load_error,
                     emit_error,
+                    awaiting_deploy,
                     ..
                 } => {
                     let serving = match (version, load_error) {
                         (Some(v), None) => format!("{path} @{v}"),
                         (Some(v), Some(_)) => format!("{path} @{v} (newer file failed)"),
+                        (None, _) if *awaiting_deploy => {
+                            format!("{path} (awaiting a first deploy)")
+                        }
                         (None, _) => format!("{path} (not loaded)"),
                     };
                     match emit_error {

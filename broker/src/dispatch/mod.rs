@@ -273,6 +273,9 @@ impl Dispatch {
                         Ok(false) => {}
                         Err(e) => report.reload_errors.push(format!("{id}: {e}")),
                     }
+                    if awaits_deploy(target.as_ref()) {
+                        report.awaiting_deploy.push(id.clone());
+                    }
                     report.unchanged.push(id);
                     continue;
                 }
@@ -287,6 +290,9 @@ impl Dispatch {
                     consumer_id: spec.consumer_id.to_string(),
                     reason,
                 })?;
+            if awaits_deploy(target.as_ref()) {
+                report.awaiting_deploy.push(spec.consumer_id.to_string());
+            }
             to_start.push((spec, target));
         }
         let keep: std::collections::HashSet<&str> = report
@@ -529,4 +535,16 @@ fn plugin_name(spec: &DispatcherSpec) -> Option<&str> {
         crate::config::TargetSpec::Plugin(p) => p.name.as_deref(),
         _ => None,
     }
+}
+
+/// Whether `target` is a named plugin that was never deployed (a reload reports it as waiting,
+/// not as an error).
+fn awaits_deploy(target: &dyn Target) -> bool {
+    matches!(
+        target.status(),
+        TargetStatus::Plugin {
+            awaiting_deploy: true,
+            ..
+        }
+    )
 }

@@ -8,6 +8,7 @@
 //! version. If it does not, the old version keeps serving and the error shows in the status.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -44,6 +45,9 @@ struct Shared {
     shadow: Option<super::shadow::Shadow>,
     current: ArcSwapOption<Compiled>,
     load_error: Mutex<Option<String>>,
+    /// A named plugin with no deployed version yet (no `current.wasm`): its messages wait, and
+    /// status and reload say so instead of reporting a missing file.
+    awaiting_deploy: AtomicBool,
     /// Each lane's instance between calls. One instance per (dispatcher, topic, partition, lane),
     /// so state a plugin keeps between calls (a per-key window) sees every message of its lane,
     /// in order (a key's messages are all in one partition, and in one lane of it).
@@ -155,6 +159,7 @@ impl PluginTarget {
             spec,
             current: ArcSwapOption::empty(),
             load_error: Mutex::new(None),
+            awaiting_deploy: AtomicBool::new(false),
             idle: Mutex::new(IdleInstances::default()),
             reloading: tokio::sync::Mutex::new(()),
         });
@@ -177,6 +182,16 @@ impl PluginTarget {
     }
 }
 
+/// What a reload found at the plugin's path.
+enum Read {
+    /// The version already serving.
+    Same,
+    /// A new version, compiled.
+    New(Arc<Compiled>),
+    /// No file yet for a named plugin that was never deployed.
+    AwaitingDeploy,
+}
+
 impl Shared {
     /// Keeps `instance` for its topic's next message, unless a newer version serves by now.
     fn keep_idle(&self, topic: PartitionKey, instance: Instance) {
@@ -196,27 +211,48 @@ impl Shared {
         let path = self.spec.path.clone();
         let engine = self.engine.clone();
         let serving = self.current.load().as_ref().map(|c| c.version.clone());
+        let named = self.spec.name.is_some();
         let result = tokio::task::spawn_blocking(move || {
-            let bytes = std::fs::read(&path).map_err(|e| PluginError::Read {
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            })?;
+            let bytes = match std::fs::read(&path) {
+                Ok(bytes) => bytes,
+                // A named plugin's `current.wasm` appears with its first deploy (README,
+                // "Deploying plugins by API"); until then there is nothing wrong to report.
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::NotFound && named && serving.is_none() =>
+                {
+                    return Ok(Read::AwaitingDeploy);
+                }
+                Err(e) => {
+                    return Err(PluginError::Read {
+                        path: path.display().to_string(),
+                        reason: e.to_string(),
+                    });
+                }
+            };
             if serving.as_deref() == Some(&*version_of(&bytes)) {
-                return Ok(None);
+                return Ok(Read::Same);
             }
-            engine.compile(&bytes).map(Some)
+            engine.compile(&bytes).map(Read::New)
         })
         .await
         .expect("plugin compile task panicked");
         match result {
-            Ok(None) => {
+            Ok(Read::AwaitingDeploy) => {
+                if !self.awaiting_deploy.swap(true, Ordering::Relaxed) {
+                    tracing::info!(consumer_id = %self.consumer_id, plugin = self.spec.name.as_deref(), "no version of the plugin is deployed yet; its messages wait for the first deploy");
+                }
                 *self.load_error.lock() = None;
                 Ok(false)
             }
-            Ok(Some(compiled)) => {
+            Ok(Read::Same) => {
+                *self.load_error.lock() = None;
+                Ok(false)
+            }
+            Ok(Read::New(compiled)) => {
                 tracing::info!(consumer_id = %self.consumer_id, version = %compiled.version, bytes = compiled.size, "plugin version loaded");
                 self.current.store(Some(compiled));
                 *self.load_error.lock() = None;
+                self.awaiting_deploy.store(false, Ordering::Relaxed);
                 self.idle.lock().clear();
                 Ok(true)
             }
@@ -308,11 +344,13 @@ impl Shared {
     /// is not ACKed: how many were, and the outcome of the next.
     async fn call_run(self: &Arc<Self>, batch: &[Delivery], stop: CancellationToken) -> RunAnswer {
         let Some(compiled) = self.current.load_full() else {
-            let why = self
-                .load_error
-                .lock()
-                .clone()
-                .unwrap_or_else(|| "no file loaded yet".into());
+            let why = match (self.load_error.lock().clone(), &self.spec.name) {
+                (Some(e), _) => e,
+                (None, Some(name)) if self.awaiting_deploy.load(Ordering::Relaxed) => format!(
+                    "plugin `{name}` has no deployed version yet (mmmq plugin deploy --name {name})"
+                ),
+                (None, _) => "no file loaded yet".into(),
+            };
             return RunAnswer::stopped(0, Outcome::Failed(TargetError::NotLoaded(why)));
         };
         let messages: Vec<Call> = batch
@@ -436,6 +474,7 @@ impl Target for PluginTarget {
             name: self.shared.spec.name.clone(),
             shadow: self.shared.shadow.as_ref().map(|s| s.status()),
             emit_error: self.shared.emits.failing(),
+            awaiting_deploy: self.shared.awaiting_deploy.load(Ordering::Relaxed),
         }
     }
 
