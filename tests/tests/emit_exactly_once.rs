@@ -8,6 +8,8 @@
 //! the order they were produced. The broker's log shows that re-runs did find what they had
 //! already emitted (so the test exercised the crash window).
 //!
+//! A redrive's emits are checked the same way, with kills in the middle of the redrive.
+//!
 //! `MMMQ_EMIT_CRASH_CYCLES` sets the number of kills (20 by default), `MMMQ_CRASH_SEED` replays a
 //! run (the seed is printed).
 
@@ -34,6 +36,16 @@ fn input(seq: u64) -> Value {
         "id": format!("m-{seq}"),
         "content": {"type": TYPES[(seq % 3) as usize], "seq": seq},
     })
+}
+
+/// The kills' timing: from `MMMQ_CRASH_SEED` (a run replayed) or a new seed, printed.
+fn crash_rng() -> StdRng {
+    let seed = std::env::var("MMMQ_CRASH_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    eprintln!("MMMQ_CRASH_SEED={seed}");
+    StdRng::seed_from_u64(seed)
 }
 
 /// Produces batches of the next inputs until `stop`; `acked` is the first input not yet ACKed
@@ -73,12 +85,7 @@ async fn a_router_emits_every_message_once_through_sigkills() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20u32);
-    let seed = std::env::var("MMMQ_CRASH_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(rand::random::<u64>);
-    eprintln!("MMMQ_CRASH_SEED={seed}");
-    let mut rng = StdRng::seed_from_u64(seed);
+    let mut rng = crash_rng();
     let tmp = router_root(json!({"maxInFlight": 3, "checkpointIntervalMs": 2000}));
     let acked = Arc::new(AtomicU64::new(0));
     let mut found_again = 0;
@@ -308,4 +315,115 @@ async fn refused_emits_are_retried_and_the_checkpoint_waits_for_them() {
         || (checkpoint(root, "in", "x") == 3).then_some(()),
     )
     .await;
+}
+
+/// A redrive's emits (README, "Dead-letter redrive"): dead letters redriven to a plugin that now
+/// ACKs them, the broker SIGKILLed in the middle of the redrive and the redrive continued after
+/// each restart. Every dead letter's emits are stored once, with the dead letter as their origin:
+/// a re-run finds what the killed redrive stored, and the redrive's position never passed emits
+/// that were not stored yet.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redrives_emits_are_appended_once_through_sigkills() {
+    const N: u64 = 4000;
+    const CYCLES: u32 = 4;
+    // Loop rounds per call: the redrive takes about a second, so the kills land inside it.
+    const SPIN: u64 = 3_000_000;
+    let mut rng = crash_rng();
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    deploy_plugin(root, &plugin_wasm("testbed", None), "testbed.wasm");
+    // Each message emits two messages to `out`, then takes the verdict the config gives.
+    let dispatchers = |verdict: &str| {
+        json!([plugin_dispatcher(
+            "r",
+            "src",
+            "testbed.wasm",
+            json!({
+                "maxNackRetries": 0,
+                "checkpointIntervalMs": 2000,
+                "plugin": {"config": {"verdict": verdict}},
+            })
+        )])
+    };
+    write_dispatchers(root, &dispatchers("nack"));
+    {
+        let broker = Broker::start(root).await;
+        let batch: Vec<Value> = (0..N)
+            .map(|_| json!({"topic": "src", "content": {"do": "emit", "to": "out", "n": 2, "then": "config", "spin": SPIN}}))
+            .collect();
+        for chunk in batch.chunks(1000) {
+            let (code, body) = broker.post("/mmmq/messages/batch", &json!(chunk)).await;
+            assert_eq!(code, 200, "{body}");
+        }
+        broker
+            .dispatcher_when("r", |s| s["deadLettered"] == N)
+            .await;
+        assert_eq!(
+            broker.get("/mmmq/topics/out").await.0,
+            404,
+            "a NACKed call emitted"
+        );
+        // Stopped cleanly: the dispatcher's own position is past every message, so only the
+        // redrive delivers them again.
+        assert!(broker.terminate().success());
+    }
+    write_dispatchers(root, &dispatchers("ack"));
+    let mut found_again = 0;
+    for cycle in 0..CYCLES {
+        let broker = Broker::start(root).await;
+        let (code, body) = broker.post("/mmmq/dispatchers/r/redrive", &json!({})).await;
+        assert_eq!(code, 200, "{body}");
+        tokio::time::sleep(Duration::from_millis(rng.random_range(50..600))).await;
+        let log = broker.log.clone();
+        let status = broker.dispatcher("r").await;
+        broker.kill();
+        found_again += log
+            .lock()
+            .matches("emits stored before a restart found")
+            .count();
+        eprintln!("cycle {cycle}: killed at {}", status["redrive"]);
+    }
+    let broker = Broker::start(root).await;
+    let (code, body) = broker.post("/mmmq/dispatchers/r/redrive", &json!({})).await;
+    assert_eq!(code, 200, "{body}");
+    let done = broker
+        .dispatcher_when("r", |s| s["redrive"]["running"] == false)
+        .await;
+    assert_eq!(done["redrive"]["remaining"], 0, "{done}");
+    found_again += broker
+        .log
+        .lock()
+        .matches("emits stored before a restart found")
+        .count();
+
+    let mut seen: HashMap<(u64, u64), u64> = HashMap::new();
+    let mut duplicates = Vec::new();
+    for m in broker.pull_all("out").await {
+        let origin = &m["origin"];
+        assert_eq!(origin["consumerId"], "r", "{m}");
+        assert_eq!(origin["topic"], "__dlq.r", "{m}");
+        // The dead letter at dlq offset k holds source offset k (all were dead-lettered in order).
+        let (from, i) = (
+            m["content"]["from"].as_u64().unwrap(),
+            m["content"]["i"].as_u64().unwrap(),
+        );
+        assert_eq!(origin["offset"].as_u64(), Some(from), "{m}");
+        assert_eq!(origin["index"].as_u64(), Some(i), "{m}");
+        if let Some(n) = seen.insert((from, i), m["offset"].as_u64().unwrap()) {
+            duplicates.push(((from, i), n));
+        }
+    }
+    assert!(duplicates.is_empty(), "emitted twice: {duplicates:?}");
+    let missing: Vec<(u64, u64)> = (0..N)
+        .flat_map(|f| [(f, 0), (f, 1)])
+        .filter(|k| !seen.contains_key(k))
+        .collect();
+    assert!(missing.is_empty(), "never emitted: {missing:?}");
+    assert!(
+        found_again > 0,
+        "no restart found a redrive's emits: the crash window was never exercised"
+    );
+    eprintln!(
+        "{N} dead letters, each one's emits stored once; {found_again} restarts found earlier emits"
+    );
 }

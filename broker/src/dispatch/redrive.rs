@@ -19,12 +19,13 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::target::Delivery;
+use super::target::{DeadLetterAt, Delivery};
 use super::worker::{Worker, WorkerStats};
 use super::{Dispatch, Running};
 
-/// The checkpoint name of a redrive's position in a dead-letter partition.
-const REDRIVE_CHECKPOINT: &str = "__redrive";
+/// The checkpoint name of a redrive's position in a dead-letter partition. The emits of redriven
+/// messages are guarded by it too (their bounds are `checkpoints/__redrive.emits`).
+pub(crate) const REDRIVE_CHECKPOINT: &str = "__redrive";
 
 /// What a redrive worker covers of its partition.
 #[derive(Debug, Clone, Copy)]
@@ -157,6 +158,11 @@ impl Worker {
         }));
         let mut d = Delivery::new(dead.envelope);
         d.history = Some(Arc::new(history));
+        d.dead_letter = Some(DeadLetterAt {
+            topic: self.topic.clone(),
+            partition: self.partition.number,
+            offset: dlq_offset,
+        });
         Ok(d)
     }
 }

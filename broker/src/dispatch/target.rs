@@ -24,6 +24,10 @@ pub struct Delivery {
     /// A redriven dead letter: its earlier failures (`{"reason","attempts","deadLetteredAt",
     /// "dlqOffset"}`, oldest first), kept if it is dead-lettered again.
     pub history: Option<std::sync::Arc<Vec<serde_json::Value>>>,
+    /// A redriven dead letter: where it is in the dead-letter topic. Its plugin emits take this
+    /// as their origin, and the redrive's position guards them, so a redrive re-run after a
+    /// crash appends none twice and its checkpoint waits for them.
+    pub dead_letter: Option<DeadLetterAt>,
     /// Which delivery of the message this is: 1 the first time, one more per resend after a
     /// NACK or a `retry-after`.
     pub attempt: u32,
@@ -36,9 +40,21 @@ impl Delivery {
             envelope,
             lane: 0,
             history: None,
+            dead_letter: None,
             attempt: 1,
         }
     }
+}
+
+/// A dead letter's place in its dead-letter topic.
+#[derive(Debug, Clone)]
+pub struct DeadLetterAt {
+    /// `__dlq.<consumerId>`.
+    pub topic: Topic,
+    /// Its partition.
+    pub partition: u32,
+    /// Its offset there.
+    pub offset: u64,
 }
 
 /// Why a delivery got no usable answer. Never the message's fault: the worker retries it with

@@ -18,6 +18,10 @@
 //!   second as the checkpoint moves, so a commit in the steady state costs no extra sync and a
 //!   restart scans about one checkpoint interval's outputs.
 //!
+//! - A redriven dead letter's source is the dead-letter partition: its emits' origin is the dead
+//!   letter, and the redrive's position (`__redrive`) plays the checkpoint's part, bounds and all
+//!   (README, "Dead-letter redrive").
+//!
 //! No time window decides: a message's outputs are found by their origin, not by when they were
 //! stored.
 
@@ -115,6 +119,11 @@ struct Piped {
 pub type Outputs = (u64, Vec<ProduceItem>);
 
 impl ConsumerEmits {
+    /// The dispatcher whose emits these are.
+    pub fn consumer_id(&self) -> &ConsumerId {
+        &self.consumer_id
+    }
+
     /// The largest message its plugin may emit.
     pub fn max_message_bytes(&self) -> usize {
         self.emitter.max_message_bytes
@@ -123,18 +132,20 @@ impl ConsumerEmits {
     /// Hands over the emits of `ack`ed calls on messages of `partition` of `topic`, each
     /// message's in order, to be appended behind the calls ([`pipeline`]): skipping those a run
     /// before a crash already stored, tried again until the disk takes them. Waits only while
-    /// [`pipeline::DEPTH`] runs' outputs are not stored yet. The dispatcher's checkpoint must not
-    /// be written past these messages before [`ConsumerEmits::settled`].
+    /// [`pipeline::DEPTH`] runs' outputs are not stored yet. `position` names the checkpoint
+    /// that moves past these messages (the consumerId; a redrive's own for dead letters), which
+    /// must not be written past them before [`ConsumerEmits::settled`].
     pub async fn submit(
         &self,
         topic: &Topic,
         partition: u32,
+        position: &ConsumerId,
         outputs: Vec<Outputs>,
     ) -> Result<(), EmitError> {
         if outputs.iter().all(|(_, o)| o.is_empty()) {
             return Ok(());
         }
-        let piped = self.source(topic, partition)?;
+        let piped = self.source(topic, partition, position)?;
         piped.pipeline.submit(outputs).await;
         Ok(())
     }
@@ -158,7 +169,12 @@ impl ConsumerEmits {
 
     /// The state of one source partition. A topic deleted and created again is a new log with
     /// new (empty) checkpoints: its partition is another object, and gets fresh state.
-    fn source(&self, topic: &Topic, partition: u32) -> Result<Arc<Piped>, EmitError> {
+    fn source(
+        &self,
+        topic: &Topic,
+        partition: u32,
+        position: &ConsumerId,
+    ) -> Result<Arc<Piped>, EmitError> {
         let p = self
             .emitter
             .registry
@@ -178,6 +194,7 @@ impl ConsumerEmits {
         let source = Arc::new(Source::new(
             self.emitter.clone(),
             self.consumer_id.clone(),
+            position.clone(),
             topic.clone(),
             p,
         ));

@@ -22,7 +22,12 @@ const SCAN_CHUNK: usize = 4096;
 
 pub(super) struct Source {
     emitter: Arc<Emitter>,
+    /// The dispatcher: its emits' origin.
     consumer_id: ConsumerId,
+    /// The checkpoint of the source partition that moves past its messages: the consumerId, or
+    /// `__redrive` when the source is the dispatcher's dead-letter topic. The bounds are kept
+    /// beside it (`checkpoints/{position}.emits`).
+    position: ConsumerId,
     topic: Topic,
     partition: Arc<Partition>,
     /// The bounds as they are on disk. Commits hold it shared while they register their
@@ -59,12 +64,14 @@ impl Source {
     pub(super) fn new(
         emitter: Arc<Emitter>,
         consumer_id: ConsumerId,
+        position: ConsumerId,
         topic: Topic,
         partition: Arc<Partition>,
     ) -> Self {
         Self {
             emitter,
             consumer_id,
+            position,
             topic,
             partition,
             on_disk: tokio::sync::RwLock::new(Bounds::new()),
@@ -261,9 +268,9 @@ impl Source {
             .get_or_try_init(|| async {
                 let registry = self.emitter.registry.clone();
                 let (partition, consumer_id) = (self.partition.clone(), self.consumer_id.clone());
-                let topic = self.topic.clone();
+                let (topic, position) = (self.topic.clone(), self.position.clone());
                 let found = tokio::task::spawn_blocking(move || {
-                    scan(&registry, &partition, &consumer_id, &topic)
+                    scan(&registry, &partition, &consumer_id, &position, &topic)
                 })
                 .await
                 .expect("emit recovery task panicked")?;
@@ -300,7 +307,7 @@ impl Source {
             return;
         };
         self.state.lock().last_refresh = Some(Instant::now());
-        let (partition, id) = (self.partition.clone(), self.consumer_id.clone());
+        let (partition, id) = (self.partition.clone(), self.position.clone());
         let checkpoint =
             match tokio::task::spawn_blocking(move || partition.checkpoints.read(&id)).await {
                 Ok(Ok(c)) => c.unwrap_or(0),
@@ -323,7 +330,7 @@ impl Source {
     }
 
     async fn write_bounds(&self, bounds: Bounds) -> Result<(), StorageError> {
-        let (partition, id) = (self.partition.clone(), self.consumer_id.clone());
+        let (partition, id) = (self.partition.clone(), self.position.clone());
         tokio::task::spawn_blocking(move || bounds::write(&partition.checkpoints, &id, &bounds))
             .await
             .expect("bounds write task panicked")
@@ -338,15 +345,16 @@ struct Found {
 }
 
 /// Reads the bounds and scans what they name for outputs of `consumer_id` from source messages
-/// at or past its durable checkpoint in `partition` of `topic`. Blocking.
+/// at or past the durable checkpoint `position` in `partition` of `topic`. Blocking.
 fn scan(
     registry: &Registry,
     partition: &Partition,
     consumer_id: &ConsumerId,
+    position: &ConsumerId,
     topic: &Topic,
 ) -> Result<Found, StorageError> {
-    let bounds = bounds::read(&partition.checkpoints, consumer_id)?;
-    let checkpoint = partition.checkpoints.read(consumer_id)?.unwrap_or(0);
+    let bounds = bounds::read(&partition.checkpoints, position)?;
+    let checkpoint = partition.checkpoints.read(position)?.unwrap_or(0);
     let mut present = HashSet::new();
     let mut max_source = None;
     let mut scanned = 0u64;

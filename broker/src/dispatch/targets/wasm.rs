@@ -16,9 +16,10 @@ use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use mmmq_core::Topic;
+use mmmq_core::{ConsumerId, Topic};
 
 use crate::config::PluginSpec;
+use crate::dispatch::redrive::REDRIVE_CHECKPOINT;
 use crate::dispatch::target::{
     BoxFuture, Delivery, Outcome, RUN_TIME_BUDGET, RunAnswer, Target, TargetError, TargetStatus,
 };
@@ -392,7 +393,30 @@ impl Shared {
         let acked = outputs.len();
         // The ACKed calls' emits are stored behind the calls, and the checkpoint waits for them
         // (`Target::settled`).
-        if let Err(e) = self.emits.submit(&topic.0, topic.1, outputs).await {
+        let stored = match &batch[0].dead_letter {
+            None => {
+                let position = self.emits.consumer_id().clone();
+                self.emits
+                    .submit(&topic.0, topic.1, &position, outputs)
+                    .await
+            }
+            // A redrive's emits come from the dead letters, guarded by the redrive's position:
+            // its re-run after a crash finds them, and its checkpoint waits for them.
+            Some(at) => {
+                let outputs = outputs
+                    .into_iter()
+                    .zip(batch)
+                    .map(|((offset, emits), d)| {
+                        (d.dead_letter.as_ref().map_or(offset, |a| a.offset), emits)
+                    })
+                    .collect();
+                let position = ConsumerId::new(REDRIVE_CHECKPOINT).expect("a valid name");
+                self.emits
+                    .submit(&at.topic, at.partition, &position, outputs)
+                    .await
+            }
+        };
+        if let Err(e) = stored {
             // The source topic is gone; the run is tried again from its first message, on a
             // fresh instance (this one is dropped with `result`).
             return RunAnswer::stopped(0, Outcome::Failed(TargetError::Storage(e.to_string())));

@@ -103,9 +103,14 @@ pub fn handle(msg: Message) -> Ack {
             Verdict::DeadLetter(field("reason").as_str().unwrap_or("testbed").to_owned())
         }
         Some("emit") => {
-            // `n` emits to `to` (content `{"from":offset,"i":i}`, or `raw` verbatim), then
-            // whatever `then` says (`panic`, `nack`, `loop`; ACK by default). A refused emit is
-            // logged as `emit refused: …` and the rest are not tried.
+            // After `spin` (below), `n` emits to `to` (content `{"from":offset,"i":i}`, or `raw` verbatim), then
+            // whatever `then` says (`panic`, `nack`, `loop`, `config`: NACK if the config's
+            // `verdict` is `nack`; ACK by default). A refused emit is logged as
+            // `emit refused: …` and the rest are not tried.
+            // `spin`: that many loop rounds first, so a test can make each call take a while.
+            for i in 0..field("spin").as_u64().unwrap_or(0) {
+                std::hint::black_box(i);
+            }
             let to = field("to");
             let to = to.as_str().unwrap_or("emitted");
             let raw = field("raw");
@@ -122,6 +127,9 @@ pub fn handle(msg: Message) -> Ack {
             match field("then").as_str() {
                 Some("panic") => panic!("testbed was told to panic after emitting"),
                 Some("nack") => Ack::Nack,
+                Some("config") if mmmq_plugin_sdk::config("verdict").as_deref() == Some("nack") => {
+                    Ack::Nack
+                }
                 Some("loop") => loop {
                     std::hint::black_box(0u64);
                 },
