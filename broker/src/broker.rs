@@ -38,6 +38,9 @@ pub enum BrokerError {
     /// A name that is not a valid consumerId or pattern.
     #[error("{0}")]
     InvalidName(String),
+    /// Handler options out of their range (names the option).
+    #[error("{0}")]
+    InvalidOptions(String),
     /// A message that cannot be produced (bad topic, content or key).
     #[error(transparent)]
     Invalid(#[from] ProduceError),
@@ -445,7 +448,7 @@ impl Broker {
     {
         let max = config::dispatchers::MAX_IN_FLIGHT as usize;
         if !(1..=max).contains(&options.max_in_flight) {
-            return Err(BrokerError::InvalidName(format!(
+            return Err(BrokerError::InvalidOptions(format!(
                 "maxInFlight must be 1 to {max}, not {}",
                 options.max_in_flight
             )));

@@ -219,6 +219,7 @@ impl From<BrokerError> for ApiError {
         match e {
             BrokerError::Invalid(_)
             | BrokerError::InvalidName(_)
+            | BrokerError::InvalidOptions(_)
             | BrokerError::InvalidSettings(_)
             | BrokerError::NoSuchPartition(_) => Self::BadRequest(e.to_string()),
             BrokerError::Storage(StorageError::PayloadTooLarge { max, .. }) => Self::TooLarge(max),
