@@ -15,7 +15,7 @@
 //! - `lanes`: `maxInFlight` lanes over one partition.
 //! - [`redrive`]: dead letters delivered again to their dispatcher.
 //! - this module: [`Dispatch`], which starts and stops workers as dispatchers are configured and
-//!   topics appear, and reports their status.
+//!   topics appear; `status`: what it reports of them.
 
 mod at_most_once;
 mod backoff;
@@ -24,6 +24,7 @@ mod claims;
 mod lanes;
 pub mod redrive;
 mod retries;
+mod status;
 pub mod target;
 pub mod targets;
 mod worker;
@@ -40,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::DispatcherSpec;
 use crate::emit::Emitter;
-use crate::metrics::{DispatchLabel, Metrics};
+use crate::metrics::Metrics;
 use crate::topics::{Partition, Registry, TopicLog};
 pub use lanes::lane_of;
 pub use mmmq_core::{DispatcherStatus, ReloadReport, TargetStatus, TopicStatus};
@@ -363,72 +364,6 @@ impl Dispatch {
         }
         running.insert(r.spec.consumer_id.clone(), r);
         Ok(())
-    }
-
-    /// Status of every dispatcher; also refreshes the lag gauges.
-    pub async fn status(&self) -> Vec<DispatcherStatus> {
-        let running = self.running.lock();
-        running
-            .values()
-            .map(|r| {
-                // The dispatcher's last error is its most recent over all topics.
-                let mut latest: Option<(u64, String)> = None;
-                let topics: Vec<TopicStatus> = r
-                    .workers
-                    .iter()
-                    .map(|((topic, partition), w)| {
-                        let last_error = w.stats.last_error.lock().clone();
-                        if let Some((at, e)) = &last_error
-                            && latest.as_ref().is_none_or(|(l, _)| at >= l)
-                        {
-                            latest = Some((*at, e.clone()));
-                        }
-                        let next = w.stats.next_offset.load(Ordering::Relaxed);
-                        let lag = w.partition.log.next_offset().saturating_sub(next);
-                        self.metrics
-                            .lag
-                            .get_or_create(&DispatchLabel {
-                                consumer: r.spec.consumer_id.to_string(),
-                                topic: topic.to_string(),
-                                partition: *partition,
-                            })
-                            .set(lag as i64);
-                        TopicStatus {
-                            topic: topic.to_string(),
-                            partition: *partition,
-                            next_offset: next,
-                            lag,
-                            delivered: w.stats.delivered.load(Ordering::Relaxed),
-                            nacked: w.stats.nacked.load(Ordering::Relaxed),
-                            dead_lettered: w.stats.dead_lettered.load(Ordering::Relaxed),
-                            corrupt_skipped: w.stats.corrupt_skipped.load(Ordering::Relaxed),
-                            skipped: w.stats.skipped.load(Ordering::Relaxed),
-                            retries: w.stats.retries.load(Ordering::Relaxed),
-                            dropped: w.stats.dropped.load(Ordering::Relaxed),
-                            last_error: last_error.map(|(_, e)| e),
-                        }
-                    })
-                    .collect();
-                DispatcherStatus {
-                    consumer_id: r.spec.consumer_id.to_string(),
-                    pattern: r.spec.pattern.to_string(),
-                    target: r.target.status(),
-                    max_nack_retries: r.spec.max_nack_retries,
-                    batch_max_messages: r.spec.batch_max_messages,
-                    max_in_flight: r.spec.max_in_flight,
-                    checkpoint_interval_ms: r.spec.checkpoint_interval.as_millis() as u64,
-                    delivery: r.spec.delivery.as_str().to_owned(),
-                    delivered: topics.iter().map(|t| t.delivered).sum(),
-                    nacked: topics.iter().map(|t| t.nacked).sum(),
-                    dead_lettered: topics.iter().map(|t| t.dead_lettered).sum(),
-                    dropped: topics.iter().map(|t| t.dropped).sum(),
-                    lag: topics.iter().map(|t| t.lag).sum(),
-                    last_error: latest.map(|(_, e)| e),
-                    topics,
-                    redrive: r.redrive.as_ref().map(redrive::RedriveRun::status),
-                }
-            })
-            .collect()
     }
 
     /// Stops every worker of `topic` (a topic being deleted) and waits for them: their final
