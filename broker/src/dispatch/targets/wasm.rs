@@ -7,12 +7,13 @@
 //! current and the next message goes to it, while a message already in a call finishes on the old
 //! version. If it does not, the old version keeps serving and the error shows in the status.
 
-use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
+use lru::LruCache;
 use parking_lot::Mutex;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -52,7 +53,8 @@ struct Shared {
     /// Each lane's instance between calls. One instance per (dispatcher, topic, partition, lane),
     /// so state a plugin keeps between calls (a per-key window) sees every message of its lane,
     /// in order (a key's messages are all in one partition, and in one lane of it).
-    idle: Mutex<IdleInstances>,
+    /// Least recently used out past [`MAX_IDLE_INSTANCES`].
+    idle: Mutex<LruCache<PartitionKey, Instance>>,
     reloading: tokio::sync::Mutex<()>,
 }
 
@@ -62,40 +64,10 @@ struct Shared {
 /// `maxMemoryBytes`, however many topics match.
 pub const MAX_IDLE_INSTANCES: usize = 64;
 
+const IDLE_CAPACITY: NonZeroUsize = NonZeroUsize::new(MAX_IDLE_INSTANCES).unwrap();
+
 /// A topic, one of its partitions, and a lane of it.
 type PartitionKey = (Topic, u32, u32);
-
-/// The instances of one dispatcher between calls, one per partition, least recently used first
-/// out.
-#[derive(Default)]
-struct IdleInstances {
-    by_topic: HashMap<PartitionKey, (u64, Instance)>,
-    clock: u64,
-}
-
-impl IdleInstances {
-    fn take(&mut self, topic: &PartitionKey) -> Option<Instance> {
-        self.by_topic.remove(topic).map(|(_, i)| i)
-    }
-
-    fn put(&mut self, topic: PartitionKey, instance: Instance) {
-        self.clock += 1;
-        self.by_topic.insert(topic, (self.clock, instance));
-        if self.by_topic.len() > MAX_IDLE_INSTANCES
-            && let Some(oldest) = self
-                .by_topic
-                .iter()
-                .min_by_key(|(_, (used, _))| *used)
-                .map(|(t, _)| t.clone())
-        {
-            self.by_topic.remove(&oldest);
-        }
-    }
-
-    fn clear(&mut self) {
-        self.by_topic.clear();
-    }
-}
 
 /// A dispatcher target that runs a component.
 pub struct PluginTarget {
@@ -161,7 +133,7 @@ impl PluginTarget {
             current: ArcSwapOption::empty(),
             load_error: Mutex::new(None),
             awaiting_deploy: AtomicBool::new(false),
-            idle: Mutex::new(IdleInstances::default()),
+            idle: Mutex::new(LruCache::new(IDLE_CAPACITY)),
             reloading: tokio::sync::Mutex::new(()),
         });
         let _ = shared.reload().await;
@@ -375,7 +347,7 @@ impl Shared {
         let idle = self
             .idle
             .lock()
-            .take(&topic)
+            .pop(&topic)
             .filter(|i| i.version == compiled.version);
         let limits = Limits {
             max_memory_bytes: self.spec.max_memory_bytes,
