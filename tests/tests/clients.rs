@@ -410,16 +410,30 @@ async fn cli_produce_from_stdin_then_tail_returns_the_same_messages() {
     assert!(ok);
     assert_eq!(out.lines().count(), 1);
 
-    // A bad line stops with its number; what came before it is stored.
-    let (ok, _, err) = mmmq(
+    // A bad line stops with its number; what came before it is stored (and its receipt
+    // printed), nothing after it.
+    let (ok, out, err) = mmmq(
         &broker,
         &["produce", "--topic", "cli.bad"],
-        Some("1\n{oops\n"),
+        Some("1\n{oops\n3\n"),
     );
     assert!(!ok);
     assert!(err.contains("line 2"), "{err}");
+    assert_eq!(
+        out.trim(),
+        r#"{"offset":0,"partition":0,"topic":"cli.bad"}"#
+    );
+    let (ok, out, err) = mmmq(&broker, &["tail", "--topic", "cli.bad"], None);
+    assert!(ok, "{err}");
+    let stored: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(stored.len(), 1, "{out}");
+    assert_eq!(stored[0]["content"], 1);
 
-    consumer.wait_for(251, WAIT).await;
+    // 250 + 1 on cli.t and the 1 stored on cli.bad.
+    consumer.wait_for(252, WAIT).await;
     let (ok, out, err) = mmmq(&broker, &["topics"], None);
     assert!(ok, "{err}");
     let header = out.lines().next().unwrap();
@@ -447,7 +461,7 @@ async fn cli_produce_from_stdin_then_tail_returns_the_same_messages() {
     let status = eventually(WAIT, "lag 0", || {
         let (ok, out, _) = mmmq(&broker, &["dispatchers", "--json"], None);
         let v: Value = serde_json::from_str(&out).ok()?;
-        (ok && v[0]["lag"] == 0 && v[0]["delivered"] == 251).then_some(v)
+        (ok && v[0]["lag"] == 0 && v[0]["delivered"] == 252).then_some(v)
     })
     .await;
     assert_eq!(status[0]["consumerId"], "svc");
@@ -458,6 +472,22 @@ async fn cli_produce_from_stdin_then_tail_returns_the_same_messages() {
         out.contains("svc") && out.contains(&format!("127.0.0.1:{}", consumer.port)),
         "{out}"
     );
+}
+
+/// `mmmq reload` always says what it did, even when there was nothing to do.
+#[tokio::test(flavor = "multi_thread")]
+async fn cli_reload_says_what_it_did() {
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::start(tmp.path()).await;
+    let said = |broker: &Broker| {
+        let (ok, out, err) = mmmq(broker, &["reload"], None);
+        assert!(ok, "{err}");
+        out.trim().to_owned()
+    };
+    assert_eq!(said(&broker), "no dispatchers configured");
+    write_dispatchers(tmp.path(), &json!([host_dispatcher("svc", "**", 9)]));
+    assert_eq!(said(&broker), "added: svc");
+    assert_eq!(said(&broker), "unchanged: svc");
 }
 
 #[tokio::test(flavor = "multi_thread")]

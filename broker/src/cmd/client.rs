@@ -82,22 +82,28 @@ pub async fn produce(
     let mut lines = stdin.lock().lines().enumerate();
     loop {
         let next = lines.next();
+        // A line that cannot be read or is not JSON stops the input, after the lines before it
+        // are sent: what came before a bad line is stored, and its receipts printed.
+        let mut stop: Option<CliError> = None;
         if let Some((i, line)) = &next {
-            let line = line
-                .as_ref()
-                .map_err(|e| std::io::Error::new(e.kind(), e.to_string()))?;
-            if !line.trim().is_empty() {
-                let content = RawValue::from_string(line.trim().to_owned())
-                    .map_err(|error| CliError::BadLine { line: i + 1, error })?;
-                let mut record = Record::new(topic, content);
-                record.key = key.map(str::to_owned);
-                // `--id P` with stdin: line N's id is `P-N`, so feeding the same input again
-                // stores nothing twice.
-                record.id = id.map(|p| format!("{p}-{}", i + 1));
-                batch.push(record);
+            match line {
+                Err(e) => stop = Some(std::io::Error::new(e.kind(), e.to_string()).into()),
+                Ok(line) if line.trim().is_empty() => {}
+                Ok(line) => match RawValue::from_string(line.trim().to_owned()) {
+                    Err(error) => stop = Some(CliError::BadLine { line: i + 1, error }),
+                    Ok(content) => {
+                        let mut record = Record::new(topic, content);
+                        record.key = key.map(str::to_owned);
+                        // `--id P` with stdin: line N's id is `P-N`, so feeding the same input
+                        // again stores nothing twice.
+                        record.id = id.map(|p| format!("{p}-{}", i + 1));
+                        batch.push(record);
+                    }
+                },
             }
         }
-        if batch.len() >= STDIN_BATCH || (next.is_none() && !batch.is_empty()) {
+        let last = next.is_none() || stop.is_some();
+        if batch.len() >= STDIN_BATCH || (last && !batch.is_empty()) {
             for r in producer.send_batch(&batch).await? {
                 writeln!(out, "{}", receipt(&r))?;
             }
@@ -112,6 +118,9 @@ pub async fn produce(
                 }
                 last_report = Instant::now();
             }
+        }
+        if let Some(e) = stop {
+            return Err(e);
         }
         if next.is_none() {
             break;
@@ -380,6 +389,10 @@ pub async fn reload(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<()
         ("awaiting a first deploy", &report.awaiting_deploy),
         ("unchanged", &report.unchanged),
     ];
+    if kinds.iter().all(|(_, ids)| ids.is_empty()) {
+        // An empty answer would leave the user guessing whether anything was read.
+        writeln!(out, "no dispatchers configured")?;
+    }
     for (kind, ids) in kinds.iter().filter(|(_, ids)| !ids.is_empty()) {
         writeln!(out, "{kind}: {}", ids.join(", "))?;
     }
