@@ -172,6 +172,14 @@ impl PluginEngine {
     }
 
     fn compile_new(&self, bytes: &[u8], version: String) -> Result<Compiled, PluginError> {
+        // wasmtime's answer for a file that is not WebAssembly at all is a multi-line dump of
+        // the magic bytes; a user uploading the wrong file needs one line that says so.
+        if !bytes.starts_with(b"\0asm") {
+            return Err(PluginError::Compile(format!(
+                "not a WebAssembly file: it starts with \"{}\", not \"\\0asm\"",
+                bytes[..bytes.len().min(8)].escape_ascii()
+            )));
+        }
         let component = Component::new(&self.engine, bytes).map_err(|e| {
             let msg = format!("{e:#}");
             if wasmparser_says_core_module(bytes) {
