@@ -245,6 +245,7 @@ async fn malformed_requests_get_4xx_and_change_nothing() {
     assert_eq!(topics, vec!["kept"]);
 }
 
+/// Refused before the port is taken, like a bad flag.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_broken_dispatchers_json_stops_serve_with_a_message_naming_the_entry() {
     let host = json!({"protocol": "HTTP", "address": "127.0.0.1", "port": 9});
@@ -272,6 +273,10 @@ async fn a_broken_dispatchers_json_stops_serve_with_a_message_naming_the_entry()
             "{text}\nwant: {want}\ngot: {stderr}"
         );
         assert!(stderr.contains("dispatchers.json"), "{stderr}");
+        assert!(
+            !stderr.contains("listening"),
+            "refused before it listens: {stderr}"
+        );
     }
 }
 
