@@ -1,5 +1,6 @@
 //! What a user gets without this checkout (README, "Install"): publishable crates that carry the
-//! WIT they bind to, and a binary that documents itself (`--version`, completions, man pages).
+//! WIT they bind to, and a binary that documents itself (`--version`, completions, man pages);
+//! and documents whose every cited test exists.
 
 use std::path::Path;
 use std::process::Command;
@@ -184,4 +185,73 @@ fn man_pages_cover_every_command() {
         new.contains("sdk\\-path") && new.contains("checkout"),
         "{new}"
     );
+}
+
+/// Every test the documents cite for a promise (`file::test_name`, `module::tests::name`, a name
+/// cut short with `…`) exists: a promise whose test was renamed or moved is cited by nothing.
+#[test]
+fn the_tests_the_documents_cite_exist() {
+    let root = workspace_root();
+    let sources: Vec<(std::path::PathBuf, String)> = ["broker", "core", "client", "plugin-sdk"]
+        .iter()
+        .flat_map(|krate| rust_files(&root.join(krate).join("src")))
+        .map(|p| {
+            let text = read(&p);
+            (p, text)
+        })
+        .collect();
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for doc in ["README.md", "docs/guarantees.md", "docs/benchmarks.md"] {
+        let text = read(&root.join(doc));
+        for cited in text.split('`').skip(1).step_by(2) {
+            let path = cited.trim_end_matches('…');
+            let segments: Vec<&str> = path.split("::").collect();
+            let is_test_path = segments.len() >= 2
+                && segments.iter().all(|s| {
+                    !s.is_empty()
+                        && s.chars()
+                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+                });
+            let name = segments[segments.len() - 1];
+            // A module of tests (`dedupe::tests`), or an HTTP handler (`plugins::deploy`) in a
+            // sentence about routes, has no one name to look for.
+            if !is_test_path || name == "tests" || !name.contains('_') {
+                continue;
+            }
+            let wanted = format!("fn {name}");
+            let file = root.join("tests/tests").join(format!("{}.rs", segments[0]));
+            let found = if file.is_file() {
+                read(&file).contains(&wanted)
+            } else {
+                sources.iter().any(|(_, s)| s.contains(&wanted))
+            };
+            checked += 1;
+            if !found {
+                missing.push(format!("{doc}: `{cited}`"));
+            }
+        }
+    }
+    assert!(
+        checked > 100,
+        "only {checked} citations found: is the parsing right?"
+    );
+    assert!(
+        missing.is_empty(),
+        "cited tests that do not exist:\n{}",
+        missing.join("\n")
+    );
+}
+
+fn rust_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            files.extend(rust_files(&p));
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            files.push(p);
+        }
+    }
+    files
 }
