@@ -9,10 +9,10 @@
 //! - Every emitted message is stored with its [`Origin`]: (consumerId, source topic, partition,
 //!   offset, index of the emit in its call).
 //! - Before the first commit from a source partition, the broker scans the destination partitions
-//!   for messages of that origin at or past the dispatcher's durable checkpoint ([`source`]), and
+//!   for messages of that origin at or past the dispatcher's durable checkpoint (`source`), and
 //!   a re-run's emits found there are skipped.
 //! - What to scan is bounded by a small durable record per (dispatcher, source partition),
-//!   `checkpoints/{consumerId}.emits` ([`bounds`]): for each destination partition, an offset
+//!   `checkpoints/{consumerId}.emits` (`bounds`): for each destination partition, an offset
 //!   below which no output of a source message past the checkpoint lies. It is written and synced
 //!   before the first append to a destination it does not cover, and moved forward about once a
 //!   second as the checkpoint moves, so a commit in the steady state costs no extra sync and a

@@ -6,9 +6,9 @@
 //! - Commits of one source partition run one after the other, in the order the runs answered, so
 //!   a key's outputs keep their order.
 //! - The dispatcher's checkpoint is written only once every commit handed over before it is
-//!   durable ([`Pipeline::settled`], awaited by the checkpoint writer). A crash before that
+//!   durable (`Pipeline::settled`, awaited by the checkpoint writer). A crash before that
 //!   re-runs the messages from the durable checkpoint, and the outputs that did reach the disk
-//!   are found by their origin and not appended again ([`super::source`]).
+//!   are found by their origin and not appended again (`emit::source`).
 //! - A commit the disk refuses is tried again, with backoff, until it is stored: the calls are
 //!   not made again (the plugin's state saw each message once), and the checkpoint waits.
 //! - At most [`DEPTH`] runs' outputs wait, so a slow disk slows the calls instead of filling

@@ -17,7 +17,7 @@
 //!   instruction.
 //! - **WASI with nothing in it**: Rust's std for `wasm32-wasip2` imports WASI, so it is linked, but
 //!   with no directories, no environment, no sockets and frozen clocks; stdout and stderr go to the
-//!   broker's log. `wasi:http` is linked too, and sends only to `plugin.allowedHosts` ([`super::http`]).
+//!   broker's log. `wasi:http` is linked too, and sends only to `plugin.allowedHosts` (`plugin::http`).
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;

@@ -170,7 +170,7 @@ pub enum TailCheck {
 ///
 /// The tail (the last segment holding any data or index entry) is where the commit point moves:
 /// its data is synced before its index, and its index lags. It is reconciled with its CRC-valid
-/// frames ([`repair`](super::repair)): a torn, never-synced index write (zeros where a sector was
+/// frames ([`repair`]): a torn, never-synced index write (zeros where a sector was
 /// lost) is cut, an entry that contradicts a CRC-valid frame (a flipped bit, wherever it is) is
 /// rewritten from it, entries past the index are re-indexed, and what cannot be reconciled stays an
 /// inconsistency that stops recovery. [`TailCheck::Full`] reads the tail's data file once (at

@@ -1,7 +1,7 @@
 //! The plugin target: delivers each message to a WebAssembly component (run by
 //! [`crate::plugin::runtime`]), and swaps in a new version of the component when its file changes.
 //!
-//! Hot reload: a debounced watcher on the file's directory ([`super::watch`]) and
+//! Hot reload: a debounced watcher on the file's directory (`watch`) and
 //! `POST /mmmq/admin/reload` both lead to [`PluginTarget::reload`]. The new file is compiled on a
 //! blocking thread, off the delivery path; if it compiles and implements the world it becomes
 //! current and the next message goes to it, while a message already in a call finishes on the old

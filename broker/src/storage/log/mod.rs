@@ -24,7 +24,7 @@
 //! for another `retry_after`. Reads of what was committed go on working throughout.
 
 //! # Layout
-//! - [`config`]: how a log writes ([`LogConfig`], [`FlushMode`]).
+//! - `config`: how a log writes ([`LogConfig`], [`FlushMode`]).
 //! - `writer`: the group-commit writer and the commit.
 //! - `heal`: poison after a failure, and recovery in place.
 //! - this module: [`Log`], its recovery at open, and the segment chain readers go through.

@@ -2,8 +2,8 @@
 //!
 //! Segments, indexes and checkpoints never touch `std::fs` directly: they hold a [`Vfs`]. The real
 //! implementation is [`OsFs`]; tests put a wrapper under the storage layer that fails a write or an
-//! fsync on demand ([`fault::FaultyFs`]), or a simulated disk that forgets unsynced bytes at a
-//! power cut ([`sim::SimFs`]).
+//! fsync on demand (`fault::FaultyFs`, with the `test-support` feature), or a simulated disk that forgets unsynced bytes at a
+//! power cut (`sim::SimFs`).
 //! All methods block: callers run them on blocking threads, never on the async executor.
 
 use std::fmt;
