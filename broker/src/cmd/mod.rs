@@ -410,7 +410,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.validate()?;
     // So is a broken dispatchers.json.
     let root = args.root_dir.clone();
-    tokio::task::spawn_blocking(move || check_dispatchers(&root)).await??;
+    tokio::task::spawn_blocking(move || mmmq::config::read_dispatchers(&root)).await??;
     let shutdown = shutdown_signal();
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
@@ -419,20 +419,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(%addr, root_dir = %args.root_dir.display(), "listening");
     mmmq::server::run(listener, config, shutdown).await?;
     Ok(())
-}
-
-/// Parses `{root}/dispatchers.json` as the broker will when it opens (which also creates a
-/// missing one). Blocking.
-fn check_dispatchers(root: &std::path::Path) -> anyhow::Result<()> {
-    let path = root.join("dispatchers.json");
-    match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            mmmq::config::parse_dispatchers(&text, &path, root)?;
-            Ok(())
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(anyhow::Error::from(e).context(format!("cannot read {}", path.display()))),
-    }
 }
 
 /// SIGINT or SIGTERM. The handlers are installed here, before the port is announced, not when

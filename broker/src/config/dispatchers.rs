@@ -147,17 +147,29 @@ pub const MAX_CHECKPOINT_INTERVAL_MS: u64 = 60_000;
 /// Reads and validates `{root-dir}/dispatchers.json`, creating it as `[]` when it is missing.
 /// Blocking.
 pub fn load_dispatchers(root_dir: &Path) -> Result<Vec<DispatcherSpec>, ConfigError> {
+    if let Some(specs) = read_dispatchers(root_dir)? {
+        return Ok(specs);
+    }
     let path = root_dir.join("dispatchers.json");
     let io = |error| ConfigError::Io {
         path: path.clone(),
         error,
     };
-    if !path.exists() {
-        std::fs::create_dir_all(root_dir).map_err(io)?;
-        std::fs::write(&path, "[]\n").map_err(io)?;
+    std::fs::create_dir_all(root_dir).map_err(io)?;
+    std::fs::write(&path, "[]\n").map_err(io)?;
+    Ok(Vec::new())
+}
+
+/// Reads and validates `{root-dir}/dispatchers.json`; `None` when there is none. `serve` calls it
+/// before it takes the port, so a broken file is one clear line, not a half-started broker.
+/// Blocking.
+pub fn read_dispatchers(root_dir: &Path) -> Result<Option<Vec<DispatcherSpec>>, ConfigError> {
+    let path = root_dir.join("dispatchers.json");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => parse_dispatchers(&text, &path, root_dir).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(error) => Err(ConfigError::Io { path, error }),
     }
-    let text = std::fs::read_to_string(&path).map_err(io)?;
-    parse_dispatchers(&text, &path, root_dir)
 }
 
 /// Validates the text of a `dispatchers.json`; `path` is only used in messages.

@@ -2,8 +2,8 @@
 //!
 //! Segments, indexes and checkpoints never touch `std::fs` directly: they hold a [`Vfs`]. The real
 //! implementation is [`OsFs`]; tests put a wrapper under the storage layer that fails a write or an
-//! fsync on demand (`fault::FaultyFs`, with the `test-support` feature), or a simulated disk that forgets unsynced bytes at a
-//! power cut (`sim::SimFs`).
+//! fsync on demand (`fault::FaultyFs`), or a simulated disk that forgets unsynced bytes at a power
+//! cut (`sim::SimFs`); both come with the `test-support` feature.
 //! All methods block: callers run them on blocking threads, never on the async executor.
 
 use std::fmt;
@@ -227,6 +227,7 @@ pub fn read_whole(vfs: &dyn Vfs, path: &Path) -> Result<Option<Vec<u8>>, Storage
 #[cfg(any(test, feature = "test-support"))]
 pub mod fault;
 
-/// A simulated disk that forgets what was never synced, for power-loss tests.
+// A simulated disk that forgets what was never synced, for power-loss tests (its own docs say
+// more; an outer doc here would make rustdoc resolve their links from this module).
 #[cfg(any(test, feature = "test-support"))]
 pub mod sim;

@@ -1,14 +1,14 @@
 //! A simulated disk for power-loss tests.
 //!
 //! A SIGKILL leaves the page cache intact, so a crash test with real files never notices a missing
-//! fsync. [`SimFs`](crate::storage::vfs::sim::SimFs) keeps every file twice: what a reader sees now, and what would survive a power
+//! fsync. [`SimFs`] keeps every file twice: what a reader sees now, and what would survive a power
 //! cut now. A write or a truncation changes only the first; `sync_data` copies it to the second.
 //! Names work the same way per directory: creating, removing and renaming a file change only the
 //! current namespace until the parent directory is synced.
 //!
-//! [`SimFs::power_cut`](crate::storage::vfs::sim::SimFs::power_cut) is the cut: each file keeps its durable content plus a seeded choice of its
+//! [`SimFs::power_cut`] is the cut: each file keeps its durable content plus a seeded choice of its
 //! unsynced changes, and each directory its durable entries plus a prefix of its unsynced changes.
-//! [`SimFs::die_after`](crate::storage::vfs::sim::SimFs::die_after) makes the machine stop part-way through what the storage is doing: after
+//! [`SimFs::die_after`] makes the machine stop part-way through what the storage is doing: after
 //! that many more mutating operations every call fails, as on a machine whose power is gone.
 //!
 //! Handles opened before a cut fail with `EIO` afterwards: they belong to the process that died.
@@ -190,7 +190,7 @@ impl SimFs {
 
     /// Makes the machine die after `ops` more mutating operations (writes, truncations, syncs,
     /// creations, renames, removals): that one and every later call fail with `EIO` until
-    /// [`SimFs::power_cut`](crate::storage::vfs::sim::SimFs::power_cut).
+    /// [`SimFs::power_cut`].
     pub fn die_after(&self, ops: u64) {
         self.state.lock().ops_left = Some(ops);
     }
