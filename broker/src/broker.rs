@@ -184,7 +184,6 @@ impl Broker {
                 .with_max_topics(config.max_topics)
                 .with_defaults(config.topic_defaults.clone()),
         );
-        let registry_for_groups = registry.clone();
         let background = CancellationToken::new();
         if let Some(records) = factory.take_log_records() {
             plugin_logs::spawn(registry.clone(), records, background.clone());
@@ -196,9 +195,14 @@ impl Broker {
         ));
         let dispatch = Dispatch::start(registry.clone(), metrics.clone(), factory, emitter);
         let report = dispatch.apply(specs).await?;
+        let groups = Arc::new(crate::groups::Groups::new(
+            registry.clone(),
+            metrics.clone(),
+        ));
         topic_admin::spawn_retention(
             registry.clone(),
             dispatch.clone(),
+            groups.clone(),
             metrics.clone(),
             config.retention_check,
             background.clone(),
@@ -216,7 +220,7 @@ impl Broker {
             dispatch,
             metrics,
             background,
-            groups: Arc::new(crate::groups::Groups::new(registry_for_groups)),
+            groups,
             plugins,
         })
     }
@@ -256,6 +260,7 @@ impl Broker {
                 let config = self.registry.config_of(&t);
                 TopicInfo {
                     name: t.topic.to_string(),
+                    topic_id: Some(t.id),
                     next_offset: stats.iter().map(|s| s.next_offset).sum(),
                     segments: stats.iter().map(|s| s.segments as u64).sum(),
                     bytes: stats.iter().map(|s| s.bytes).sum(),
@@ -302,18 +307,28 @@ impl Broker {
                 _ = stop.cancelled() => {}
             }
         }
-        let log = p.log.clone();
-        let entries = tokio::task::spawn_blocking(move || log.read_from(from, max, MAX_PULL_BYTES))
-            .await
-            .expect("read task panicked")
-            .map_err(BrokerError::Read)?;
+        let mut from = from;
+        let entries = loop {
+            let log = p.log.clone();
+            let read =
+                tokio::task::spawn_blocking(move || log.read_from(from, max, MAX_PULL_BYTES))
+                    .await
+                    .expect("read task panicked");
+            match read {
+                Ok(entries) => break entries,
+                // Retention deleted what was being read: answer from the first offset still
+                // stored, as for a `from` below it (README, "Retention").
+                Err(_) if p.log.first_offset() > from => from = p.log.first_offset(),
+                Err(e) => return Err(BrokerError::Read(e)),
+            }
+        };
         let next = entries.last().map_or(from, |e| e.offset + 1);
         let mut messages = Vec::with_capacity(entries.len());
         for e in entries {
             // A corrupt entry is left out; the gap in offsets shows it.
             let Ok(bytes) = e.payload else { continue };
             if let Ok(msg) = StoredMessage::from_payload(&bytes) {
-                messages.push(msg.into_envelope(topic.clone(), partition, e.offset));
+                messages.push(msg.into_envelope(topic.clone(), p.topic_id, partition, e.offset));
             }
         }
         Ok(PullPage { messages, next })

@@ -7,6 +7,13 @@
 //! A member that has not polled for its session timeout is removed and its partitions go to the
 //! others, which start at the group's committed offset: delivery within a group is
 //! at-least-once. A commit for a partition the member no longer owns is refused (`409`).
+//!
+//! Everything a group holds about a partition is keyed by its topic's incarnation (README,
+//! "Topics": topic ids) as well as its name: a topic deleted and created again is new to the
+//! group, which starts it at offset 0 (the committed offsets went with the old one's files), and
+//! a commit that names the old incarnation's id is refused. Committed offsets are read from disk
+//! on a blocking thread, never under the lock every group shares. A group with no members is
+//! forgotten after [`EMPTY_GROUP_TTL`] (its commits stay on disk and come back at its next poll).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -14,11 +21,12 @@ use std::time::{Duration, Instant};
 
 use mmmq_core::{
     ConsumerId, Envelope, GroupMember, GroupPartition, GroupPoll, GroupStatus, StoredMessage,
-    Topic, TopicPartition, TopicPattern,
+    Topic, TopicId, TopicPartition, TopicPattern,
 };
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::{DispatchLabel, Metrics};
 use crate::storage::{Checkpoints, StorageError};
 use crate::topics::{Partition, Registry};
 
@@ -26,6 +34,8 @@ use crate::topics::{Partition, Registry};
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most messages one poll answers.
 const MAX_POLL: usize = 1000;
+/// How long a group without members stays in memory (and in `GET /mmmq/groups`).
+pub const EMPTY_GROUP_TTL: Duration = Duration::from_secs(600);
 
 /// Why a group request was refused.
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +63,20 @@ pub enum GroupError {
     Storage(#[from] StorageError),
 }
 
-type Key = (Topic, u32);
+/// A partition of one incarnation of a topic.
+type Key = (Topic, TopicId, u32);
+
+fn key_of(topic: &Topic, p: &Partition) -> Key {
+    (topic.clone(), p.topic_id, p.number)
+}
+
+fn topic_partition(k: &Key) -> TopicPartition {
+    TopicPartition {
+        topic: k.0.to_string(),
+        partition: k.2,
+        topic_id: Some(k.1),
+    }
+}
 
 struct Member {
     last_poll: Instant,
@@ -69,11 +92,17 @@ struct Group {
     position: HashMap<Key, u64>,
     /// Committed next offsets (loaded from disk on first use).
     committed: HashMap<Key, u64>,
+    /// Messages retention deleted before the group read them, per partition (README,
+    /// "Retention": behind the horizon).
+    skipped: HashMap<Key, u64>,
+    /// Since when it has had no members.
+    empty_since: Option<Instant>,
 }
 
 /// Every group of a broker.
 pub struct Groups {
     registry: Arc<Registry>,
+    metrics: Arc<Metrics>,
     groups: Mutex<BTreeMap<String, Group>>,
 }
 
@@ -89,9 +118,10 @@ fn store(p: &Partition) -> Checkpoints {
 
 impl Groups {
     /// No groups yet.
-    pub fn new(registry: Arc<Registry>) -> Self {
+    pub fn new(registry: Arc<Registry>, metrics: Arc<Metrics>) -> Self {
         Self {
             registry,
+            metrics,
             groups: Mutex::new(BTreeMap::new()),
         }
     }
@@ -105,34 +135,84 @@ impl Groups {
             .flat_map(|t| {
                 t.partitions()
                     .into_iter()
-                    .map(move |p| ((t.topic.clone(), p.number), p))
+                    .map(move |p| (key_of(&t.topic, &p), p))
             })
             .collect()
     }
 
+    /// Reads from disk, on a blocking thread, the committed offsets of `group`'s partitions it
+    /// has not read yet (a partition new to it: a new topic, one that grew, a new incarnation).
+    async fn load_committed(&self, group: &str) -> Result<(), GroupError> {
+        let missing: Vec<(Key, Arc<Partition>)> = {
+            let groups = self.groups.lock();
+            let Some(g) = groups.get(group) else {
+                return Ok(());
+            };
+            self.partitions(&g.pattern)
+                .into_iter()
+                .filter(|(k, _)| !g.committed.contains_key(k))
+                .collect()
+        };
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let id = ConsumerId::new(group).map_err(|e| GroupError::Invalid(e.to_string()))?;
+        let read = tokio::task::spawn_blocking(move || {
+            missing
+                .into_iter()
+                .map(|(k, p)| Ok((k, store(&p).read(&id)?.unwrap_or(0))))
+                .collect::<Result<Vec<_>, StorageError>>()
+        })
+        .await
+        .expect("group read task panicked")?;
+        if let Some(g) = self.groups.lock().get_mut(group) {
+            for (k, committed) in read {
+                g.committed.entry(k).or_insert(committed);
+            }
+        }
+        Ok(())
+    }
+
     /// Drops expired members and balances the partitions over the live ones (sorted members,
     /// partitions dealt round robin); a partition that changes owner starts at the committed
-    /// offset.
-    fn rebalance(&self, g: &mut Group, group: &str, now: Instant) {
+    /// offset. What the group held of partitions that are gone (a deleted topic's old
+    /// incarnation) is dropped.
+    fn rebalance(&self, g: &mut Group, now: Instant) {
         g.members
             .retain(|_, m| now.duration_since(m.last_poll) <= m.session_timeout);
+        if g.members.is_empty() {
+            g.empty_since.get_or_insert(now);
+        } else {
+            g.empty_since = None;
+        }
         let partitions = self.partitions(&g.pattern);
+        let live: std::collections::HashSet<&Key> = partitions.iter().map(|(k, _)| k).collect();
+        g.committed.retain(|k, _| live.contains(k));
+        g.position.retain(|k, _| live.contains(k));
+        g.skipped.retain(|k, _| live.contains(k));
         let members: Vec<&String> = g.members.keys().collect();
         let mut owner = BTreeMap::new();
         if !members.is_empty() {
-            for (i, (key, p)) in partitions.iter().enumerate() {
+            for (i, (key, _)) in partitions.iter().enumerate() {
                 let m = members[i % members.len()].clone();
                 if g.owner.get(key) != Some(&m) {
-                    let committed = *g.committed.entry(key.clone()).or_insert_with(|| {
-                        let id = ConsumerId::new(group).expect("checked group name");
-                        store(p).read(&id).ok().flatten().unwrap_or(0)
-                    });
+                    // Read by `load_committed` before; a partition that appeared since then is
+                    // new, with nothing committed.
+                    let committed = g.committed.get(key).copied().unwrap_or(0);
                     g.position.insert(key.clone(), committed);
                 }
                 owner.insert(key.clone(), m);
             }
         }
         g.owner = owner;
+    }
+
+    /// Forgets groups that have had no members for [`EMPTY_GROUP_TTL`].
+    fn forget_empty(groups: &mut BTreeMap<String, Group>, now: Instant) {
+        groups.retain(|_, g| {
+            g.empty_since
+                .is_none_or(|since| now.duration_since(since) < EMPTY_GROUP_TTL)
+        });
     }
 
     /// A member's poll: joins or heartbeats, then answers up to `max` messages of its
@@ -151,15 +231,11 @@ impl Groups {
             TopicPattern::new(pattern).map_err(|e| GroupError::Invalid(format!("pattern: {e}")))?;
         let deadline = Instant::now() + wait;
         loop {
-            let owned = self.join(&group, &member, &pattern, session_timeout)?;
+            let owned = self
+                .join(&group, &member, &pattern, session_timeout)
+                .await?;
             let (messages, read_to) = read_owned(&owned, max.clamp(1, MAX_POLL)).await?;
-            let assignment = owned
-                .iter()
-                .map(|(k, _, _)| TopicPartition {
-                    topic: k.0.to_string(),
-                    partition: k.1,
-                })
-                .collect();
+            let assignment = owned.iter().map(|(k, _, _)| topic_partition(k)).collect();
             let now = Instant::now();
             if !messages.is_empty() || now >= deadline || stop.is_cancelled() {
                 self.advance(&group, &member, &read_to);
@@ -192,29 +268,39 @@ impl Groups {
 
     /// Registers the poll and returns the member's partitions with its positions.
     #[allow(clippy::type_complexity)]
-    fn join(
+    async fn join(
         &self,
         group: &str,
         member: &str,
         pattern: &TopicPattern,
         session_timeout: Duration,
     ) -> Result<Vec<(Key, Arc<Partition>, u64)>, GroupError> {
+        {
+            let mut groups = self.groups.lock();
+            Self::forget_empty(&mut groups, Instant::now());
+            let g = groups.entry(group.to_owned()).or_insert_with(|| Group {
+                pattern: pattern.clone(),
+                members: BTreeMap::new(),
+                owner: BTreeMap::new(),
+                position: HashMap::new(),
+                committed: HashMap::new(),
+                skipped: HashMap::new(),
+                empty_since: None,
+            });
+            if g.pattern.to_string() != pattern.to_string() {
+                return Err(GroupError::Invalid(format!(
+                    "pattern: group {group:?} consumes {:?} (fixed at its first poll), not {:?}",
+                    g.pattern.to_string(),
+                    pattern.to_string()
+                )));
+            }
+        }
+        self.load_committed(group).await?;
         let now = Instant::now();
         let mut groups = self.groups.lock();
-        let g = groups.entry(group.to_owned()).or_insert_with(|| Group {
-            pattern: pattern.clone(),
-            members: BTreeMap::new(),
-            owner: BTreeMap::new(),
-            position: HashMap::new(),
-            committed: HashMap::new(),
-        });
-        if g.pattern.to_string() != pattern.to_string() {
-            return Err(GroupError::Invalid(format!(
-                "pattern: group {group:?} consumes {:?} (fixed at its first poll), not {:?}",
-                g.pattern.to_string(),
-                pattern.to_string()
-            )));
-        }
+        let Some(g) = groups.get_mut(group) else {
+            return Err(GroupError::Unknown(group.to_owned()));
+        };
         g.members.insert(
             member.to_owned(),
             Member {
@@ -222,23 +308,36 @@ impl Groups {
                 session_timeout,
             },
         );
-        self.rebalance(g, group, now);
+        self.rebalance(g, now);
         let partitions: HashMap<Key, Arc<Partition>> =
             self.partitions(&g.pattern).into_iter().collect();
-        Ok(g.owner
-            .iter()
-            .filter(|(_, m)| m.as_str() == member)
-            .filter_map(|(k, _)| {
-                let p = partitions.get(k)?.clone();
-                let at = g
-                    .position
-                    .get(k)
-                    .copied()
-                    .unwrap_or(0)
-                    .max(p.log.first_offset());
-                Some((k.clone(), p, at))
-            })
-            .collect())
+        let mut owned = Vec::new();
+        for (k, m) in &g.owner {
+            if m.as_str() != member {
+                continue;
+            }
+            let Some(p) = partitions.get(k) else { continue };
+            let position = g.position.get(k).copied().unwrap_or(0);
+            let first = p.log.first_offset();
+            if position < first {
+                // Behind the horizon (README, "Retention"): go on at the first offset still
+                // stored, and say what was skipped.
+                let skipped = first - position;
+                *g.skipped.entry(k.clone()).or_default() += skipped;
+                g.position.insert(k.clone(), first);
+                self.metrics
+                    .skipped
+                    .get_or_create(&DispatchLabel {
+                        consumer: group.to_owned(),
+                        topic: k.0.to_string(),
+                        partition: k.2,
+                    })
+                    .inc_by(skipped);
+                tracing::warn!(group, topic = %k.0, partition = k.2, from = position, to = first, "retention deleted messages the group had not read; it continues at the first offset still stored");
+            }
+            owned.push((k.clone(), p.clone(), position.max(first)));
+        }
+        Ok(owned)
     }
 
     /// Moves the member's positions past what it read (if it still owns those partitions).
@@ -254,12 +353,13 @@ impl Groups {
         }
     }
 
-    /// Durably stores the group's next offsets for partitions the member owns.
+    /// Durably stores the group's next offsets for partitions the member owns. An offset that
+    /// names its topic's id is refused unless the topic is still that incarnation.
     pub async fn commit(
         &self,
         group: &str,
         member: &str,
-        offsets: Vec<(String, u32, u64)>,
+        offsets: Vec<(String, Option<TopicId>, u32, u64)>,
     ) -> Result<(), GroupError> {
         let group = name("group", group)?;
         let member = name("member", member)?;
@@ -269,17 +369,9 @@ impl Groups {
             let g = groups
                 .get(&group)
                 .ok_or_else(|| GroupError::Unknown(group.clone()))?;
-            for (topic, partition, offset) in offsets {
+            for (topic, topic_id, partition, offset) in offsets {
                 let t = Topic::new(topic.clone())
                     .map_err(|e| GroupError::Invalid(format!("topic: {e}")))?;
-                let key = (t.clone(), partition);
-                if g.owner.get(&key).map(String::as_str) != Some(member.as_str()) {
-                    return Err(GroupError::NotOwner {
-                        member: member.clone(),
-                        topic,
-                        partition,
-                    });
-                }
                 let p = self
                     .registry
                     .get(&t)
@@ -287,6 +379,18 @@ impl Groups {
                     .ok_or_else(|| {
                         GroupError::Invalid(format!("no partition {partition} of {topic:?}"))
                     })?;
+                let key = key_of(&t, &p);
+                // Another incarnation than the one the member read: its offsets mean nothing
+                // here, as for a partition it no longer owns.
+                if topic_id.is_some_and(|id| id != p.topic_id)
+                    || g.owner.get(&key).map(String::as_str) != Some(member.as_str())
+                {
+                    return Err(GroupError::NotOwner {
+                        member: member.clone(),
+                        topic,
+                        partition,
+                    });
+                }
                 let next = p.log.next_offset();
                 if offset > next {
                     return Err(GroupError::Invalid(format!(
@@ -299,14 +403,56 @@ impl Groups {
         let id = ConsumerId::new(group.clone()).expect("checked group name");
         for (key, p, offset) in writes {
             let id = id.clone();
-            tokio::task::spawn_blocking(move || store(&p).write(&id, offset))
+            let written = tokio::task::spawn_blocking(move || store(&p).write(&id, offset))
                 .await
-                .expect("commit task panicked")?;
+                .expect("commit task panicked");
+            match written {
+                Ok(()) => {}
+                // The topic was deleted meanwhile; nothing was written (its directory stays gone).
+                Err(StorageError::Retired { .. }) => {
+                    return Err(GroupError::NotOwner {
+                        member: member.clone(),
+                        topic: key.0.to_string(),
+                        partition: key.2,
+                    });
+                }
+                Err(e) => return Err(e.into()),
+            }
             if let Some(g) = self.groups.lock().get_mut(&group) {
                 g.committed.insert(key, offset);
             }
         }
         Ok(())
+    }
+
+    /// The positions `keepUndelivered` protects in `partition` of `topic` (README, "Retention"):
+    /// every group's committed offset there — of the groups on disk, polling or not, and of
+    /// those in memory whose pattern matches (0 when they have committed nothing yet).
+    pub async fn protected_positions(&self, topic: &Topic, partition: &Arc<Partition>) -> Vec<u64> {
+        let matching: Vec<String> = self
+            .groups
+            .lock()
+            .iter()
+            .filter(|(_, g)| g.pattern.matches(topic))
+            .map(|(name, _)| name.clone())
+            .collect();
+        let p = partition.clone();
+        let on_disk = tokio::task::spawn_blocking(move || store(&p).list())
+            .await
+            .expect("group read task panicked");
+        let on_disk = match on_disk {
+            Ok(list) => list,
+            // Unreadable: hold everything rather than delete what a group may not have read.
+            Err(_) => return vec![0],
+        };
+        let mut out: Vec<u64> = on_disk.iter().map(|(_, committed)| *committed).collect();
+        out.extend(
+            matching
+                .iter()
+                .filter(|g| !on_disk.iter().any(|(name, _)| name == *g))
+                .map(|_| 0),
+        );
+        out
     }
 
     /// The member leaves; its partitions go to the others at their next poll.
@@ -318,24 +464,38 @@ impl Groups {
         if g.members.remove(member).is_none() {
             return Err(GroupError::Unknown(format!("{group}/{member}")));
         }
-        self.rebalance(g, group, Instant::now());
+        self.rebalance(g, Instant::now());
         Ok(())
     }
 
     /// Every group's status.
-    pub fn list(&self) -> Vec<GroupStatus> {
-        let names: Vec<String> = self.groups.lock().keys().cloned().collect();
-        names.iter().filter_map(|n| self.status(n).ok()).collect()
+    pub async fn list(&self) -> Vec<GroupStatus> {
+        let names: Vec<String> = {
+            let mut groups = self.groups.lock();
+            Self::forget_empty(&mut groups, Instant::now());
+            groups.keys().cloned().collect()
+        };
+        let mut out = Vec::with_capacity(names.len());
+        for n in &names {
+            if let Ok(s) = self.status(n).await {
+                out.push(s);
+            }
+        }
+        out
     }
 
     /// One group's members, assignments, committed offsets and lag.
-    pub fn status(&self, group: &str) -> Result<GroupStatus, GroupError> {
+    pub async fn status(&self, group: &str) -> Result<GroupStatus, GroupError> {
+        if !self.groups.lock().contains_key(group) {
+            return Err(GroupError::Unknown(group.to_owned()));
+        }
+        self.load_committed(group).await?;
         let now = Instant::now();
         let mut groups = self.groups.lock();
         let g = groups
             .get_mut(group)
             .ok_or_else(|| GroupError::Unknown(group.to_owned()))?;
-        self.rebalance(g, group, now);
+        self.rebalance(g, now);
         let partitions = self.partitions(&g.pattern);
         let members = g
             .members
@@ -348,29 +508,24 @@ impl Groups {
                     .owner
                     .iter()
                     .filter(|(_, o)| *o == name)
-                    .map(|(k, _)| TopicPartition {
-                        topic: k.0.to_string(),
-                        partition: k.1,
-                    })
+                    .map(|(k, _)| topic_partition(k))
                     .collect(),
             })
             .collect();
-        let id = ConsumerId::new(group).expect("a stored group has a valid name");
         let partitions = partitions
             .into_iter()
             .map(|(key, p)| {
-                let committed = *g
-                    .committed
-                    .entry(key.clone())
-                    .or_insert_with(|| store(&p).read(&id).ok().flatten().unwrap_or(0));
+                let committed = g.committed.get(&key).copied().unwrap_or(0);
                 let next_offset = p.log.next_offset();
                 GroupPartition {
                     topic: key.0.to_string(),
-                    partition: key.1,
+                    topic_id: Some(key.1),
+                    partition: key.2,
                     owner: g.owner.get(&key).cloned(),
                     committed,
                     next_offset,
                     lag: next_offset.saturating_sub(committed),
+                    skipped: g.skipped.get(&key).copied().unwrap_or(0),
                 }
             })
             .collect();
@@ -398,9 +553,16 @@ async fn read_owned(
             break;
         }
         let (log, at, want) = (p.log.clone(), *at, per.min(max - out.len()));
-        let entries = tokio::task::spawn_blocking(move || log.read_from(at, want, 8 << 20))
+        let read = tokio::task::spawn_blocking(move || log.read_from(at, want, 8 << 20))
             .await
-            .expect("read task panicked")?;
+            .expect("read task panicked");
+        let entries = match read {
+            Ok(entries) => entries,
+            // Retention deleted what was being read: nothing from this partition now; the next
+            // poll goes on from the first offset still stored and counts the skip.
+            Err(_) if p.log.first_offset() > at => continue,
+            Err(e) => return Err(e.into()),
+        };
         if let Some(last) = entries.last() {
             read_to.push((key.clone(), last.offset + 1));
         }
@@ -408,7 +570,7 @@ async fn read_owned(
         for e in entries {
             let Ok(bytes) = e.payload else { continue };
             if let Ok(m) = StoredMessage::from_payload(&bytes) {
-                out.push(m.into_envelope(key.0.clone(), key.1, e.offset));
+                out.push(m.into_envelope(key.0.clone(), key.1, key.2, e.offset));
             }
         }
     }

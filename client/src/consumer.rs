@@ -89,8 +89,9 @@ impl Consumer {
             return self.run_handlers(env).await;
         };
         let (topic, partition, offset) = (env.topic.to_string(), env.partition, env.offset);
+        let topic_id = env.topic_id;
         let _running = store.begin(&topic, partition, offset).await;
-        if store.is_done(&topic, partition, offset) {
+        if store.is_done(&topic, topic_id, partition, offset) {
             store.count_duplicate();
             tracing::debug!(topic, partition, offset, "delivered again; already handled");
             return true;
@@ -98,7 +99,7 @@ impl Consumer {
         if !self.run_handlers(env).await {
             return false;
         }
-        match store.record(&[(&topic, partition, offset)]).await {
+        match store.record(&[(&topic, topic_id, partition, offset)]).await {
             Ok(()) => true,
             Err(e) => {
                 // Unrecorded, an ACK would let a redelivery run the handler again unseen: NACK

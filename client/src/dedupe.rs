@@ -3,8 +3,11 @@
 //! crash, a lost commit, a member that lost its partitions — is acknowledged without running the
 //! handler a second time.
 //!
-//! A message is named by (topic, partition, offset), which the broker never reuses for another
-//! message. Per partition the store keeps the finished offsets as sorted, disjoint ranges: in-order
+//! A message is named by (topic, partition, offset) within one incarnation of its topic: a topic
+//! deleted and created again starts at offset 0 (README, "Topics"), so the store keeps, per
+//! partition, the topic id its ranges belong to (from the envelope's `topicId`), and a message of
+//! another incarnation starts that partition's record afresh instead of being taken as finished.
+//! (A store written before topic ids adopts the first id it sees.) Per partition the store keeps the finished offsets as sorted, disjoint ranges: in-order
 //! delivery keeps one range, lanes (`maxInFlight`) keep a few open ones while their messages finish
 //! out of order, and a message that failed (dead-lettered, so it may come back by a redrive) is a
 //! gap. The ranges live in a [redb] database file (one table, one row per partition), committed
@@ -20,12 +23,19 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use mmmq_core::TopicId;
 use redb::{ReadableTable, TableDefinition};
 
 use crate::error::ClientError;
 
+/// One message as the store names it: (topic, its incarnation if the broker said, partition,
+/// offset).
+pub type MessageRef<'a> = (&'a str, Option<TopicId>, u32, u64);
+
 /// (topic, partition) → the finished offsets as `[start, end)` ranges, 16 bytes each.
 const DONE: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("done");
+/// (topic, partition) → the topic id (its text) the ranges in `done` belong to.
+const INCARNATION: TableDefinition<(&str, u32), &str> = TableDefinition::new("incarnation");
 
 /// Ranges kept per partition at most; past it the oldest gap is forgotten (its message counts as
 /// finished) and a warning says so. Gaps are failed messages, so this is never reached by a
@@ -96,9 +106,26 @@ impl Ranges {
     }
 }
 
+/// What the store holds of one partition: whose incarnation, and what is finished.
+#[derive(Debug, Default, Clone)]
+struct Record {
+    incarnation: Option<TopicId>,
+    ranges: Ranges,
+}
+
+impl Record {
+    /// Whether the record is of `id`'s incarnation (or either is unknown).
+    fn is_of(&self, id: Option<TopicId>) -> bool {
+        match (self.incarnation, id) {
+            (Some(have), Some(id)) => have == id,
+            _ => true,
+        }
+    }
+}
+
 struct Inner {
     db: redb::Database,
-    done: parking_lot::Mutex<HashMap<Partition, Ranges>>,
+    done: parking_lot::Mutex<HashMap<Partition, Record>>,
     /// Messages a handler is running for: a redelivery that arrives meanwhile (the broker
     /// restarted while the first call was running) waits for it instead of running twice.
     running: parking_lot::Mutex<HashSet<(Partition, u64)>>,
@@ -145,7 +172,7 @@ impl DedupeStore {
     /// from `spawn_blocking`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, ClientError> {
         let db = redb::Database::create(path.as_ref()).map_err(store_error)?;
-        let mut done = HashMap::new();
+        let mut done: HashMap<Partition, Record> = HashMap::new();
         let txn = db.begin_write().map_err(store_error)?;
         {
             // Created if missing, so that a read of a new store finds an empty table.
@@ -153,7 +180,17 @@ impl DedupeStore {
             for row in table.iter().map_err(store_error)? {
                 let (k, v) = row.map_err(store_error)?;
                 let (topic, partition) = k.value();
-                done.insert((topic.to_owned(), partition), Ranges::decode(v.value()));
+                done.entry((topic.to_owned(), partition))
+                    .or_default()
+                    .ranges = Ranges::decode(v.value());
+            }
+            let table = txn.open_table(INCARNATION).map_err(store_error)?;
+            for row in table.iter().map_err(store_error)? {
+                let (k, v) = row.map_err(store_error)?;
+                let (topic, partition) = k.value();
+                done.entry((topic.to_owned(), partition))
+                    .or_default()
+                    .incarnation = v.value().parse().ok();
             }
         }
         txn.commit().map_err(store_error)?;
@@ -169,13 +206,21 @@ impl DedupeStore {
         })
     }
 
-    /// Whether the message at `offset` of `partition` of `topic` was finished.
-    pub fn is_done(&self, topic: &str, partition: u32, offset: u64) -> bool {
+    /// Whether the message at `offset` of `partition` of `topic` was finished. With the topic's
+    /// id (the envelope's `topicId`), a message of another incarnation than the one recorded is
+    /// not.
+    pub fn is_done(
+        &self,
+        topic: &str,
+        topic_id: Option<TopicId>,
+        partition: u32,
+        offset: u64,
+    ) -> bool {
         self.inner
             .done
             .lock()
             .get(&(topic.to_owned(), partition))
-            .is_some_and(|r| r.contains(offset))
+            .is_some_and(|r| r.is_of(topic_id) && r.ranges.contains(offset))
     }
 
     /// Messages delivered again and skipped because they were finished.
@@ -204,13 +249,13 @@ impl DedupeStore {
 
     /// Durably records these messages as finished (one commit). Blocking work runs off the async
     /// executor.
-    pub async fn record(&self, messages: &[(&str, u32, u64)]) -> Result<(), ClientError> {
+    pub async fn record(&self, messages: &[MessageRef<'_>]) -> Result<(), ClientError> {
         if messages.is_empty() {
             return Ok(());
         }
-        let owned: Vec<(String, u32, u64)> = messages
+        let owned: Vec<(String, Option<TopicId>, u32, u64)> = messages
             .iter()
-            .map(|&(t, p, o)| (t.to_owned(), p, o))
+            .map(|&(t, id, p, o)| (t.to_owned(), id, p, o))
             .collect();
         let this = self.clone();
         tokio::task::spawn_blocking(move || this.record_blocking(&owned))
@@ -218,29 +263,50 @@ impl DedupeStore {
             .map_err(store_error)?
     }
 
-    fn record_blocking(&self, messages: &[(String, u32, u64)]) -> Result<(), ClientError> {
+    fn record_blocking(
+        &self,
+        messages: &[(String, Option<TopicId>, u32, u64)],
+    ) -> Result<(), ClientError> {
         // One record at a time (redb has one writer anyway), so that no other record commits
         // between reading the ranges and storing them back.
         let _one_writer = self.inner.writing.lock();
-        // The ranges after the change; memory is updated only once the commit is durable.
-        let mut changed: HashMap<Partition, Ranges> = HashMap::new();
+        // The records after the change; memory is updated only once the commit is durable.
+        let mut changed: HashMap<Partition, Record> = HashMap::new();
         {
             let done = self.inner.done.lock();
-            for (topic, partition, offset) in messages {
+            for (topic, id, partition, offset) in messages {
                 let key = (topic.clone(), *partition);
-                let ranges = changed
+                let record = changed
                     .entry(key.clone())
                     .or_insert_with(|| done.get(&key).cloned().unwrap_or_default());
-                ranges.insert(*offset);
+                if !record.is_of(*id) {
+                    // A new incarnation of the topic: the old one's offsets mean nothing now.
+                    *record = Record::default();
+                }
+                if id.is_some() {
+                    record.incarnation = *id;
+                }
+                record.ranges.insert(*offset);
             }
         }
         let txn = self.inner.db.begin_write().map_err(store_error)?;
         {
             let mut table = txn.open_table(DONE).map_err(store_error)?;
-            for ((topic, partition), ranges) in &changed {
+            for ((topic, partition), record) in &changed {
                 table
-                    .insert((topic.as_str(), *partition), ranges.encode().as_slice())
+                    .insert(
+                        (topic.as_str(), *partition),
+                        record.ranges.encode().as_slice(),
+                    )
                     .map_err(store_error)?;
+            }
+            let mut table = txn.open_table(INCARNATION).map_err(store_error)?;
+            for ((topic, partition), record) in &changed {
+                if let Some(id) = record.incarnation {
+                    table
+                        .insert((topic.as_str(), *partition), id.to_string().as_str())
+                        .map_err(store_error)?;
+                }
             }
         }
         txn.commit().map_err(store_error)?;
@@ -287,15 +353,51 @@ mod tests {
         let path = dir.path().join("done.redb");
         let store = DedupeStore::open(&path).unwrap();
         store
-            .record(&[("t", 0, 0), ("t", 0, 1), ("t", 1, 9), ("u", 0, 3)])
+            .record(&[
+                ("t", None, 0, 0),
+                ("t", None, 0, 1),
+                ("t", None, 1, 9),
+                ("u", None, 0, 3),
+            ])
             .await
             .unwrap();
         assert_eq!(store.reread("t", 0).0, [(0, 2)]);
         drop(store);
         let store = DedupeStore::open(&path).unwrap();
-        assert!(store.is_done("t", 0, 1) && store.is_done("t", 1, 9) && store.is_done("u", 0, 3));
         assert!(
-            !store.is_done("t", 0, 2) && !store.is_done("t", 1, 8) && !store.is_done("v", 0, 0)
+            store.is_done("t", None, 0, 1)
+                && store.is_done("t", None, 1, 9)
+                && store.is_done("u", None, 0, 3)
+        );
+        assert!(
+            !store.is_done("t", None, 0, 2)
+                && !store.is_done("t", None, 1, 8)
+                && !store.is_done("v", None, 0, 0)
+        );
+    }
+
+    /// A topic deleted and created again starts at offset 0 under a new id (README, "Topics"):
+    /// its messages are not the old incarnation's, which the store used to skip as finished.
+    #[tokio::test]
+    async fn a_new_incarnation_of_a_topic_is_not_taken_for_the_old_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("done.redb");
+        let (old, new) = (TopicId::from_bytes([1; 16]), TopicId::from_bytes([2; 16]));
+        let store = DedupeStore::open(&path).unwrap();
+        store
+            .record(&[("t", Some(old), 0, 0), ("t", Some(old), 0, 1)])
+            .await
+            .unwrap();
+        assert!(store.is_done("t", Some(old), 0, 1));
+        assert!(!store.is_done("t", Some(new), 0, 0), "another incarnation");
+        store.record(&[("t", Some(new), 0, 0)]).await.unwrap();
+        drop(store);
+        let store = DedupeStore::open(&path).unwrap();
+        assert!(store.is_done("t", Some(new), 0, 0));
+        assert!(!store.is_done("t", Some(new), 0, 1));
+        assert!(
+            !store.is_done("t", Some(old), 0, 1),
+            "the old record is gone"
         );
     }
 }

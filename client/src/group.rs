@@ -31,7 +31,7 @@ pub struct GroupConsumer {
     assignment: Vec<TopicPartition>,
     /// Exactly-once: the store, and the messages of the last poll, recorded at the next.
     dedupe: Option<DedupeStore>,
-    unrecorded: Vec<(String, u32, u64)>,
+    unrecorded: Vec<(String, Option<mmmq_core::TopicId>, u32, u64)>,
 }
 
 impl GroupConsumer {
@@ -103,10 +103,10 @@ impl GroupConsumer {
         let Some(store) = &self.dedupe else {
             return Ok(());
         };
-        let items: Vec<(&str, u32, u64)> = self
+        let items: Vec<crate::dedupe::MessageRef<'_>> = self
             .unrecorded
             .iter()
-            .map(|(t, p, o)| (t.as_str(), *p, *o))
+            .map(|(t, id, p, o)| (t.as_str(), *id, *p, *o))
             .collect();
         store.record(&items).await?;
         self.unrecorded.clear();
@@ -148,13 +148,15 @@ impl GroupConsumer {
                     let tp = TopicPartition {
                         topic: e.topic.to_string(),
                         partition: e.partition,
+                        topic_id: e.topic_id,
                     };
                     self.pending.insert(tp, e.offset + 1);
                 }
                 self.assignment = answer.assignment;
                 if let Some(store) = &self.dedupe {
                     answer.messages.retain(|e| {
-                        let done = store.is_done(e.topic.as_str(), e.partition, e.offset);
+                        let done =
+                            store.is_done(e.topic.as_str(), e.topic_id, e.partition, e.offset);
                         if done {
                             store.count_duplicate();
                         }
@@ -163,7 +165,7 @@ impl GroupConsumer {
                     self.unrecorded = answer
                         .messages
                         .iter()
-                        .map(|e| (e.topic.to_string(), e.partition, e.offset))
+                        .map(|e| (e.topic.to_string(), e.topic_id, e.partition, e.offset))
                         .collect();
                 }
                 Ok(answer.messages)
@@ -183,7 +185,10 @@ impl GroupConsumer {
         let offsets: Vec<serde_json::Value> = self
             .pending
             .iter()
-            .map(|(tp, o)| serde_json::json!({"topic": tp.topic, "partition": tp.partition, "offset": o}))
+            .map(|(tp, o)| match tp.topic_id {
+                Some(id) => serde_json::json!({"topic": tp.topic, "topicId": id, "partition": tp.partition, "offset": o}),
+                None => serde_json::json!({"topic": tp.topic, "partition": tp.partition, "offset": o}),
+            })
             .collect();
         let body =
             serde_json::to_vec(&serde_json::json!({"member": self.member, "offsets": offsets}))?;

@@ -22,6 +22,7 @@ pub mod pattern;
 pub mod plugins;
 pub mod status;
 pub mod topic;
+pub mod topic_id;
 
 pub use ack::Ack;
 pub use handler::{ErasedHandler, HandlerFuture, Message, erase};
@@ -37,6 +38,7 @@ pub use status::{
     ShadowStatus, TargetStatus, TopicConfig, TopicDetail, TopicInfo, TopicPartition, TopicStatus,
 };
 pub use topic::{ConsumerId, NameError, Topic};
+pub use topic_id::{BadTopicId, TopicId};
 
 /// An error and its causes on one line ("error sending request: connection refused …"): an HTTP
 /// client's own message hides the cause that tells a user what to fix.

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::topic::Topic;
+use crate::topic_id::TopicId;
 
 /// Content nested deeper than this is refused: consumers parsing it into a tree would fail on it
 /// forever, and the raw pass-through never checks depth itself. serde_json parses at most 127
@@ -123,6 +124,11 @@ pub struct Origin {
     pub offset: u64,
     /// Which of the call's emits, from 0.
     pub index: u32,
+    /// The id of the source topic's incarnation (README, "Topics"): a topic deleted and created
+    /// again reuses (topic, partition, offset) for other messages. Absent from emits stored
+    /// before topic ids, whose source is the incarnation with its name's legacy id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_id: Option<TopicId>,
 }
 
 impl StoredMessage {
@@ -137,8 +143,15 @@ impl StoredMessage {
         serde_json::from_slice(bytes)
     }
 
-    /// The envelope consumers see for this message at `offset` of `partition` of `topic`.
-    pub fn into_envelope(self, topic: Topic, partition: u32, offset: u64) -> Envelope {
+    /// The envelope consumers see for this message at `offset` of `partition` of the
+    /// incarnation `topic_id` of `topic`.
+    pub fn into_envelope(
+        self,
+        topic: Topic,
+        topic_id: TopicId,
+        partition: u32,
+        offset: u64,
+    ) -> Envelope {
         Envelope {
             topic,
             partition,
@@ -148,6 +161,7 @@ impl StoredMessage {
             content: self.content,
             id: self.id,
             origin: self.origin,
+            topic_id: Some(topic_id),
         }
     }
 }
@@ -175,6 +189,11 @@ pub struct Envelope {
     /// Where a plugin's emitted message came from; absent from produced messages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<Origin>,
+    /// The id of the topic's incarnation (README, "Topics"): (topic, partition, offset) names one
+    /// message only together with it, since a topic deleted and created again starts at offset 0.
+    /// Absent from a broker that predates topic ids.
+    #[serde(rename = "topicId", default, skip_serializing_if = "Option::is_none")]
+    pub topic_id: Option<TopicId>,
     /// The producer's content, verbatim (last, so that its bytes end the envelope).
     #[cfg_attr(feature = "openapi", schema(value_type = serde_json::Value))]
     pub content: Box<RawValue>,
@@ -228,12 +247,13 @@ mod tests {
         };
         let back = StoredMessage::from_payload(&msg.to_payload()).unwrap();
         assert_eq!(back.content.get(), content);
-        let env = back.into_envelope(Topic::new("order.created").unwrap(), 0, 17);
+        let id = TopicId::from_bytes([7; 16]);
+        let env = back.into_envelope(Topic::new("order.created").unwrap(), id, 0, 17);
         let json = serde_json::to_string(&env).unwrap();
         assert_eq!(
             json,
             format!(
-                r#"{{"topic":"order.created","partition":0,"offset":17,"timestamp":1764400000000,"key":null,"content":{content}}}"#
+                r#"{{"topic":"order.created","partition":0,"offset":17,"timestamp":1764400000000,"key":null,"topicId":"{id}","content":{content}}}"#
             )
         );
     }

@@ -13,6 +13,10 @@ use crate::Envelope;
 pub struct TopicInfo {
     /// The name.
     pub name: String,
+    /// The id of this incarnation of the topic (README, "Topics"); absent from a broker that
+    /// predates topic ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_id: Option<crate::TopicId>,
     /// The offset the next message will get.
     pub next_offset: u64,
     /// Segment files.
@@ -103,6 +107,10 @@ pub struct PartitionInfo {
 pub struct TopicDetail {
     /// The name.
     pub name: String,
+    /// The id of this incarnation of the topic: a topic deleted and created again gets a new
+    /// one (README, "Topics").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_id: Option<crate::TopicId>,
     /// Every configuration field.
     pub config: TopicConfig,
     /// Each partition.
@@ -363,6 +371,10 @@ pub struct TopicPartition {
     pub topic: String,
     /// The partition.
     pub partition: u32,
+    /// The incarnation of the topic (README, "Topics"); a commit that names it is refused
+    /// (`409`) once the topic was deleted and created again.
+    #[serde(rename = "topicId", default, skip_serializing_if = "Option::is_none")]
+    pub topic_id: Option<crate::TopicId>,
 }
 
 /// The answer to a group poll (`GET /mmmq/groups/{group}/messages`).
@@ -412,6 +424,9 @@ pub struct GroupMember {
 pub struct GroupPartition {
     /// The topic.
     pub topic: String,
+    /// The incarnation of the topic (README, "Topics").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_id: Option<crate::TopicId>,
     /// The partition.
     pub partition: u32,
     /// Its owner, if the group has live members.
@@ -422,4 +437,8 @@ pub struct GroupPartition {
     pub next_offset: u64,
     /// `nextOffset − committed`.
     pub lag: u64,
+    /// Messages retention deleted before the group read them (README, "Retention"), since
+    /// the group was last loaded.
+    #[serde(default)]
+    pub skipped: u64,
 }

@@ -274,3 +274,123 @@ async fn an_in_process_handler_with_lanes_runs_keys_in_parallel_each_in_order() 
     );
     broker.shutdown().await;
 }
+
+/// A produce with an id whose future is dropped once the id is claimed (a request deadline, a
+/// client that went away) still stores its message and resolves the claim: a retry of the id
+/// answers `duplicate` at once with the first one's place (it waited out the dedupe window and
+/// stored a second copy). The same for a batch.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_produce_still_resolves_its_id() {
+    use mmmq::broker::ProduceItem;
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::open(ServeConfig::new(tmp.path())).await.unwrap();
+    let item = |id: &str, n: u64| {
+        let content = serde_json::value::to_raw_value(&Job { n }).unwrap();
+        ProduceItem::new("ids", None, content, 1 << 20)
+            .unwrap()
+            .with_id(Some(id.to_owned()))
+            .unwrap()
+    };
+    let stored = || async {
+        let page = broker
+            .pull("ids", 0, 0, 100, Duration::ZERO, &Default::default())
+            .await
+            .unwrap();
+        page.messages.len()
+    };
+    let wait_stored = |n: usize| async move {
+        let deadline = std::time::Instant::now() + WAIT;
+        while stored().await < n {
+            assert!(std::time::Instant::now() < deadline, "never stored");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    // The topic exists (its creation is not what is tested).
+    broker
+        .produce_json("ids", None, &Job { n: 0 })
+        .await
+        .unwrap();
+    // Polled once (the claim is made, the append waits for its fsync), then dropped; the retry
+    // comes once the first message is stored, as a client's retry after its timeout would.
+    let _dropped = tokio::time::timeout(Duration::ZERO, broker.produce(item("one", 1))).await;
+    wait_stored(2).await;
+    let retry = tokio::time::timeout(Duration::from_secs(5), broker.produce(item("one", 1)))
+        .await
+        .expect("the retry waited for a claim nobody resolves")
+        .unwrap();
+    assert!(retry.duplicate, "{retry:?}");
+    assert_eq!((retry.partition, retry.offset), (0, 1));
+
+    let batch = || vec![item("two", 2), item("three", 3)];
+    let _dropped = tokio::time::timeout(Duration::ZERO, broker.produce_batch(batch())).await;
+    wait_stored(4).await;
+    let retry = tokio::time::timeout(Duration::from_secs(5), broker.produce_batch(batch()))
+        .await
+        .expect("the retried batch waited for claims nobody resolves")
+        .unwrap();
+    assert!(retry.iter().all(|p| p.duplicate), "{retry:?}");
+    assert_eq!(
+        retry.iter().map(|p| p.offset).collect::<Vec<_>>(),
+        vec![2, 3]
+    );
+    assert_eq!(stored().await, 4, "each id stored once");
+    broker.shutdown().await;
+}
+
+/// Pulls and group polls racing retention (README, "Retention": behind the horizon) answer from
+/// the first offset still stored; they answered an error (a `500`) when a segment they had found
+/// was deleted before they read it.
+#[tokio::test(flavor = "multi_thread")]
+async fn pulls_and_group_polls_racing_retention_answer_from_the_first_offset() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = ServeConfig::new(tmp.path());
+    // One message per segment, and few open files: each read opens the files of segments that
+    // are being deleted at that moment.
+    config.segment_max_bytes = 1;
+    config.max_open_files = Some(2);
+    let broker = Arc::new(Broker::open(config).await.unwrap());
+    const N: u64 = 400;
+    for n in 0..N {
+        broker.produce_json("race", None, &Job { n }).await.unwrap();
+    }
+    let log = broker
+        .registry()
+        .get(&Topic::new("race").unwrap())
+        .unwrap()
+        .first()
+        .log
+        .clone();
+    let reader = {
+        let (broker, log) = (broker.clone(), log.clone());
+        tokio::spawn(async move {
+            let stop = Default::default();
+            let limits = (10, Duration::ZERO, Duration::from_secs(10));
+            let mut reads = 0;
+            while log.first_offset() < N - 1 {
+                let page = broker
+                    .pull("race", 0, 0, 10, Duration::ZERO, &stop)
+                    .await
+                    .unwrap_or_else(|e| panic!("pull: {e}"));
+                if let (Some(a), Some(b)) = (page.messages.first(), page.messages.last()) {
+                    assert_eq!(b.offset - a.offset + 1, page.messages.len() as u64);
+                }
+                broker
+                    .groups()
+                    .poll("g", "m", "race", limits, &stop)
+                    .await
+                    .unwrap_or_else(|e| panic!("group poll: {e}"));
+                reads += 1;
+            }
+            reads
+        })
+    };
+    for upto in 1..N {
+        let log = log.clone();
+        tokio::task::spawn_blocking(move || log.remove_segments_before(upto).unwrap())
+            .await
+            .unwrap();
+        tokio::task::yield_now().await;
+    }
+    assert!(reader.await.unwrap() > 0);
+    broker.shutdown().await;
+}

@@ -427,3 +427,102 @@ async fn a_redrives_emits_are_appended_once_through_sigkills() {
         "{N} dead letters, each one's emits stored once; {found_again} restarts found earlier emits"
     );
 }
+
+/// A stop (a reload that replaces the dispatcher, then SIGTERM) while the disk refuses a plugin's
+/// emits (here: the topic limit) finishes within its bounds — the emit pipeline's retries and the
+/// checkpoint's wait for them ignored the stop and hung it forever — and the new target does not
+/// race the old pipeline: once the emits can be stored (a restart with a higher limit), each is
+/// stored once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stop_while_emits_are_refused_is_bounded_and_stores_each_emit_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    testbed_root(root, "x", "in", json!({}));
+    // `in` and `out-a` fit; `out-b` is one topic too many.
+    let broker = Broker::start_with(root, &["--max-topics", "2"]).await;
+    broker
+        .produce("in", json!({"do": "emit", "to": "out-a"}))
+        .await;
+    for _ in 0..4 {
+        broker
+            .produce("in", json!({"do": "emit", "to": "out-b"}))
+            .await;
+    }
+    broker
+        .dispatcher_when("x", |s| s["target"]["emitError"].is_string())
+        .await;
+    // A changed dispatcher: the old one stops while its emits are refused.
+    testbed_root(root, "x", "in", json!({"maxNackRetries": 5}));
+    let reload = broker
+        .http
+        .post(format!("{}/mmmq/admin/reload", broker.url))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .expect("the reload hung while the emits were refused");
+    assert_eq!(reload.status(), 200);
+    broker
+        .dispatcher_when("x", |s| s["target"]["emitError"].is_string())
+        .await;
+    let stopped = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::task::spawn_blocking(move || broker.terminate()),
+    )
+    .await
+    .expect("SIGTERM hung while the emits were refused")
+    .unwrap();
+    assert!(stopped.success(), "{stopped:?}");
+    let broker = Broker::start_with(root, &["--max-topics", "3"]).await;
+    let out = broker.pull_until("out-b", 4).await;
+    let mut from: Vec<u64> = out
+        .iter()
+        .map(|m| m["content"]["from"].as_u64().unwrap())
+        .collect();
+    from.sort();
+    assert_eq!(from, [1, 2, 3, 4], "each emit once: {out:?}");
+    broker
+        .dispatcher_when("x", |s| {
+            s["target"]["emitError"].is_null() && s["topics"][0]["lag"] == 0
+        })
+        .await;
+    assert_eq!(broker.pull_all("out-b").await.len(), 4, "stored again");
+}
+
+/// A source topic deleted while a plugin emitted from it is freed: the plugin's emit state for
+/// it (its commit task, which held the partition) goes, so the deleted files are closed and their
+/// space is given back. It was kept for as long as the dispatcher ran: a `**` router over
+/// short-lived topics held every topic it ever read.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deleted_source_topics_files_are_closed() {
+    let tmp = tempfile::tempdir().unwrap();
+    testbed_root(tmp.path(), "x", "src", json!({}));
+    let broker = Broker::start(tmp.path()).await;
+    for _ in 0..3 {
+        broker
+            .produce("src", json!({"do": "emit", "to": "out"}))
+            .await;
+    }
+    broker.pull_until("out", 3).await;
+    let deleted_open = || {
+        std::fs::read_dir(format!("/proc/{}/fd", broker.pid()))
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .map(|l| l.display().to_string())
+            .filter(|l| l.contains("/src.") && l.ends_with("(deleted)"))
+            .collect::<Vec<_>>()
+    };
+    let (code, body) = broker.delete("/mmmq/topics/src").await;
+    assert_eq!(code, 200, "{body}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let open = deleted_open();
+        if open.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the deleted topic's files are still open: {open:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

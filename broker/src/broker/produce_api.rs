@@ -6,61 +6,30 @@ use std::sync::Arc;
 use mmmq_core::{StoredMessage, Topic, now_ms};
 
 use super::{Broker, BrokerError, Produced};
+use crate::metrics::Metrics;
 use crate::produce::ProduceItem;
 use crate::storage::StorageError;
 use crate::topics::dedup::Claim;
+use crate::topics::{Partition, TopicLog};
 
 impl Broker {
     /// Appends one message to the partition it routes to (README, "Topics"); resolves with
     /// where it went once it is durable.
+    ///
+    /// A message with an id is claimed and appended in a task of its own, which resolves the
+    /// claim whatever happens to this future: a request dropped after the claim (its deadline,
+    /// a client that went away) would otherwise leave the id pending, and a retry would wait out
+    /// the whole dedupe window and then store a second copy — the very case ids exist for.
     pub async fn produce(&self, item: ProduceItem) -> Result<Produced, BrokerError> {
         let topic = self.registry.get_or_create(item.topic()).await?;
-        let Some(id) = item.id() else {
-            return self.append_one(&topic, &item).await;
-        };
-        let window = self.registry.config_of(&topic).dedup_window_ms;
-        loop {
-            let seen = match topic.dedup.claim(id, now_ms(), window) {
-                Claim::Stored(partition, offset) => Some((partition, offset)),
-                // `None`: the first one failed: this one may store it.
-                Claim::Pending(ticket) => topic.dedup.wait(&ticket).await,
-                Claim::New(ticket) => {
-                    return match self.append_one(&topic, &item).await {
-                        Ok(at) => {
-                            topic.dedup.stored(&ticket, at.partition, at.offset);
-                            Ok(at)
-                        }
-                        Err(e) => {
-                            topic.dedup.withdraw(&ticket);
-                            Err(e)
-                        }
-                    };
-                }
-            };
-            if let Some((partition, offset)) = seen {
-                return Ok(Produced {
-                    partition,
-                    offset,
-                    duplicate: true,
-                });
-            }
+        if item.id().is_none() {
+            return append_one(&topic, &self.metrics, &item).await;
         }
-    }
-
-    async fn append_one(
-        &self,
-        topic: &crate::topics::TopicLog,
-        item: &ProduceItem,
-    ) -> Result<Produced, BrokerError> {
-        let partition = topic.route(item.partition(), item.key())?;
-        let payload = stored_payload(item);
-        let offset = partition.log.append(&payload).await?;
-        self.count_in(item.topic(), 1, payload.len());
-        Ok(Produced {
-            partition: partition.number,
-            offset,
-            duplicate: false,
-        })
+        let window = self.registry.config_of(&topic).dedup_window_ms;
+        let metrics = self.metrics.clone();
+        tokio::spawn(async move { produce_with_id(&topic, &metrics, &item, window).await })
+            .await
+            .expect("produce task panicked")
     }
 
     /// Appends messages, each partition's share at consecutive offsets in one commit,
@@ -84,106 +53,173 @@ impl Broker {
         // Every topic exists (or the batch is refused, e.g. past the topic cap) and every
         // message has its partition before anything is appended.
         let topics = self.registry.get_or_create_all(&names).await?;
-        let topic_of = |item: &ProduceItem| {
-            topics[names.iter().position(|n| n == item.topic()).expect("named")].clone()
-        };
         let mut routes = Vec::with_capacity(items.len());
         for item in &items {
-            routes.push(topic_of(item).route(item.partition(), item.key())?);
+            let t = &topics[names.iter().position(|n| n == item.topic()).expect("named")];
+            routes.push(t.route(item.partition(), item.key())?);
         }
-        // Ids: a new one is appended and then published; one seen (before, or earlier in this
-        // batch) waits for where its first message went.
-        let now = now_ms();
         let windows: Vec<u64> = topics
             .iter()
             .map(|t| self.registry.config_of(t).dedup_window_ms)
             .collect();
-        let mut claims: Vec<Option<Claim>> = Vec::with_capacity(items.len());
-        for item in &items {
-            claims.push(item.id().map(|id| {
-                let i = names.iter().position(|n| n == item.topic()).expect("named");
-                topics[i].dedup.claim(id, now, windows[i])
-            }));
-        }
-        let mut groups: Vec<(Topic, Arc<crate::topics::Partition>, Vec<usize>)> = Vec::new();
-        for (i, (item, partition)) in items.iter().zip(routes).enumerate() {
-            if matches!(claims[i], Some(Claim::Pending(_) | Claim::Stored(..))) {
-                continue;
-            }
-            match groups
-                .iter_mut()
-                .find(|(n, p, _)| n == item.topic() && Arc::ptr_eq(p, &partition))
-            {
-                Some((_, _, v)) => v.push(i),
-                None => groups.push((item.topic().clone(), partition, vec![i])),
-            }
-        }
-        let mut set = tokio::task::JoinSet::new();
-        for (topic, partition, indexes) in groups {
-            let payloads: Vec<Vec<u8>> =
-                indexes.iter().map(|&i| stored_payload(&items[i])).collect();
-            set.spawn(async move {
-                let bytes: usize = payloads.iter().map(Vec::len).sum();
-                let first = partition.log.append_batch(&payloads).await;
-                (topic, partition.number, indexes, bytes, first)
-            });
-        }
-        let mut stored = vec![None; items.len()];
-        let mut failure = None;
-        while let Some(joined) = set.join_next().await {
-            let (topic, partition, indexes, bytes, first) = joined.expect("append task panicked");
-            match first {
-                Ok(first) => {
-                    self.count_in(&topic, indexes.len() as u64, bytes);
-                    for (k, &i) in indexes.iter().enumerate() {
-                        let offset = first + k as u64;
-                        if let Some(Claim::New(ticket)) = &claims[i] {
-                            topic_of(&items[i]).dedup.stored(ticket, partition, offset);
-                        }
-                        stored[i] = Some(Produced {
-                            partition,
-                            offset,
-                            duplicate: false,
-                        });
+        // From the first claim on, the batch runs to its end in a task of its own, whatever
+        // happens to this future (see [`Broker::produce`]).
+        let metrics = self.metrics.clone();
+        tokio::spawn(commit_batch(metrics, items, names, topics, routes, windows))
+            .await
+            .expect("produce task panicked")
+    }
+}
+
+/// Claims the id of `item` and appends it if it is new, else answers where its first message
+/// went. Runs to its end once started (see [`Broker::produce`]).
+async fn produce_with_id(
+    topic: &TopicLog,
+    metrics: &Metrics,
+    item: &ProduceItem,
+    window: u64,
+) -> Result<Produced, BrokerError> {
+    let id = item.id().expect("called for items with an id");
+    loop {
+        let seen = match topic.dedup.claim(id, now_ms(), window) {
+            Claim::Stored(partition, offset) => Some((partition, offset)),
+            // `None`: the first one failed: this one may store it.
+            Claim::Pending(ticket) => topic.dedup.wait(&ticket).await,
+            Claim::New(ticket) => {
+                return match append_one(topic, metrics, item).await {
+                    Ok(at) => {
+                        topic.dedup.stored(&ticket, at.partition, at.offset);
+                        Ok(at)
                     }
-                }
-                Err(e) => {
-                    for &i in &indexes {
-                        if let Some(Claim::New(ticket)) = &claims[i] {
-                            topic_of(&items[i]).dedup.withdraw(ticket);
-                        }
+                    Err(e) => {
+                        topic.dedup.withdraw(&ticket);
+                        Err(e)
                     }
-                    failure = failure.or(Some(e));
-                }
+                };
             }
-        }
-        for (i, claim) in claims.iter().enumerate() {
-            let seen = match claim {
-                Some(Claim::Stored(p, o)) => Some((*p, *o)),
-                // `None`: the first one's append failed; this element was not stored either.
-                Some(Claim::Pending(ticket)) => topic_of(&items[i]).dedup.wait(ticket).await,
-                _ => continue,
-            };
-            stored[i] = seen.map(|(partition, offset)| Produced {
+        };
+        if let Some((partition, offset)) = seen {
+            return Ok(Produced {
                 partition,
                 offset,
                 duplicate: true,
             });
         }
-        if failure.is_none() && stored.iter().any(Option::is_none) {
-            failure = Some(StorageError::Closed);
+    }
+}
+
+async fn append_one(
+    topic: &TopicLog,
+    metrics: &Metrics,
+    item: &ProduceItem,
+) -> Result<Produced, BrokerError> {
+    let partition = topic.route(item.partition(), item.key())?;
+    let payload = stored_payload(item);
+    let offset = partition.log.append(&payload).await?;
+    metrics.count_in(item.topic(), 1, payload.len());
+    Ok(Produced {
+        partition: partition.number,
+        offset,
+        duplicate: false,
+    })
+}
+
+/// The part of a batch from its claims on: appends each partition's share, resolves every
+/// claim, answers where each element went.
+async fn commit_batch(
+    metrics: Arc<Metrics>,
+    items: Vec<ProduceItem>,
+    names: Vec<Topic>,
+    topics: Vec<Arc<TopicLog>>,
+    routes: Vec<Arc<Partition>>,
+    windows: Vec<u64>,
+) -> Result<Vec<Produced>, BrokerError> {
+    let topic_of = |item: &ProduceItem| {
+        topics[names.iter().position(|n| n == item.topic()).expect("named")].clone()
+    };
+    let now = now_ms();
+    // Ids: a new one is appended and then published; one seen (before, or earlier in this
+    // batch) waits for where its first message went.
+    let mut claims: Vec<Option<Claim>> = Vec::with_capacity(items.len());
+    for item in &items {
+        claims.push(item.id().map(|id| {
+            let i = names.iter().position(|n| n == item.topic()).expect("named");
+            topics[i].dedup.claim(id, now, windows[i])
+        }));
+    }
+    let mut groups: Vec<(Topic, Arc<Partition>, Vec<usize>)> = Vec::new();
+    for (i, (item, partition)) in items.iter().zip(routes).enumerate() {
+        if matches!(claims[i], Some(Claim::Pending(_) | Claim::Stored(..))) {
+            continue;
         }
-        match failure {
-            None => Ok(stored
-                .into_iter()
-                .map(|o| o.expect("every partition stored"))
-                .collect()),
-            Some(error) => Err(BrokerError::PartialBatch { error, stored }),
+        match groups
+            .iter_mut()
+            .find(|(n, p, _)| n == item.topic() && Arc::ptr_eq(p, &partition))
+        {
+            Some((_, _, v)) => v.push(i),
+            None => groups.push((item.topic().clone(), partition, vec![i])),
         }
     }
-
-    fn count_in(&self, topic: &Topic, messages: u64, bytes: usize) {
-        self.metrics.count_in(topic, messages, bytes);
+    let mut set = tokio::task::JoinSet::new();
+    for (topic, partition, indexes) in groups {
+        let payloads: Vec<Vec<u8>> = indexes.iter().map(|&i| stored_payload(&items[i])).collect();
+        set.spawn(async move {
+            let bytes: usize = payloads.iter().map(Vec::len).sum();
+            let first = partition.log.append_batch(&payloads).await;
+            (topic, partition.number, indexes, bytes, first)
+        });
+    }
+    let mut stored = vec![None; items.len()];
+    let mut failure = None;
+    while let Some(joined) = set.join_next().await {
+        let (topic, partition, indexes, bytes, first) = joined.expect("append task panicked");
+        match first {
+            Ok(first) => {
+                metrics.count_in(&topic, indexes.len() as u64, bytes);
+                for (k, &i) in indexes.iter().enumerate() {
+                    let offset = first + k as u64;
+                    if let Some(Claim::New(ticket)) = &claims[i] {
+                        topic_of(&items[i]).dedup.stored(ticket, partition, offset);
+                    }
+                    stored[i] = Some(Produced {
+                        partition,
+                        offset,
+                        duplicate: false,
+                    });
+                }
+            }
+            Err(e) => {
+                for &i in &indexes {
+                    if let Some(Claim::New(ticket)) = &claims[i] {
+                        topic_of(&items[i]).dedup.withdraw(ticket);
+                    }
+                }
+                failure = failure.or(Some(e));
+            }
+        }
+    }
+    for (i, claim) in claims.iter().enumerate() {
+        let seen = match claim {
+            Some(Claim::Stored(p, o)) => Some((*p, *o)),
+            // `None`: the first one's append failed; this element was not stored either.
+            Some(Claim::Pending(ticket)) => topic_of(&items[i]).dedup.wait(ticket).await,
+            _ => continue,
+        };
+        stored[i] = seen.map(|(partition, offset)| Produced {
+            partition,
+            offset,
+            duplicate: true,
+        });
+    }
+    if failure.is_none() && stored.iter().any(Option::is_none) {
+        failure = Some(StorageError::Closed);
+    }
+    match failure {
+        None => Ok(stored
+            .into_iter()
+            .map(|o| o.expect("every partition stored"))
+            .collect()),
+        Some(error) => Err(BrokerError::PartialBatch { error, stored }),
     }
 }
 

@@ -22,6 +22,7 @@ impl Broker {
     fn detail(&self, t: &TopicLog) -> TopicDetail {
         TopicDetail {
             name: t.topic.to_string(),
+            topic_id: Some(t.id),
             config: self.registry.config_of(t),
             partitions: t
                 .partitions()
@@ -55,12 +56,15 @@ impl Broker {
     pub async fn put_topic(&self, name: &str, body: &[u8]) -> Result<TopicDetail, BrokerError> {
         let topic = Self::topic_name(name)?;
         let update = TopicUpdate::parse(body)?;
+        // One administration of a topic at a time: the current configuration read here is
+        // still the current one when the next is stored.
+        let _admin = self.registry.administer(&topic).await;
         let current = match self.registry.get(&topic) {
             Some(t) => self.registry.config_of(&t),
             None => self.config.topic_defaults.clone(),
         };
         let next = update.apply(&current)?;
-        let t = self.registry.get_or_create(&topic).await?;
+        let t = self.registry.get_or_create_by_api(&topic).await?;
         self.registry.set_config(&t, next).await?;
         tracing::info!(topic = %topic, config = ?self.registry.config_of(&t), "topic configured");
         Ok(self.detail(&t))
@@ -69,18 +73,27 @@ impl Broker {
     /// `DELETE /mmmq/topics/{topic}`: its dispatcher workers stop (their last checkpoints
     /// written), its log closes, its directory goes (durably, all at once). Producing to it
     /// again starts a new topic at offset 0.
+    ///
+    /// It runs to its end on its own: a request dropped half-way (a client that disconnects, the
+    /// request deadline) would otherwise leave the topic half deleted — refusing produces until a
+    /// restart, its workers gone, its files back at the next boot.
     pub async fn delete_topic(&self, name: &str) -> Result<(), BrokerError> {
         let topic = Self::topic_name(name)?;
-        let t = self
-            .registry
-            .begin_delete(&topic)
-            .await
-            .ok_or_else(|| BrokerError::UnknownTopic(topic.to_string()))?;
-        self.dispatch.forget_topic(&topic).await;
-        t.close().await;
-        self.registry.finish_delete(&t).await?;
-        tracing::info!(topic = %topic, "topic deleted");
-        Ok(())
+        let (registry, dispatch) = (self.registry.clone(), self.dispatch.clone());
+        tokio::spawn(async move {
+            let _admin = registry.administer(&topic).await;
+            let t = registry
+                .begin_delete(&topic)
+                .await
+                .ok_or_else(|| BrokerError::UnknownTopic(topic.to_string()))?;
+            dispatch.forget_topic(&topic).await;
+            t.close().await;
+            registry.finish_delete(&t).await?;
+            tracing::info!(topic = %topic, "topic deleted");
+            Ok(())
+        })
+        .await
+        .expect("delete task panicked")
     }
 }
 
@@ -88,6 +101,7 @@ impl Broker {
 pub(super) fn spawn_retention(
     registry: Arc<Registry>,
     dispatch: Arc<Dispatch>,
+    groups: Arc<crate::groups::Groups>,
     metrics: Arc<Metrics>,
     every: Duration,
     stop: CancellationToken,
@@ -100,7 +114,13 @@ pub(super) fn spawn_retention(
                 }
                 let config = registry.config_of(&t);
                 for p in t.partitions() {
-                    let floor = dispatch.positions(&t.topic, p.number).into_iter().min();
+                    let floor = if config.keep_undelivered {
+                        let mut held = dispatch.protected_positions(&t.topic, &p).await;
+                        held.extend(groups.protected_positions(&t.topic, &p).await);
+                        held.into_iter().min()
+                    } else {
+                        None
+                    };
                     match retention::apply(&t.topic, &p, &config, now_ms(), floor).await {
                         Ok(0) => {}
                         Ok(n) => {

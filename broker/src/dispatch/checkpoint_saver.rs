@@ -24,8 +24,9 @@ const CHECKPOINT_RETRY: Duration = Duration::from_secs(1);
 const FINAL_SETTLE: Duration = Duration::from_secs(10);
 
 /// Resolves once what the target did for the messages ACKed so far is durable
-/// ([`super::Target::settled`]): a position is written only after it.
-pub(super) type Fence = Arc<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
+/// ([`super::Target::settled`]): a position is written only after it, and not at all when it
+/// resolves `false` (the target gave up at a stop).
+pub(super) type Fence = Arc<dyn Fn() -> BoxFuture<'static, bool> + Send + Sync>;
 
 /// Persists the newest ACKed position in the background, at most one write per checkpoint interval
 /// while positions keep coming.
@@ -136,14 +137,29 @@ impl CheckpointSaver {
                         if written.as_ref() == Some(&value) {
                             break;
                         }
-                        // Nothing past what the target has made durable (a plugin's emits).
-                        if closed {
-                            if tokio::time::timeout(FINAL_SETTLE, fence()).await.is_err() {
+                        // Nothing past what the target has made durable (a plugin's emits). The
+                        // wait ends at a stop: the target then stops retrying, and answers.
+                        let settled = if closed {
+                            tokio::time::timeout(FINAL_SETTLE, fence())
+                                .await
+                                .unwrap_or(false)
+                        } else {
+                            tokio::select! {
+                                settled = fence() => settled,
+                                _ = stopping.cancelled() => {
+                                    closed = true;
+                                    tokio::time::timeout(FINAL_SETTLE, fence())
+                                        .await
+                                        .unwrap_or(false)
+                                }
+                            }
+                        };
+                        if !settled {
+                            if closed {
                                 tracing::error!("the target's work is not durable; the final position is not written (a restart redelivers from the last one)");
                                 return;
                             }
-                        } else {
-                            fence().await;
+                            break;
                         }
                         let topic = topic.clone();
                         let id = id.clone();
@@ -207,9 +223,9 @@ impl CheckpointSaver {
         }
         let Some(c) = self.claims else { return };
         c.claimer.finish().await;
-        if tokio::time::timeout(FINAL_SETTLE, (c.fence)())
+        if !tokio::time::timeout(FINAL_SETTLE, (c.fence)())
             .await
-            .is_err()
+            .unwrap_or(false)
         {
             tracing::error!(
                 "the target's work is not durable; the final position is not written (the last claim stays)"

@@ -33,7 +33,6 @@ mod worker_tests;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use mmmq_core::{ConsumerId, Topic};
 use parking_lot::Mutex;
@@ -106,6 +105,10 @@ pub struct Dispatch {
     /// Where plugins' emits go.
     emitter: Arc<Emitter>,
     running: Mutex<BTreeMap<ConsumerId, Running>>,
+    /// The pattern of every configured dispatcher, running or not — during a reload both the
+    /// old and the new ones — whose positions `keepUndelivered` protects
+    /// ([`Dispatch::protected_positions`]).
+    configured: Mutex<BTreeMap<ConsumerId, mmmq_core::TopicPattern>>,
     reloading: tokio::sync::Mutex<()>,
     shutdown: CancellationToken,
 }
@@ -124,6 +127,7 @@ impl Dispatch {
             factory,
             emitter,
             running: Mutex::new(BTreeMap::new()),
+            configured: Mutex::new(BTreeMap::new()),
             reloading: tokio::sync::Mutex::new(()),
             shutdown: CancellationToken::new(),
         });
@@ -307,6 +311,13 @@ impl Dispatch {
             .filter(|(id, r)| !r.pinned && !keep.contains(id.as_str()))
             .map(|(id, _)| id.to_string())
             .collect();
+        // While dispatchers are replaced, both the old and the new ones' positions hold
+        // `keepUndelivered` topics.
+        self.configured.lock().extend(
+            to_start
+                .iter()
+                .map(|(spec, _)| (spec.consumer_id.clone(), spec.pattern.clone())),
+        );
         let stopping: Vec<Running> = {
             let mut running = self.running.lock();
             let leaving = report.removed.iter().chain(&report.changed);
@@ -333,6 +344,10 @@ impl Dispatch {
             }
             running.insert(r.spec.consumer_id.clone(), r);
         }
+        *self.configured.lock() = running
+            .iter()
+            .map(|(id, r)| (id.clone(), r.spec.pattern.clone()))
+            .collect();
         Ok(report)
     }
 
@@ -362,6 +377,9 @@ impl Dispatch {
         for t in &self.registry.all() {
             self.start_worker(&mut r, t);
         }
+        self.configured
+            .lock()
+            .insert(r.spec.consumer_id.clone(), r.spec.pattern.clone());
         running.insert(r.spec.consumer_id.clone(), r);
         Ok(())
     }
@@ -370,10 +388,15 @@ impl Dispatch {
     /// checkpoints are written before this returns, so nothing writes into the topic's directory
     /// afterwards. A topic created again under the name gets new workers.
     pub async fn forget_topic(&self, topic: &Topic) {
-        let (handles, redrives): (Vec<WorkerHandle>, Vec<redrive::RedriveRun>) = {
+        let (handles, redrives, targets): (
+            Vec<WorkerHandle>,
+            Vec<redrive::RedriveRun>,
+            Vec<Arc<dyn Target>>,
+        ) = {
             let mut running = self.running.lock();
             let mut handles = Vec::new();
             let mut redrives = Vec::new();
+            let targets = running.values().map(|r| r.target.clone()).collect();
             for r in running.values_mut() {
                 if *topic == Topic::dead_letter(&r.spec.consumer_id)
                     && let Some(run) = r.redrive.take()
@@ -388,7 +411,7 @@ impl Dispatch {
                     .collect();
                 handles.extend(keys.iter().filter_map(|k| r.workers.remove(k)));
             }
-            (handles, redrives)
+            (handles, redrives, targets)
         };
         for run in redrives {
             run.stop().await;
@@ -396,6 +419,9 @@ impl Dispatch {
         for w in handles {
             w.cancel.cancel();
             let _ = w.join.await;
+        }
+        for t in targets {
+            t.forget_topic(topic);
         }
     }
 
@@ -426,16 +452,29 @@ impl Dispatch {
         }
     }
 
-    /// The next offset of every worker delivering `partition` of `topic` (what
-    /// `keepUndelivered` retention must not pass).
-    pub fn positions(&self, topic: &Topic, partition: u32) -> Vec<u64> {
-        let key = (topic.clone(), partition);
-        self.running
+    /// The positions `keepUndelivered` protects in `partition` of `topic` (README,
+    /// "Retention"): every configured dispatcher whose pattern matches — running, being replaced
+    /// by a reload, or with its worker down — at its durable checkpoint (0 when it has none
+    /// yet; a checkpoint that cannot be read holds everything too).
+    pub async fn protected_positions(&self, topic: &Topic, partition: &Arc<Partition>) -> Vec<u64> {
+        let ids: Vec<ConsumerId> = self
+            .configured
             .lock()
-            .values()
-            .filter_map(|r| r.workers.get(&key))
-            .map(|w| w.stats.next_offset.load(Ordering::Relaxed))
-            .collect()
+            .iter()
+            .filter(|(_, pattern)| pattern.matches(topic))
+            .map(|(id, _)| id.clone())
+            .collect();
+        if ids.is_empty() {
+            return Vec::new();
+        }
+        let p = partition.clone();
+        tokio::task::spawn_blocking(move || {
+            ids.iter()
+                .map(|id| p.checkpoints.read(id).ok().flatten().unwrap_or(0))
+                .collect()
+        })
+        .await
+        .expect("checkpoint read task panicked")
     }
 
     /// Stops every worker: waits cut short, deliveries in flight finished (each bounded by its
@@ -456,12 +495,16 @@ impl Dispatch {
 async fn stop(r: Running) {
     tracing::info!(consumer_id = %r.spec.consumer_id, workers = r.workers.len(), "stopping dispatcher");
     r.cancel.cancel();
+    r.target.stopping();
     for (_, w) in r.workers {
         let _ = w.join.await;
     }
     if let Some(run) = r.redrive {
         run.stop().await;
     }
+    // What the target still stores in the background (a plugin's emits) ends before a new
+    // target of this dispatcher can start.
+    r.target.closed().await;
     tracing::info!(consumer_id = %r.spec.consumer_id, "dispatcher stopped");
 }
 

@@ -169,9 +169,23 @@ pub trait Target: Send + Sync {
     }
     /// Resolves once what the target did for the messages it ACKed so far in `partition` of
     /// `topic` is durable (a plugin's emits, stored behind its calls): the checkpoint may then
-    /// move past them. Ready at once for targets that store nothing.
-    fn settled<'a>(&'a self, topic: &'a Topic, partition: u32) -> BoxFuture<'a, ()> {
+    /// move past them. `false` when it will not be (the dispatcher is stopping and the disk
+    /// refused): the checkpoint must stay where it is. Ready at once for targets that store
+    /// nothing.
+    fn settled<'a>(&'a self, topic: &'a Topic, partition: u32) -> BoxFuture<'a, bool> {
         let _ = (topic, partition);
+        Box::pin(async { true })
+    }
+    /// The dispatcher is stopping (its workers are told at the same moment): work the target
+    /// does in the background stops retrying what the disk refuses, so the stop is bounded.
+    fn stopping(&self) {}
+    /// Resolves once the target's background work has ended or is idle (after its workers
+    /// ended), so that a new target of the same dispatcher never races it.
+    fn closed(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
+    }
+    /// `topic` was deleted: the target drops what it keeps of it.
+    fn forget_topic(&self, topic: &Topic) {
+        let _ = topic;
     }
 }

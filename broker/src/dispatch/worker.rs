@@ -352,8 +352,12 @@ impl Worker {
                     Err(e) => format!("offset {offset}: not a dead letter: {e}"),
                 },
                 Ok(msg) => {
-                    let envelope =
-                        msg.into_envelope(self.topic.clone(), self.partition.number, offset);
+                    let envelope = msg.into_envelope(
+                        self.topic.clone(),
+                        self.partition.topic_id,
+                        self.partition.number,
+                        offset,
+                    );
                     return Ok((offset, Delivery::new(envelope)));
                 }
                 Err(e) => format!("offset {offset}: payload is not a stored message: {e}"),

@@ -34,6 +34,7 @@ use std::sync::Arc;
 
 use mmmq_core::{ConsumerId, Topic};
 use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
 use crate::produce::ProduceItem;
@@ -59,6 +60,10 @@ pub enum EmitError {
         /// The partition.
         partition: u32,
     },
+    /// The dispatcher is stopping and its emits are no longer taken: the run is tried again
+    /// after the restart.
+    #[error("the dispatcher is stopping; the run's emits were not taken")]
+    Stopping,
 }
 
 /// The broker's side of emits: where they go, shared by every plugin dispatcher.
@@ -96,6 +101,7 @@ impl Emitter {
             consumer_id: consumer_id.clone(),
             sources: Mutex::new(HashMap::new()),
             failing: Arc::default(),
+            stop: CancellationToken::new(),
         }
     }
 }
@@ -107,6 +113,8 @@ pub struct ConsumerEmits {
     sources: Mutex<HashMap<(Topic, u32), Arc<Piped>>>,
     /// Why the last commit was refused, until one succeeds (for status).
     failing: Arc<Mutex<Option<String>>>,
+    /// The dispatcher is stopping ([`ConsumerEmits::stop`]).
+    stop: CancellationToken,
 }
 
 /// One source partition's state and its commit task.
@@ -146,8 +154,11 @@ impl ConsumerEmits {
             return Ok(());
         }
         let piped = self.source(topic, partition, position)?;
-        piped.pipeline.submit(outputs).await;
-        Ok(())
+        piped
+            .pipeline
+            .submit(outputs)
+            .await
+            .map_err(|_| EmitError::Stopping)
     }
 
     /// Why the emits are not being stored right now, if they are not.
@@ -155,16 +166,42 @@ impl ConsumerEmits {
         self.failing.lock().clone()
     }
 
-    /// Resolves once everything handed over for `partition` of `topic` so far is durable.
-    pub async fn settled(&self, topic: &Topic, partition: u32) {
+    /// Resolves once everything handed over for `partition` of `topic` so far is durable
+    /// (`true`), or will not be because the dispatcher is stopping (`false`: the checkpoint must
+    /// not move past those messages).
+    pub async fn settled(&self, topic: &Topic, partition: u32) -> bool {
         let piped = self
             .sources
             .lock()
             .get(&(topic.clone(), partition))
             .cloned();
-        if let Some(piped) = piped {
-            piped.pipeline.settled().await;
+        match piped {
+            Some(piped) => piped.pipeline.settled().await,
+            None => true,
         }
+    }
+
+    /// The dispatcher is stopping: emits the disk takes are still stored, but a refusal is no
+    /// longer retried (a stop must not wait on a full disk; the messages run again after the
+    /// restart, their emits stored once then). See [`pipeline`].
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+
+    /// Resolves once every pipeline has ended or stored everything handed to it, so that a
+    /// new target of the same dispatcher never appends alongside them.
+    pub async fn closed(&self) {
+        let all: Vec<Arc<Piped>> = self.sources.lock().values().cloned().collect();
+        for piped in all {
+            piped.pipeline.idle().await;
+        }
+    }
+
+    /// Drops the state of `topic`'s partitions (the topic was deleted): their commit tasks end
+    /// and the deleted logs they held are freed. A `**` router over short-lived topics would
+    /// otherwise hold every topic it ever read.
+    pub fn forget(&self, topic: &Topic) {
+        self.sources.lock().retain(|(t, _), _| t != topic);
     }
 
     /// The state of one source partition. A topic deleted and created again is a new log with
@@ -199,7 +236,7 @@ impl ConsumerEmits {
             p,
         ));
         let piped = Arc::new(Piped {
-            pipeline: Pipeline::start(self, source.clone()),
+            pipeline: Pipeline::start(self, source.clone(), self.stop.clone()),
             source,
         });
         sources.insert(key, piped.clone());

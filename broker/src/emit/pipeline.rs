@@ -13,11 +13,18 @@
 //!   not made again (the plugin's state saw each message once), and the checkpoint waits.
 //! - At most [`DEPTH`] runs' outputs wait, so a slow disk slows the calls instead of filling
 //!   memory.
+//! - A stop of the dispatcher (a shutdown, a reload that replaces it) ends the retries: what the
+//!   disk takes is still stored, but the first refusal after the stop ends the pipeline, and
+//!   everything not stored is given up — the checkpoint stays before those messages, so they
+//!   run again after the restart and their emits are stored then, once (`emit::source`). A
+//!   stop therefore never waits on a full disk, and the pipeline has ended (or is idle) before
+//!   a new target of the same dispatcher starts, so the two never append the same emits.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
 
 use super::source::Source;
 use super::{ConsumerEmits, Outputs};
@@ -28,12 +35,18 @@ pub const DEPTH: u64 = 2;
 /// The longest wait between two tries of a refused commit.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-/// Runs handed over and runs whose outputs are stored, since the pipeline started.
+/// Runs handed over and runs whose outputs are stored, since the pipeline started, and whether
+/// it has ended (after a stop: nothing more is stored).
 #[derive(Debug, Clone, Copy, Default)]
 struct Counts {
     submitted: u64,
     stored: u64,
+    ended: bool,
 }
+
+/// The pipeline has ended (its dispatcher is stopping): the run's outputs were not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ended;
 
 /// The commit task of one source partition.
 pub(super) struct Pipeline {
@@ -42,15 +55,37 @@ pub(super) struct Pipeline {
 }
 
 impl Pipeline {
-    /// Starts the commit task of `source`.
-    pub(super) fn start(emits: &ConsumerEmits, source: Arc<Source>) -> Self {
+    /// Starts the commit task of `source`; `stop` is the dispatcher's stop.
+    pub(super) fn start(
+        emits: &ConsumerEmits,
+        source: Arc<Source>,
+        stop: CancellationToken,
+    ) -> Self {
         let (runs, mut inbox) = mpsc::unbounded_channel::<Vec<Outputs>>();
         let counts = watch::Sender::new(Counts::default());
         let progress = counts.clone();
         let (emitter, consumer_id) = (emits.emitter.clone(), emits.consumer_id.clone());
         let failing = emits.failing.clone();
         tokio::spawn(async move {
-            while let Some(outputs) = inbox.recv().await {
+            loop {
+                let outputs = tokio::select! {
+                    biased;
+                    next = inbox.recv() => match next {
+                        Some(outputs) => outputs,
+                        None => break,
+                    },
+                    // Stopping with nothing queued: end, unless a run was handed over meanwhile.
+                    _ = stop.cancelled() => {
+                        if progress.send_if_modified(|c| {
+                            let idle = c.submitted == c.stored;
+                            c.ended |= idle;
+                            idle
+                        }) {
+                            return;
+                        }
+                        continue;
+                    }
+                };
                 let mut backoff = Duration::from_millis(10);
                 loop {
                     match source.commit(outputs.clone()).await {
@@ -61,34 +96,67 @@ impl Pipeline {
                         }
                         // The source topic was deleted: nothing of it is delivered any more.
                         Err(_) if !source.exists() => break,
+                        Err(e) if stop.is_cancelled() => {
+                            tracing::warn!(consumer_id = %consumer_id, error = %e, "a plugin's emits were not stored and the dispatcher is stopping: their messages run again after the restart");
+                            progress.send_modify(|c| c.ended = true);
+                            return;
+                        }
                         Err(e) => {
                             *failing.lock() = Some(e.to_string());
                             tracing::warn!(consumer_id = %consumer_id, error = %e, retry_in_ms = backoff.as_millis() as u64, "a plugin's emits were not stored; trying again (the checkpoint waits)");
-                            tokio::time::sleep(backoff).await;
+                            tokio::select! {
+                                _ = tokio::time::sleep(backoff) => {}
+                                _ = stop.cancelled() => {}
+                            }
                             backoff = (backoff * 2).min(MAX_BACKOFF);
                         }
                     }
                 }
                 progress.send_modify(|c| c.stored += 1);
             }
+            progress.send_modify(|c| c.ended = true);
         });
         Self { runs, counts }
     }
 
-    /// Hands over a run's outputs, once fewer than [`DEPTH`] runs wait.
-    pub(super) async fn submit(&self, outputs: Vec<Outputs>) {
+    /// Hands over a run's outputs, once fewer than [`DEPTH`] runs wait; [`Ended`] if the
+    /// pipeline ended meanwhile (its dispatcher is stopping).
+    pub(super) async fn submit(&self, outputs: Vec<Outputs>) -> Result<(), Ended> {
         let mut counts = self.counts.subscribe();
         // The sender lives in `self`: the wait ends by the condition, never by a close.
-        let _ = counts.wait_for(|c| c.submitted - c.stored < DEPTH).await;
-        self.counts.send_modify(|c| c.submitted += 1);
-        // The task ends only with the pipeline.
+        let _ = counts
+            .wait_for(|c| c.ended || c.submitted - c.stored < DEPTH)
+            .await;
+        let mut taken = false;
+        self.counts.send_if_modified(|c| {
+            taken = !c.ended;
+            c.submitted += u64::from(taken);
+            taken
+        });
+        if !taken {
+            return Err(Ended);
+        }
+        // The task takes everything counted before it ends.
         let _ = self.runs.send(outputs);
+        Ok(())
     }
 
-    /// Resolves once everything handed over so far is stored.
-    pub(super) async fn settled(&self) {
+    /// Resolves once everything handed over so far is stored (`true`), or the pipeline ended
+    /// with some of it not stored (`false`).
+    pub(super) async fn settled(&self) -> bool {
         let mut counts = self.counts.subscribe();
         let target = counts.borrow().submitted;
-        let _ = counts.wait_for(|c| c.stored >= target).await;
+        match counts.wait_for(|c| c.ended || c.stored >= target).await {
+            Ok(c) => c.stored >= target,
+            Err(_) => false,
+        }
+    }
+
+    /// Resolves once the pipeline has ended or has nothing left to store.
+    pub(super) async fn idle(&self) {
+        let mut counts = self.counts.subscribe();
+        let _ = counts
+            .wait_for(|c| c.ended || c.stored >= c.submitted)
+            .await;
     }
 }

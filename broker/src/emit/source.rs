@@ -134,6 +134,7 @@ impl Source {
                         partition: self.partition.number,
                         offset,
                         index,
+                        topic_id: Some(self.partition.topic_id),
                     };
                     items.push((origin, item));
                 }
@@ -337,6 +338,27 @@ impl Source {
     }
 }
 
+/// Whether `origin` is the origin of an output of `consumer_id` from a message at or past
+/// `checkpoint` in `partition` of `topic` — of this incarnation of the topic: the emits of one
+/// deleted and created again (its offsets start anew) are not this one's, whatever their
+/// offsets. An origin stored before topic ids is of the incarnation with the legacy id.
+fn is_output_of(
+    origin: &Origin,
+    consumer_id: &ConsumerId,
+    topic: &Topic,
+    partition: &Partition,
+    checkpoint: u64,
+) -> bool {
+    let incarnation = origin
+        .topic_id
+        .unwrap_or_else(|| crate::topics::incarnation::legacy_id(&origin.topic));
+    origin.consumer_id == consumer_id.as_str()
+        && origin.topic == topic.as_str()
+        && incarnation == partition.topic_id
+        && origin.partition == partition.number
+        && origin.offset >= checkpoint
+}
+
 /// What recovery found.
 struct Found {
     bounds: Bounds,
@@ -377,11 +399,7 @@ fn scan(
                 let Some(origin) = message.origin else {
                     continue;
                 };
-                if origin.consumer_id == consumer_id.as_str()
-                    && origin.topic == topic.as_str()
-                    && origin.partition == partition.number
-                    && origin.offset >= checkpoint
-                {
+                if is_output_of(&origin, consumer_id, topic, partition, checkpoint) {
                     present.insert((origin.offset, origin.index));
                     max_source = max_source.max(Some(origin.offset));
                 }
@@ -395,4 +413,49 @@ fn scan(
         present,
         max_source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::{LogConfig, OsFs};
+    use crate::topics::incarnation::legacy_id;
+    use mmmq_core::TopicId;
+
+    #[tokio::test]
+    async fn outputs_are_matched_to_one_incarnation_of_their_source() {
+        let tmp = tempfile::tempdir().unwrap();
+        let vfs: Arc<dyn crate::storage::Vfs> = Arc::new(OsFs);
+        let open = |id| {
+            crate::topics::partition::open_partition(tmp.path(), id, 0, &vfs, &LogConfig::default())
+                .unwrap()
+        };
+        let (c, t) = (ConsumerId::new("c").unwrap(), Topic::new("src").unwrap());
+        let origin = |topic_id| Origin {
+            consumer_id: "c".into(),
+            topic: "src".into(),
+            partition: 0,
+            offset: 5,
+            index: 0,
+            topic_id,
+        };
+        let (a, b) = (TopicId::from_bytes([1; 16]), TopicId::from_bytes([2; 16]));
+        let pa = open(a);
+        assert!(is_output_of(&origin(Some(a)), &c, &t, &pa, 5));
+        assert!(
+            !is_output_of(&origin(Some(a)), &c, &t, &pa, 6),
+            "before the checkpoint"
+        );
+        assert!(
+            !is_output_of(&origin(Some(b)), &c, &t, &pa, 0),
+            "another incarnation"
+        );
+        assert!(
+            !is_output_of(&origin(None), &c, &t, &pa, 0),
+            "older than topic ids"
+        );
+        drop(pa);
+        let legacy = open(legacy_id("src"));
+        assert!(is_output_of(&origin(None), &c, &t, &legacy, 0));
+    }
 }

@@ -86,6 +86,11 @@ pub(super) struct CommitOffset {
     partition: u32,
     /// The next offset to read.
     offset: u64,
+    /// The topic's incarnation the offset is of (from the poll's assignment or envelopes):
+    /// refused with `409` once the topic was deleted and created again.
+    #[serde(rename = "topicId", default)]
+    #[schema(value_type = Option<String>)]
+    topic_id: Option<mmmq_core::TopicId>,
 }
 
 /// Commits a member's positions (`409` for a partition it does not own).
@@ -106,7 +111,7 @@ pub(super) async fn commit(
     let offsets = req
         .offsets
         .into_iter()
-        .map(|o| (o.topic, o.partition, o.offset))
+        .map(|o| (o.topic, o.topic_id, o.partition, o.offset))
         .collect();
     broker.groups().commit(&group, &req.member, offsets).await?;
     Ok(Json(serde_json::json!({"committed": true})))
@@ -131,7 +136,7 @@ pub(super) async fn leave(
 pub(super) async fn list(
     State(state): State<AppState>,
 ) -> Result<Json<Vec<GroupStatus>>, ApiError> {
-    Ok(Json(state.broker()?.groups().list()))
+    Ok(Json(state.broker()?.groups().list().await))
 }
 
 /// A group: members, partitions, lag.
@@ -143,5 +148,5 @@ pub(super) async fn show(
     group: Result<Path<String>, PathRejection>,
 ) -> Result<Json<GroupStatus>, ApiError> {
     let group = path(group)?;
-    Ok(Json(state.broker()?.groups().status(&group)?))
+    Ok(Json(state.broker()?.groups().status(&group).await?))
 }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use mmmq_core::ConsumerId;
+use parking_lot::RwLock;
 
 use super::error::{IoContext, StorageError};
 use super::vfs::{OpenMode, Vfs, replace_durably};
@@ -59,6 +60,11 @@ impl Position {
 pub struct Checkpoints {
     dir: PathBuf,
     vfs: Arc<dyn Vfs>,
+    /// `false` once the log's topic is deleted ([`Checkpoints::retire`]). Every write holds it
+    /// shared and checks it, so a write racing the delete (a group commit, a dispatcher's last
+    /// save) either lands before the directory goes or is refused: it never creates the deleted
+    /// directory again, which the next boot would open as the topic come back.
+    live: Arc<RwLock<bool>>,
 }
 
 impl Checkpoints {
@@ -67,12 +73,38 @@ impl Checkpoints {
         Self {
             dir: dir.into(),
             vfs,
+            live: Arc::new(RwLock::new(true)),
         }
     }
 
-    /// The checkpoints in the subdirectory `sub` (a consumer group's, say), on the same disk.
+    /// The checkpoints in the subdirectory `sub` (a consumer group's, say), on the same disk,
+    /// retired with these.
     pub fn nested(&self, sub: &str) -> Self {
-        Self::new(self.dir.join(sub), self.vfs.clone())
+        Self {
+            dir: self.dir.join(sub),
+            vfs: self.vfs.clone(),
+            live: self.live.clone(),
+        }
+    }
+
+    /// Refuses every later write ([`StorageError::Retired`]), once the writes in progress are
+    /// done: the topic is being deleted. Blocking (it waits for those writes).
+    pub fn retire(&self) {
+        *self.live.write() = false;
+    }
+
+    /// Runs a write unless retired, holding off [`Checkpoints::retire`] until it is done.
+    fn writing<T>(
+        &self,
+        write: impl FnOnce() -> Result<T, StorageError>,
+    ) -> Result<T, StorageError> {
+        let live = self.live.read();
+        if !*live {
+            return Err(StorageError::Retired {
+                dir: self.dir.clone(),
+            });
+        }
+        write()
     }
 
     /// The directory.
@@ -101,12 +133,12 @@ impl Checkpoints {
 
     /// Durably replaces the position of `id`. Blocking (two fsyncs).
     pub fn write_position(&self, id: &ConsumerId, position: &Position) -> Result<(), StorageError> {
-        replace_durably(&*self.vfs, &self.path(id), &position.encode())
+        self.writing(|| replace_durably(&*self.vfs, &self.path(id), &position.encode()))
     }
 
     /// Durably replaces the next offset of `id`. Blocking (two fsyncs).
     pub fn write(&self, id: &ConsumerId, next_offset: u64) -> Result<(), StorageError> {
-        replace_durably(&*self.vfs, &self.path(id), &next_offset.to_be_bytes())
+        self.writing(|| replace_durably(&*self.vfs, &self.path(id), &next_offset.to_be_bytes()))
     }
 
     /// A file kept next to `id`'s checkpoint, `{id}.{ext}` (a dispatcher's state beside its
@@ -122,7 +154,7 @@ impl Checkpoints {
         ext: &str,
         bytes: &[u8],
     ) -> Result<(), StorageError> {
-        replace_durably(&*self.vfs, &self.dir.join(format!("{id}.{ext}")), bytes)
+        self.writing(|| replace_durably(&*self.vfs, &self.dir.join(format!("{id}.{ext}")), bytes))
     }
 
     /// Appends `lines` (each ending in `\n`) to the file `{id}.{ext}` beside `id`'s checkpoint,
@@ -133,7 +165,13 @@ impl Checkpoints {
         ext: &str,
         lines: &[u8],
     ) -> Result<(), StorageError> {
-        super::vfs::append_lines_durably(&*self.vfs, &self.dir.join(format!("{id}.{ext}")), lines)
+        self.writing(|| {
+            super::vfs::append_lines_durably(
+                &*self.vfs,
+                &self.dir.join(format!("{id}.{ext}")),
+                lines,
+            )
+        })
     }
 
     /// Every stored checkpoint, by consumer id (for status and `mmmq inspect`). Blocking.

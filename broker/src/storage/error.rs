@@ -79,6 +79,12 @@ pub enum StorageError {
         /// The topic.
         topic: String,
     },
+    /// A checkpoint write after its topic was deleted (it would bring the directory back).
+    #[error("{dir}: its topic was deleted")]
+    Retired {
+        /// The checkpoint directory.
+        dir: PathBuf,
+    },
     /// The log was closed while the operation waited.
     #[error("log closed")]
     Closed,

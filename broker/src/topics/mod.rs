@@ -9,13 +9,14 @@
 //! - [`retention`]: which segments retention deletes, and the pass that deletes them.
 
 pub mod dedup;
+pub mod incarnation;
 pub mod partition;
 pub mod retention;
 pub mod settings;
 
 pub use partition::{NoSuchPartition, Partition, TopicLog};
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,6 +45,29 @@ pub struct Registry {
     defaults: TopicConfig,
     /// Topics being deleted: not created again until their files are gone.
     deleting: Mutex<HashSet<Topic>>,
+    /// One lock per topic under administration ([`Registry::administer`]).
+    admin: Mutex<HashMap<Topic, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// Held while one topic is administered: no other create, configure or delete of that topic
+/// runs meanwhile ([`Registry::administer`]).
+pub struct AdminGuard<'a> {
+    registry: &'a Registry,
+    topic: Topic,
+    lock: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for AdminGuard<'_> {
+    fn drop(&mut self) {
+        let mut admin = self.registry.admin.lock();
+        drop(self.lock.take());
+        // The last one out removes the topic's lock: the map holds only topics in use.
+        if let Some(l) = admin.get(&self.topic)
+            && Arc::strong_count(l) == 1
+        {
+            admin.remove(&self.topic);
+        }
+    }
 }
 
 impl Registry {
@@ -67,6 +91,7 @@ impl Registry {
             max_topics: usize::MAX,
             defaults: TopicConfig::default(),
             deleting: Mutex::new(HashSet::new()),
+            admin: Mutex::new(HashMap::new()),
         };
         let dir = registry.dir.clone();
         let vfs = registry.vfs.clone();
@@ -76,9 +101,22 @@ impl Registry {
         })
         .await
         .expect("restore task panicked")?;
-        *registry.create.lock().await = opened.keys().filter(|t| !t.is_internal()).count();
+        *registry.create.lock().await = opened.keys().filter(|t| counts(t)).count();
         *registry.topics.write() = opened;
         Ok(registry)
+    }
+
+    /// Waits until no other administration of `topic` (create, configure, delete) runs, and holds
+    /// it off until the guard is dropped. Without it two concurrent grows both read the old
+    /// partition count and both open the new partitions: two writers on one directory.
+    pub async fn administer(&self, topic: &Topic) -> AdminGuard<'_> {
+        let lock = self.admin.lock().entry(topic.clone()).or_default().clone();
+        let guard = lock.lock_owned().await;
+        AdminGuard {
+            registry: self,
+            topic: topic.clone(),
+            lock: Some(guard),
+        }
     }
 
     /// The topic, if it exists.
@@ -129,7 +167,7 @@ impl Registry {
         t: &Arc<TopicLog>,
         config: TopicConfig,
     ) -> Result<(), StorageError> {
-        let have = t.partition_count();
+        let (have, id) = (t.partition_count(), t.id);
         let (vfs, dir, stored, log_config) = (
             self.vfs.clone(),
             t.dir.clone(),
@@ -138,7 +176,7 @@ impl Registry {
         );
         let added = tokio::task::spawn_blocking(move || {
             let added = (have..stored.partitions)
-                .map(|p| partition::open_partition(&dir, p, &vfs, &log_config))
+                .map(|p| partition::open_partition(&dir, id, p, &vfs, &log_config))
                 .collect::<Result<Vec<_>, _>>()?;
             settings::store(&*vfs, &dir, &stored)?;
             Ok::<_, StorageError>(added)
@@ -146,7 +184,7 @@ impl Registry {
         .await
         .expect("config task panicked")?;
         let grew = !added.is_empty();
-        t.extend(added);
+        t.extend(added)?;
         *t.config.write() = Some(config);
         if grew {
             tracing::info!(topic = %t.topic, partitions = t.partition_count(), "topic grew");
@@ -161,7 +199,7 @@ impl Registry {
         let mut user_topics = self.create.lock().await;
         let t = self.topics.write().remove(topic)?;
         self.deleting.lock().insert(topic.clone());
-        if !topic.is_internal() {
+        if counts(topic) {
             *user_topics = user_topics.saturating_sub(1);
         }
         Some(t)
@@ -171,11 +209,16 @@ impl Registry {
     /// the directory is renamed into `{root}/trash` (one atomic step, made durable), then removed.
     /// A crash leaves either the whole topic or nothing of it in `topics/`; the trash is emptied
     /// at the next boot.
-    pub async fn finish_delete(&self, t: &TopicLog) -> Result<(), StorageError> {
-        let (vfs, dir, trash) = (self.vfs.clone(), t.dir.clone(), self.trash());
-        let result = tokio::task::spawn_blocking(move || move_to_trash(&*vfs, &dir, &trash))
-            .await
-            .expect("delete task panicked");
+    pub async fn finish_delete(&self, t: &Arc<TopicLog>) -> Result<(), StorageError> {
+        let (vfs, trash, retired) = (self.vfs.clone(), self.trash(), t.clone());
+        let result = tokio::task::spawn_blocking(move || {
+            // Checkpoint writes still running (a group's commit, a saver's last write) finish
+            // first; later ones are refused rather than recreate the directory.
+            retired.retire();
+            move_to_trash(&*vfs, &retired.dir, &trash)
+        })
+        .await
+        .expect("delete task panicked");
         self.deleting.lock().remove(&t.topic);
         result
     }
@@ -206,6 +249,23 @@ impl Registry {
         &self,
         topics: &[Topic],
     ) -> Result<Vec<Arc<TopicLog>>, StorageError> {
+        self.get_or_create_as(topics, Creator::Broker).await
+    }
+
+    /// The topic, created by the topic API if it does not exist: counted against the topic cap
+    /// whatever its name (only the dead-letter and log topics the broker makes itself are exempt).
+    pub async fn get_or_create_by_api(&self, topic: &Topic) -> Result<Arc<TopicLog>, StorageError> {
+        let mut all = self
+            .get_or_create_as(std::slice::from_ref(topic), Creator::Api)
+            .await?;
+        Ok(all.pop().expect("one topic asked, one given"))
+    }
+
+    async fn get_or_create_as(
+        &self,
+        topics: &[Topic],
+        creator: Creator,
+    ) -> Result<Vec<Arc<TopicLog>>, StorageError> {
         if let Some(found) = topics
             .iter()
             .map(|t| self.get(t))
@@ -230,10 +290,12 @@ impl Registry {
             missing
         };
         // Dead-letter topics are exempt: there is at most one per dispatcher, and refusing one
-        // would stall a dispatcher instead of refusing a producer.
+        // would stall a dispatcher instead of refusing a producer. (Producers cannot name `__`
+        // topics; the topic API can, and what it creates counts.)
+        let exempt = |t: &Topic| creator == Creator::Broker && t.is_internal();
         let mut would_be = *user_topics;
         for t in &missing {
-            if t.is_internal() {
+            if exempt(t) {
                 continue;
             }
             if would_be >= self.max_topics {
@@ -257,14 +319,18 @@ impl Registry {
             } else {
                 self.defaults.partitions
             };
+            let trash = self.trash();
             let t = tokio::task::spawn_blocking(move || {
+                if !vfs.is_dir(&dir) {
+                    incarnation::create(&*vfs, &dir, &trash)?;
+                }
                 open_topic(topic_name, dir, vfs, config, partitions)
             })
             .await
             .expect("topic creation panicked")?;
             let t = Arc::new(t);
             self.topics.write().insert(topic.clone(), t.clone());
-            if !topic.is_internal() {
+            if !exempt(topic) {
                 *user_topics += 1;
             }
             tracing::info!(topic = %topic, "topic created");
@@ -294,6 +360,23 @@ impl Registry {
     }
 }
 
+/// Who creates a topic, for the topic cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Creator {
+    /// A producer, or the broker itself (dead-letter and log topics).
+    Broker,
+    /// `PUT /mmmq/topics/{topic}`.
+    Api,
+}
+
+/// Whether a topic counts against `--max-topics`: all but the dead-letter and plugin-log topics
+/// the broker makes for its dispatchers (one each at most). A `__` topic the topic API made under
+/// another name counts; one it made under those two prefixes counts until the next boot.
+fn counts(topic: &Topic) -> bool {
+    let name = topic.as_str();
+    !(name.starts_with("__dlq.") || name.starts_with("__logs."))
+}
+
 /// Opens a topic: its configuration, and every partition it has on disk or that its
 /// configuration (else `default_partitions`) asks for. Blocking.
 fn open_topic(
@@ -308,15 +391,16 @@ fn open_topic(
         .as_ref()
         .map_or(default_partitions, |c| c.partitions)
         .max(partition::partitions_on_disk(&*vfs, &dir));
+    let id = incarnation::read(&*vfs, &dir, &topic)?;
     let partitions = (0..wanted)
-        .map(|p| partition::open_partition(&dir, p, &vfs, &config))
+        .map(|p| partition::open_partition(&dir, id, p, &vfs, &config))
         .collect::<Result<Vec<_>, _>>()?;
     let window = settings
         .as_ref()
         .map_or(TopicConfig::default().dedup_window_ms, |c| {
             c.dedup_window_ms
         });
-    let t = TopicLog::new(topic, dir, partitions, settings);
+    let t = TopicLog::new(topic, id, dir, partitions, settings);
     let now = mmmq_core::now_ms();
     for p in t.partitions() {
         dedup::rebuild(&t.dedup, &p, window, now)?;
@@ -406,4 +490,58 @@ fn restore_all(
         "topics restored"
     );
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::OsFs;
+    use mmmq_core::ConsumerId;
+
+    /// A checkpoint write that comes after its topic's delete (a group's commit, a dispatcher's
+    /// last save racing the `DELETE`) is refused instead of creating the deleted directory
+    /// again, which the next boot opened as the topic come back.
+    #[tokio::test]
+    async fn a_checkpoint_write_after_the_delete_does_not_bring_the_topic_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let registry = Registry::restore(
+            tmp.path().join("topics"),
+            Arc::new(OsFs),
+            LogConfig::default(),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        let topic = Topic::new("t").unwrap();
+        let t = registry.get_or_create(&topic).await.unwrap();
+        let p = t.first();
+        let id = ConsumerId::new("g").unwrap();
+        p.checkpoints.nested("groups").write(&id, 1).unwrap();
+        let gone = registry.begin_delete(&topic).await.unwrap();
+        gone.close().await;
+        registry.finish_delete(&gone).await.unwrap();
+        assert!(!t.dir.exists());
+        let late = p.checkpoints.nested("groups").write(&id, 2);
+        assert!(
+            matches!(late, Err(StorageError::Retired { .. })),
+            "{late:?}"
+        );
+        assert!(matches!(
+            p.checkpoints.write(&id, 2),
+            Err(StorageError::Retired { .. })
+        ));
+        assert!(!t.dir.exists(), "the deleted directory came back");
+        // The name is free, and its new incarnation has another id.
+        let again = registry.get_or_create(&topic).await.unwrap();
+        assert_ne!(again.id, t.id);
+        assert_eq!(
+            again
+                .first()
+                .checkpoints
+                .nested("groups")
+                .read(&id)
+                .unwrap(),
+            None
+        );
+    }
 }

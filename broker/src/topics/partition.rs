@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use mmmq_core::{Topic, TopicConfig, partition_for_key};
+use mmmq_core::{Topic, TopicConfig, TopicId, partition_for_key};
 use parking_lot::RwLock;
 
 use crate::storage::{Checkpoints, Log, LogConfig, StorageError, Vfs};
@@ -20,6 +20,8 @@ pub const PARTITIONS_DIR: &str = "partitions";
 pub struct Partition {
     /// Its number, from 0.
     pub number: u32,
+    /// The id of its topic's incarnation (README, "Topics").
+    pub topic_id: TopicId,
     /// Its messages.
     pub log: Log,
     /// Its dispatchers' positions.
@@ -38,6 +40,7 @@ pub fn partition_dir(topic_dir: &Path, p: u32) -> PathBuf {
 /// Opens (or creates) partition `p` of the topic in `topic_dir`. Blocking.
 pub fn open_partition(
     topic_dir: &Path,
+    topic_id: TopicId,
     p: u32,
     vfs: &Arc<dyn Vfs>,
     config: &LogConfig,
@@ -46,6 +49,7 @@ pub fn open_partition(
     let log = Log::open(&dir, vfs.clone(), config.clone())?;
     Ok(Partition {
         number: p,
+        topic_id,
         log,
         checkpoints: Checkpoints::new(dir.join("checkpoints"), vfs.clone()),
     })
@@ -67,6 +71,8 @@ pub fn partitions_on_disk(vfs: &dyn Vfs, topic_dir: &Path) -> u32 {
 pub struct TopicLog {
     /// The topic.
     pub topic: Topic,
+    /// This incarnation's id (README, "Topics"; [`super::incarnation`]).
+    pub id: TopicId,
     /// Its directory (partition 0's).
     pub dir: PathBuf,
     /// Its partitions, in order; they only ever grow.
@@ -94,12 +100,14 @@ pub struct NoSuchPartition {
 impl TopicLog {
     pub(super) fn new(
         topic: Topic,
+        id: TopicId,
         dir: PathBuf,
         partitions: Vec<Partition>,
         config: Option<TopicConfig>,
     ) -> Self {
         Self {
             topic,
+            id,
             dir,
             partitions: RwLock::new(partitions.into_iter().map(Arc::new).collect()),
             config: RwLock::new(config),
@@ -165,12 +173,33 @@ impl TopicLog {
         ok
     }
 
-    /// Adds opened partitions at the end (the topic grew).
-    pub(super) fn extend(&self, more: Vec<Partition>) {
-        let mut partitions = self.partitions.write();
-        for p in more {
-            debug_assert_eq!(p.number as usize, partitions.len());
-            partitions.push(Arc::new(p));
+    /// Refuses every later checkpoint write of every partition (see
+    /// [`Checkpoints::retire`]): the topic is being deleted. Blocking.
+    pub fn retire(&self) {
+        for p in self.partitions.read().iter() {
+            p.checkpoints.retire();
         }
+    }
+
+    /// Adds opened partitions at the end (the topic grew). Refuses partitions that do not
+    /// continue the topic's numbering: two opens of one partition would be two writers appending
+    /// to one directory, each at its own position. (Administration is serialised per topic, so
+    /// this is a last line of defence, not the guard.)
+    pub(super) fn extend(&self, more: Vec<Partition>) -> Result<(), StorageError> {
+        let mut partitions = self.partitions.write();
+        if let Some(p) = more.first()
+            && p.number as usize != partitions.len()
+        {
+            return Err(StorageError::Inconsistent {
+                path: partition_dir(&self.dir, p.number),
+                reason: format!(
+                    "partition {} was opened twice (the topic has {} partitions)",
+                    p.number,
+                    partitions.len()
+                ),
+            });
+        }
+        partitions.extend(more.into_iter().map(Arc::new));
+        Ok(())
     }
 }

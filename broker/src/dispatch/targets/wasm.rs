@@ -478,7 +478,19 @@ impl Target for PluginTarget {
         Box::pin(self.shared.reload())
     }
 
-    fn settled<'a>(&'a self, topic: &'a Topic, partition: u32) -> BoxFuture<'a, ()> {
+    fn settled<'a>(&'a self, topic: &'a Topic, partition: u32) -> BoxFuture<'a, bool> {
         Box::pin(self.shared.emits.settled(topic, partition))
+    }
+
+    fn stopping(&self) {
+        self.shared.emits.stop();
+    }
+
+    fn closed(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.shared.emits.closed())
+    }
+
+    fn forget_topic(&self, topic: &Topic) {
+        self.shared.emits.forget(topic);
     }
 }

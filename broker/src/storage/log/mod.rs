@@ -292,7 +292,15 @@ impl Log {
                 break;
             };
             let want = (max_count - out.len()).min((committed - at) as usize);
-            let got = segment.read_from(at, want, budget)?;
+            let got = match segment.read_from(at, want, budget) {
+                Ok(got) => got,
+                // Retention deleted the segment under the read (its files went after it was
+                // found): what was read before it is answered. A read that found nothing yet
+                // fails, and its caller goes on from the first offset still stored (README,
+                // "Retention": behind the horizon), counting what it skipped.
+                Err(_) if !out.is_empty() && self.first_offset() > at => break,
+                Err(e) => return Err(e),
+            };
             if got.is_empty() {
                 break;
             }

@@ -175,3 +175,61 @@ async fn waiting_for_an_offset_wakes_on_commit() {
     assert_eq!(waiter.await.unwrap(), b"1");
     assert_eq!(log.read(2).unwrap(), None, "nothing past the commit point");
 }
+
+/// Retention deleting segments under readers (README, "Retention"): a read that had found
+/// entries before a segment went away answers them (consecutive, from where it was asked); one
+/// that found nothing fails, and only when the log's first offset has moved past it, so its
+/// caller goes on from there (as pulls, group polls and dispatchers do). A read never answers a
+/// gap or entries from after a jump.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_racing_retention_goes_on_from_the_first_offset() {
+    let tmp = tempfile::tempdir().unwrap();
+    // One entry per segment, and a cache of two open files: each read opens the files of
+    // segments that retention may be deleting at that moment.
+    let log = Arc::new(
+        Log::open(
+            tmp.path(),
+            Arc::new(OsFs),
+            LogConfig {
+                segment_max_bytes: 1,
+                files: FileCache::new(2),
+                ..LogConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    const N: u64 = 600;
+    fill(&log, N).await;
+    let reader = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            let mut reads = 0u64;
+            let mut failed = 0u64;
+            while log.first_offset() < N - 1 {
+                let from = log.first_offset();
+                let got = match log.read_from(from, 8, usize::MAX) {
+                    Ok(got) => got,
+                    Err(e) => {
+                        assert!(log.first_offset() > from, "read from {from} failed: {e}");
+                        failed += 1;
+                        continue;
+                    }
+                };
+                let offsets: Vec<u64> = got.iter().map(|e| e.offset).collect();
+                assert_eq!(
+                    offsets,
+                    (from..from + offsets.len() as u64).collect::<Vec<_>>()
+                );
+                reads += 1;
+            }
+            (reads, failed)
+        })
+    };
+    for upto in 1..N {
+        log.remove_segments_before(upto).unwrap();
+        std::thread::yield_now();
+    }
+    let (reads, failed) = reader.join().unwrap();
+    assert!(reads > 0);
+    eprintln!("{reads} reads, {failed} found their segment gone");
+}
