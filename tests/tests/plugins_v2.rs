@@ -248,9 +248,11 @@ async fn only_acked_calls_emit_and_bad_emits_are_refused_to_the_guest() {
         })
         .collect();
     assert_eq!(got, [(0, 0), (0, 1), (0, 2), (7, 0)], "{out:?}");
+    let (_, src) = broker.get("/mmmq/topics/src").await;
     assert_eq!(
         out[1]["origin"],
-        json!({"consumerId": "em", "topic": "src", "partition": 0, "offset": 0, "index": 1})
+        json!({"consumerId": "em", "topic": "src", "partition": 0, "offset": 0, "index": 1,
+            "topicId": src["topicId"]})
     );
     let dlq = broker.pull_all("__dlq.em").await;
     assert_eq!(dlq.len(), 3, "only the dead letters: {dlq:?}");

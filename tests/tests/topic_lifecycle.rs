@@ -201,6 +201,18 @@ async fn a_topic_created_again_has_a_new_id_and_groups_start_it_from_zero() {
 
     let (s, _) = broker.delete("/mmmq/topics/inc").await;
     assert_eq!(s, 200);
+    // A commit for the deleted topic: nobody owns it any more (409, so a client drops it).
+    let (s, c) = broker
+        .post(
+            "/mmmq/groups/g/commit",
+            &json!({"member": "m", "offsets": [{"topic": "inc", "partition": 0, "offset": 5}]}),
+        )
+        .await;
+    assert_eq!(s, 409, "{c}");
+    assert!(
+        !tmp.path().join("topics/inc").exists(),
+        "the commit recreated the topic"
+    );
     for n in 0..3 {
         broker.produce("inc", json!({"new": n})).await;
     }
@@ -324,13 +336,20 @@ async fn keep_undelivered_holds_while_a_dispatcher_is_replaced() {
 }
 
 /// `--max-topics` counts a `__` topic the topic API creates (it was exempt, like the dead-letter
-/// topics the broker makes for its dispatchers, which still are).
+/// topics the broker makes for its dispatchers, which still are), and its delete frees the slot.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_topic_api_cannot_pass_the_topic_cap_with_internal_names() {
     let tmp = tempfile::tempdir().unwrap();
     let broker = Broker::start_with(tmp.path(), &["--max-topics", "1"]).await;
-    let (s, _) = broker.put("/mmmq/topics/a", &json!({})).await;
+    // One the API made under a dead-letter name counts, and its delete gives the slot back.
+    let (s, body) = broker.put("/mmmq/topics/__dlq.made", &json!({})).await;
+    assert_eq!(s, 200, "{body}");
+    let (s, body) = broker.put("/mmmq/topics/a", &json!({})).await;
+    assert_eq!(s, 403, "{body}");
+    let (s, _) = broker.delete("/mmmq/topics/__dlq.made").await;
     assert_eq!(s, 200);
+    let (s, body) = broker.put("/mmmq/topics/a", &json!({})).await;
+    assert_eq!(s, 200, "{body}");
     for name in ["__x", "__dlq.someone"] {
         let (s, body) = broker
             .put(&format!("/mmmq/topics/{name}"), &json!({}))

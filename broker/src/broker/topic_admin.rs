@@ -56,17 +56,25 @@ impl Broker {
     pub async fn put_topic(&self, name: &str, body: &[u8]) -> Result<TopicDetail, BrokerError> {
         let topic = Self::topic_name(name)?;
         let update = TopicUpdate::parse(body)?;
-        // One administration of a topic at a time: the current configuration read here is
-        // still the current one when the next is stored.
-        let _admin = self.registry.administer(&topic).await;
-        let current = match self.registry.get(&topic) {
-            Some(t) => self.registry.config_of(&t),
-            None => self.config.topic_defaults.clone(),
-        };
-        let next = update.apply(&current)?;
-        let t = self.registry.get_or_create_by_api(&topic).await?;
-        self.registry.set_config(&t, next).await?;
-        tracing::info!(topic = %topic, config = ?self.registry.config_of(&t), "topic configured");
+        let (registry, defaults) = (self.registry.clone(), self.config.topic_defaults.clone());
+        // In a task of its own, to its end: a request dropped half-way would release the
+        // topic's lock while its partitions are still being opened.
+        let t = tokio::spawn(async move {
+            // One administration of a topic at a time: the current configuration read here is
+            // still the current one when the next is stored.
+            let _admin = registry.administer(&topic).await;
+            let current = match registry.get(&topic) {
+                Some(t) => registry.config_of(&t),
+                None => defaults,
+            };
+            let next = update.apply(&current)?;
+            let t = registry.get_or_create_by_api(&topic).await?;
+            registry.set_config(&t, next).await?;
+            tracing::info!(topic = %topic, config = ?registry.config_of(&t), "topic configured");
+            Ok::<_, BrokerError>(t)
+        })
+        .await
+        .expect("topic task panicked")?;
         Ok(self.detail(&t))
     }
 

@@ -139,16 +139,20 @@ impl CheckpointSaver {
                         }
                         // Nothing past what the target has made durable (a plugin's emits). The
                         // wait ends at a stop: the target then stops retrying, and answers.
+                        // One fence for this position: a later one would also wait for runs
+                        // handed over after it.
+                        let settling = fence();
+                        tokio::pin!(settling);
                         let settled = if closed {
-                            tokio::time::timeout(FINAL_SETTLE, fence())
+                            tokio::time::timeout(FINAL_SETTLE, settling)
                                 .await
                                 .unwrap_or(false)
                         } else {
                             tokio::select! {
-                                settled = fence() => settled,
+                                settled = &mut settling => settled,
                                 _ = stopping.cancelled() => {
                                     closed = true;
-                                    tokio::time::timeout(FINAL_SETTLE, fence())
+                                    tokio::time::timeout(FINAL_SETTLE, settling)
                                         .await
                                         .unwrap_or(false)
                                 }

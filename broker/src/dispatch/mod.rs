@@ -27,6 +27,7 @@ mod retries;
 mod status;
 pub mod target;
 pub mod targets;
+mod topic_events;
 mod worker;
 #[cfg(test)]
 mod worker_tests;
@@ -108,7 +109,7 @@ pub struct Dispatch {
     /// The pattern of every configured dispatcher, running or not — during a reload both the
     /// old and the new ones — whose positions `keepUndelivered` protects
     /// ([`Dispatch::protected_positions`]).
-    configured: Mutex<BTreeMap<ConsumerId, mmmq_core::TopicPattern>>,
+    configured: Mutex<BTreeMap<ConsumerId, Vec<mmmq_core::TopicPattern>>>,
     reloading: tokio::sync::Mutex<()>,
     shutdown: CancellationToken,
 }
@@ -313,11 +314,15 @@ impl Dispatch {
             .collect();
         // While dispatchers are replaced, both the old and the new ones' positions hold
         // `keepUndelivered` topics.
-        self.configured.lock().extend(
-            to_start
-                .iter()
-                .map(|(spec, _)| (spec.consumer_id.clone(), spec.pattern.clone())),
-        );
+        {
+            let mut configured = self.configured.lock();
+            for (spec, _) in &to_start {
+                let patterns = configured.entry(spec.consumer_id.clone()).or_default();
+                if !patterns.contains(&spec.pattern) {
+                    patterns.push(spec.pattern.clone());
+                }
+            }
+        }
         let stopping: Vec<Running> = {
             let mut running = self.running.lock();
             let leaving = report.removed.iter().chain(&report.changed);
@@ -346,7 +351,7 @@ impl Dispatch {
         }
         *self.configured.lock() = running
             .iter()
-            .map(|(id, r)| (id.clone(), r.spec.pattern.clone()))
+            .map(|(id, r)| (id.clone(), vec![r.spec.pattern.clone()]))
             .collect();
         Ok(report)
     }
@@ -379,50 +384,9 @@ impl Dispatch {
         }
         self.configured
             .lock()
-            .insert(r.spec.consumer_id.clone(), r.spec.pattern.clone());
+            .insert(r.spec.consumer_id.clone(), vec![r.spec.pattern.clone()]);
         running.insert(r.spec.consumer_id.clone(), r);
         Ok(())
-    }
-
-    /// Stops every worker of `topic` (a topic being deleted) and waits for them: their final
-    /// checkpoints are written before this returns, so nothing writes into the topic's directory
-    /// afterwards. A topic created again under the name gets new workers.
-    pub async fn forget_topic(&self, topic: &Topic) {
-        let (handles, redrives, targets): (
-            Vec<WorkerHandle>,
-            Vec<redrive::RedriveRun>,
-            Vec<Arc<dyn Target>>,
-        ) = {
-            let mut running = self.running.lock();
-            let mut handles = Vec::new();
-            let mut redrives = Vec::new();
-            let targets = running.values().map(|r| r.target.clone()).collect();
-            for r in running.values_mut() {
-                if *topic == Topic::dead_letter(&r.spec.consumer_id)
-                    && let Some(run) = r.redrive.take()
-                {
-                    redrives.push(run);
-                }
-                let keys: Vec<(Topic, u32)> = r
-                    .workers
-                    .keys()
-                    .filter(|(t, _)| t == topic)
-                    .cloned()
-                    .collect();
-                handles.extend(keys.iter().filter_map(|k| r.workers.remove(k)));
-            }
-            (handles, redrives, targets)
-        };
-        for run in redrives {
-            run.stop().await;
-        }
-        for w in handles {
-            w.cancel.cancel();
-            let _ = w.join.await;
-        }
-        for t in targets {
-            t.forget_topic(topic);
-        }
     }
 
     /// The consumerIds of the dispatchers whose plugin is the deployed plugin `name`.
@@ -450,31 +414,6 @@ impl Dispatch {
                 tracing::warn!(consumer_id, plugin = name, error = %e, "the new version did not load; the old one keeps serving");
             }
         }
-    }
-
-    /// The positions `keepUndelivered` protects in `partition` of `topic` (README,
-    /// "Retention"): every configured dispatcher whose pattern matches — running, being replaced
-    /// by a reload, or with its worker down — at its durable checkpoint (0 when it has none
-    /// yet; a checkpoint that cannot be read holds everything too).
-    pub async fn protected_positions(&self, topic: &Topic, partition: &Arc<Partition>) -> Vec<u64> {
-        let ids: Vec<ConsumerId> = self
-            .configured
-            .lock()
-            .iter()
-            .filter(|(_, pattern)| pattern.matches(topic))
-            .map(|(id, _)| id.clone())
-            .collect();
-        if ids.is_empty() {
-            return Vec::new();
-        }
-        let p = partition.clone();
-        tokio::task::spawn_blocking(move || {
-            ids.iter()
-                .map(|id| p.checkpoints.read(id).ok().flatten().unwrap_or(0))
-                .collect()
-        })
-        .await
-        .expect("checkpoint read task panicked")
     }
 
     /// Stops every worker: waits cut short, deliveries in flight finished (each bounded by its

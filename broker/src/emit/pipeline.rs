@@ -14,11 +14,12 @@
 //! - At most [`DEPTH`] runs' outputs wait, so a slow disk slows the calls instead of filling
 //!   memory.
 //! - A stop of the dispatcher (a shutdown, a reload that replaces it) ends the retries: what the
-//!   disk takes is still stored, but the first refusal after the stop ends the pipeline, and
-//!   everything not stored is given up — the checkpoint stays before those messages, so they
-//!   run again after the restart and their emits are stored then, once (`emit::source`). A
-//!   stop therefore never waits on a full disk, and the pipeline has ended (or is idle) before
-//!   a new target of the same dispatcher starts, so the two never append the same emits.
+//!   disk takes is still stored (a healthy disk loses nothing at a stop), but the first refusal
+//!   after the stop ends the pipeline, and everything not stored is given up — the checkpoint
+//!   stays before those messages, so they run again after the restart and their emits are
+//!   stored then, once (`emit::source`). A stop therefore never waits on a full disk, and the
+//!   pipeline has ended or is idle before a new target of the same dispatcher starts, so the two
+//!   never append the same emits.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,6 +49,15 @@ struct Counts {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ended;
 
+/// Marks the pipeline ended when its task ends, whichever way.
+struct EndOnDrop(watch::Sender<Counts>);
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        self.0.send_modify(|c| c.ended = true);
+    }
+}
+
 /// The commit task of one source partition.
 pub(super) struct Pipeline {
     runs: mpsc::UnboundedSender<Vec<Outputs>>,
@@ -67,25 +77,10 @@ impl Pipeline {
         let (emitter, consumer_id) = (emits.emitter.clone(), emits.consumer_id.clone());
         let failing = emits.failing.clone();
         tokio::spawn(async move {
-            loop {
-                let outputs = tokio::select! {
-                    biased;
-                    next = inbox.recv() => match next {
-                        Some(outputs) => outputs,
-                        None => break,
-                    },
-                    // Stopping with nothing queued: end, unless a run was handed over meanwhile.
-                    _ = stop.cancelled() => {
-                        if progress.send_if_modified(|c| {
-                            let idle = c.submitted == c.stored;
-                            c.ended |= idle;
-                            idle
-                        }) {
-                            return;
-                        }
-                        continue;
-                    }
-                };
+            // Ends the pipeline however the task ends (a panic included), so that nothing
+            // waits for it forever.
+            let _ended = EndOnDrop(progress.clone());
+            while let Some(outputs) = inbox.recv().await {
                 let mut backoff = Duration::from_millis(10);
                 loop {
                     match source.commit(outputs.clone()).await {
@@ -98,7 +93,6 @@ impl Pipeline {
                         Err(_) if !source.exists() => break,
                         Err(e) if stop.is_cancelled() => {
                             tracing::warn!(consumer_id = %consumer_id, error = %e, "a plugin's emits were not stored and the dispatcher is stopping: their messages run again after the restart");
-                            progress.send_modify(|c| c.ended = true);
                             return;
                         }
                         Err(e) => {
@@ -114,7 +108,6 @@ impl Pipeline {
                 }
                 progress.send_modify(|c| c.stored += 1);
             }
-            progress.send_modify(|c| c.ended = true);
         });
         Self { runs, counts }
     }

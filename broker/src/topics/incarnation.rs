@@ -3,8 +3,8 @@
 //! record — is never taken for the new topic's, which starts again at offset 0.
 //!
 //! The id is in `topics/{topic}/topic.id` (its text form, Kafka's), written before the topic's
-//! directory appears: the directory is made in the trash with its id inside, then renamed into
-//! `topics/` in one durable step, so no crash leaves a new topic without its id. A topic made
+//! directory appears: the directory is made under a name no topic can have, with its id inside,
+//! then renamed to the topic's in one durable step, so no crash leaves a new topic without its id. A topic made
 //! before ids existed has no file and keeps, for its whole life, an id derived from its name
 //! (its *legacy* id); every later incarnation of that name gets a random one.
 
@@ -14,7 +14,7 @@ use mmmq_core::{Topic, TopicId};
 use sha2::{Digest, Sha256};
 
 use crate::storage::error::IoContext;
-use crate::storage::vfs::{create_dir_durably, read_whole, replace_durably};
+use crate::storage::vfs::{read_whole, replace_durably};
 use crate::storage::{StorageError, Vfs};
 
 /// The file holding a topic's id, in its directory.
@@ -23,8 +23,20 @@ pub const ID_FILE: &str = "topic.id";
 /// The id of a topic made before topic ids: the same for every boot, and never the id of a
 /// later incarnation (those are random).
 pub fn legacy_id(topic: &str) -> TopicId {
-    let digest = Sha256::digest(format!("mmmq legacy topic id\0{topic}").as_bytes());
-    TopicId::from_bytes(digest[..16].try_into().expect("32 bytes"))
+    (0u32..)
+        .map(|round| {
+            let digest =
+                Sha256::digest(format!("mmmq legacy topic id\0{round}\0{topic}").as_bytes());
+            TopicId::from_bytes(digest[..16].try_into().expect("32 bytes"))
+        })
+        .find(usable)
+        .expect("a usable digest comes within a few rounds")
+}
+
+/// Whether Kafka would issue this id: not all zeros (its "no topic id"), and not written with a
+/// leading `-` (its tools take that for a flag). Kafka draws again until both hold; so do we.
+fn usable(id: &TopicId) -> bool {
+    id.as_bytes() != &[0; 16] && !id.to_string().starts_with('-')
 }
 
 /// The id of the topic in `dir`: its `topic.id`, or its legacy id when it has none. Blocking.
@@ -42,24 +54,30 @@ pub fn read(vfs: &dyn Vfs, dir: &Path, topic: &Topic) -> Result<TopicId, Storage
     }
 }
 
-/// Makes the directory `dir` of a new topic, holding a new random id, atomically: staged in
-/// `trash` (emptied at boot, so a crash leaves nothing half made) and renamed into place.
-/// Blocking.
-pub fn create(vfs: &dyn Vfs, dir: &Path, trash: &Path) -> Result<TopicId, StorageError> {
-    let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes).map_err(|e| StorageError::Inconsistent {
-        path: dir.to_owned(),
-        reason: format!("no randomness for a topic id: {e}"),
-    })?;
-    let id = TopicId::from_bytes(bytes);
-    create_dir_durably(vfs, trash)?;
-    let staged = trash.join(format!("new.{id}"));
-    replace_durably(vfs, &staged.join(ID_FILE), id.to_string().as_bytes())?;
+/// Names a topic's directory staged beside the topics (not a topic name: `~` is not allowed in
+/// one), removed at boot if a crash left it.
+pub const STAGING_PREFIX: &str = ".staging~";
+
+/// Makes the directory `dir` of a new topic, holding a new random id, atomically: staged beside
+/// it under [`STAGING_PREFIX`] (what a crash leaves there is removed at boot) and renamed into
+/// place. Blocking.
+pub fn create(vfs: &dyn Vfs, dir: &Path) -> Result<TopicId, StorageError> {
+    let id = loop {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes).map_err(|e| StorageError::Inconsistent {
+            path: dir.to_owned(),
+            reason: format!("no randomness for a topic id: {e}"),
+        })?;
+        let id = TopicId::from_bytes(bytes);
+        if usable(&id) {
+            break id;
+        }
+    };
     let parent = dir.parent().unwrap_or(Path::new("."));
-    create_dir_durably(vfs, parent)?;
+    let staged = parent.join(format!("{STAGING_PREFIX}{id}"));
+    replace_durably(vfs, &staged.join(ID_FILE), id.to_string().as_bytes())?;
     vfs.rename(&staged, dir).at(dir)?;
     vfs.sync_dir(parent).at(parent)?;
-    vfs.sync_dir(trash).at(trash)?;
     Ok(id)
 }
 
@@ -72,21 +90,33 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let vfs = crate::storage::OsFs;
         let topic = Topic::new("t").unwrap();
-        let (dir, trash) = (tmp.path().join("topics/t"), tmp.path().join("trash"));
+        let dir = tmp.path().join("topics/t");
         std::fs::create_dir_all(&dir).unwrap();
         assert_eq!(read(&vfs, &dir, &topic).unwrap(), legacy_id("t"));
         assert_ne!(legacy_id("t"), legacy_id("u"));
         std::fs::remove_dir(&dir).unwrap();
-        let a = create(&vfs, &dir, &trash).unwrap();
+        let a = create(&vfs, &dir).unwrap();
         assert_eq!(read(&vfs, &dir, &topic).unwrap(), a);
         assert_eq!(
             std::fs::read_to_string(dir.join(ID_FILE)).unwrap(),
             a.to_string()
         );
-        assert!(std::fs::read_dir(&trash).unwrap().next().is_none());
+        let names: Vec<_> = std::fs::read_dir(tmp.path().join("topics"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["t"], "nothing staged is left");
         std::fs::remove_dir_all(&dir).unwrap();
-        let b = create(&vfs, &dir, &trash).unwrap();
+        let b = create(&vfs, &dir).unwrap();
         assert_ne!(a, b);
         assert_ne!(b, legacy_id("t"));
+        for id in [a, b, legacy_id("t")] {
+            assert!(usable(&id), "{id}");
+        }
+        assert!(!usable(&TopicId::from_bytes([0; 16])));
+        assert!(
+            !usable(&TopicId::from_bytes([0xfb; 16])),
+            "written with a leading '-'"
+        );
     }
 }

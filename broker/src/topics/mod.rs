@@ -101,7 +101,7 @@ impl Registry {
         })
         .await
         .expect("restore task panicked")?;
-        *registry.create.lock().await = opened.keys().filter(|t| counts(t)).count();
+        *registry.create.lock().await = opened.values().filter(|t| t.counted).count();
         *registry.topics.write() = opened;
         Ok(registry)
     }
@@ -199,7 +199,7 @@ impl Registry {
         let mut user_topics = self.create.lock().await;
         let t = self.topics.write().remove(topic)?;
         self.deleting.lock().insert(topic.clone());
-        if counts(topic) {
+        if t.counted {
             *user_topics = user_topics.saturating_sub(1);
         }
         Some(t)
@@ -319,18 +319,19 @@ impl Registry {
             } else {
                 self.defaults.partitions
             };
-            let trash = self.trash();
             let t = tokio::task::spawn_blocking(move || {
                 if !vfs.is_dir(&dir) {
-                    incarnation::create(&*vfs, &dir, &trash)?;
+                    incarnation::create(&*vfs, &dir)?;
                 }
                 open_topic(topic_name, dir, vfs, config, partitions)
             })
             .await
             .expect("topic creation panicked")?;
+            let mut t = t;
+            t.counted = !exempt(topic);
             let t = Arc::new(t);
             self.topics.write().insert(topic.clone(), t.clone());
-            if !exempt(topic) {
+            if t.counted {
                 *user_topics += 1;
             }
             tracing::info!(topic = %topic, "topic created");
@@ -369,9 +370,9 @@ enum Creator {
     Api,
 }
 
-/// Whether a topic counts against `--max-topics`: all but the dead-letter and plugin-log topics
-/// the broker makes for its dispatchers (one each at most). A `__` topic the topic API made under
-/// another name counts; one it made under those two prefixes counts until the next boot.
+/// Whether a topic found at boot counts against `--max-topics`: all but the dead-letter and
+/// plugin-log topics the broker makes for its dispatchers (one each at most). (A topic the topic
+/// API made under those two prefixes counts while it runs, and not after a restart.)
 fn counts(topic: &Topic) -> bool {
     let name = topic.as_str();
     !(name.starts_with("__dlq.") || name.starts_with("__logs."))
@@ -470,6 +471,13 @@ fn restore_all(
         if !vfs.is_dir(&path) {
             continue;
         }
+        if name.starts_with(incarnation::STAGING_PREFIX) {
+            // A topic a crash stopped half made: it never existed.
+            if let Err(e) = vfs.remove_dir_all(&path) {
+                tracing::warn!(dir = %path.display(), error = %e, "cannot remove a half-made topic");
+            }
+            continue;
+        }
         let topic = match Topic::new(name.clone()) {
             Ok(t) => t,
             Err(e) => {
@@ -477,7 +485,8 @@ fn restore_all(
                 continue;
             }
         };
-        let t = open_topic(topic.clone(), path, shared.clone(), config.clone(), 1)?;
+        let mut t = open_topic(topic.clone(), path, shared.clone(), config.clone(), 1)?;
+        t.counted = counts(&topic);
         out.insert(topic, Arc::new(t));
         if last_report.elapsed() > Duration::from_secs(2) {
             tracing::info!(done = i + 1, total, "restoring topics");
@@ -493,55 +502,4 @@ fn restore_all(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::storage::OsFs;
-    use mmmq_core::ConsumerId;
-
-    /// A checkpoint write that comes after its topic's delete (a group's commit, a dispatcher's
-    /// last save racing the `DELETE`) is refused instead of creating the deleted directory
-    /// again, which the next boot opened as the topic come back.
-    #[tokio::test]
-    async fn a_checkpoint_write_after_the_delete_does_not_bring_the_topic_back() {
-        let tmp = tempfile::tempdir().unwrap();
-        let registry = Registry::restore(
-            tmp.path().join("topics"),
-            Arc::new(OsFs),
-            LogConfig::default(),
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap();
-        let topic = Topic::new("t").unwrap();
-        let t = registry.get_or_create(&topic).await.unwrap();
-        let p = t.first();
-        let id = ConsumerId::new("g").unwrap();
-        p.checkpoints.nested("groups").write(&id, 1).unwrap();
-        let gone = registry.begin_delete(&topic).await.unwrap();
-        gone.close().await;
-        registry.finish_delete(&gone).await.unwrap();
-        assert!(!t.dir.exists());
-        let late = p.checkpoints.nested("groups").write(&id, 2);
-        assert!(
-            matches!(late, Err(StorageError::Retired { .. })),
-            "{late:?}"
-        );
-        assert!(matches!(
-            p.checkpoints.write(&id, 2),
-            Err(StorageError::Retired { .. })
-        ));
-        assert!(!t.dir.exists(), "the deleted directory came back");
-        // The name is free, and its new incarnation has another id.
-        let again = registry.get_or_create(&topic).await.unwrap();
-        assert_ne!(again.id, t.id);
-        assert_eq!(
-            again
-                .first()
-                .checkpoints
-                .nested("groups")
-                .read(&id)
-                .unwrap(),
-            None
-        );
-    }
-}
+mod tests;

@@ -83,6 +83,8 @@ pub struct TopicLog {
     round_robin: AtomicU32,
     /// Produce ids seen within the topic's `dedupWindowMs`.
     pub dedup: super::dedup::Dedup,
+    /// Whether it counts against `--max-topics` (decided when it was created or restored).
+    pub(super) counted: bool,
 }
 
 /// A produce names a partition the topic does not have.
@@ -113,6 +115,7 @@ impl TopicLog {
             config: RwLock::new(config),
             round_robin: AtomicU32::new(0),
             dedup: super::dedup::Dedup::default(),
+            counted: true,
         }
     }
 

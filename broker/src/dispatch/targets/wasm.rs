@@ -389,8 +389,9 @@ impl Shared {
             }
         };
         if let Err(e) = stored {
-            // The source topic is gone; the run is tried again from its first message, on a
-            // fresh instance (this one is dropped with `result`).
+            // The source topic is gone, or the dispatcher is stopping and the disk refused; the
+            // run is tried again from its first message (after the restart), on a fresh instance
+            // (this one is dropped with `result`).
             return RunAnswer::stopped(0, Outcome::Failed(TargetError::Storage(e.to_string())));
         }
         let outcome = match result {

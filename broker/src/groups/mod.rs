@@ -30,6 +30,8 @@ use crate::metrics::{DispatchLabel, Metrics};
 use crate::storage::{Checkpoints, StorageError};
 use crate::topics::{Partition, Registry};
 
+mod status;
+
 /// Default `sessionTimeoutMs`.
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most messages one poll answers.
@@ -160,11 +162,19 @@ impl Groups {
         let read = tokio::task::spawn_blocking(move || {
             missing
                 .into_iter()
-                .map(|(k, p)| Ok((k, store(&p).read(&id)?.unwrap_or(0))))
-                .collect::<Result<Vec<_>, StorageError>>()
+                .map(|(k, p)| {
+                    // An unreadable commit costs that partition's position (it starts at 0, at
+                    // least once), not the whole group.
+                    let committed = store(&p).read(&id).unwrap_or_else(|e| {
+                        tracing::warn!(group = %id, topic = %k.0, partition = k.2, error = %e, "cannot read the group's committed offset; the partition starts at 0");
+                        None
+                    });
+                    (k, committed.unwrap_or(0))
+                })
+                .collect::<Vec<_>>()
         })
         .await
-        .expect("group read task panicked")?;
+        .expect("group read task panicked");
         if let Some(g) = self.groups.lock().get_mut(group) {
             for (k, committed) in read {
                 g.committed.entry(k).or_insert(committed);
@@ -207,8 +217,17 @@ impl Groups {
         g.owner = owner;
     }
 
-    /// Forgets groups that have had no members for [`EMPTY_GROUP_TTL`].
+    /// Forgets groups that have had no live members for [`EMPTY_GROUP_TTL`] (members past their
+    /// session timeout are dropped here too: a group whose members just stopped polling is
+    /// rebalanced by nobody).
     fn forget_empty(groups: &mut BTreeMap<String, Group>, now: Instant) {
+        for g in groups.values_mut() {
+            g.members
+                .retain(|_, m| now.duration_since(m.last_poll) <= m.session_timeout);
+            if g.members.is_empty() {
+                g.empty_since.get_or_insert(now);
+            }
+        }
         groups.retain(|_, g| {
             g.empty_since
                 .is_none_or(|since| now.duration_since(since) < EMPTY_GROUP_TTL)
@@ -276,8 +295,9 @@ impl Groups {
         session_timeout: Duration,
     ) -> Result<Vec<(Key, Arc<Partition>, u64)>, GroupError> {
         {
+            let now = Instant::now();
             let mut groups = self.groups.lock();
-            Self::forget_empty(&mut groups, Instant::now());
+            Self::forget_empty(&mut groups, now);
             let g = groups.entry(group.to_owned()).or_insert_with(|| Group {
                 pattern: pattern.clone(),
                 members: BTreeMap::new(),
@@ -287,6 +307,11 @@ impl Groups {
                 skipped: HashMap::new(),
                 empty_since: None,
             });
+            // Until the member is in (below, after the commits are read), the group counts as
+            // emptied now: it is neither forgotten meanwhile nor kept forever if this poll fails.
+            if g.members.is_empty() {
+                g.empty_since = Some(now);
+            }
             if g.pattern.to_string() != pattern.to_string() {
                 return Err(GroupError::Invalid(format!(
                     "pattern: group {group:?} consumes {:?} (fixed at its first poll), not {:?}",
@@ -372,24 +397,24 @@ impl Groups {
             for (topic, topic_id, partition, offset) in offsets {
                 let t = Topic::new(topic.clone())
                     .map_err(|e| GroupError::Invalid(format!("topic: {e}")))?;
-                let p = self
-                    .registry
-                    .get(&t)
-                    .and_then(|t| t.partition(partition))
-                    .ok_or_else(|| {
-                        GroupError::Invalid(format!("no partition {partition} of {topic:?}"))
-                    })?;
+                let not_owner = || GroupError::NotOwner {
+                    member: member.clone(),
+                    topic: topic.clone(),
+                    partition,
+                };
+                // A topic that is gone (deleted) is owned by nobody: `409`, as for a partition
+                // the member lost, so a client drops these offsets.
+                let existing = self.registry.get(&t).ok_or_else(not_owner)?;
+                let p = existing.partition(partition).ok_or_else(|| {
+                    GroupError::Invalid(format!("no partition {partition} of {topic:?}"))
+                })?;
                 let key = key_of(&t, &p);
                 // Another incarnation than the one the member read: its offsets mean nothing
                 // here, as for a partition it no longer owns.
                 if topic_id.is_some_and(|id| id != p.topic_id)
                     || g.owner.get(&key).map(String::as_str) != Some(member.as_str())
                 {
-                    return Err(GroupError::NotOwner {
-                        member: member.clone(),
-                        topic,
-                        partition,
-                    });
+                    return Err(not_owner());
                 }
                 let next = p.log.next_offset();
                 if offset > next {
@@ -425,36 +450,6 @@ impl Groups {
         Ok(())
     }
 
-    /// The positions `keepUndelivered` protects in `partition` of `topic` (README, "Retention"):
-    /// every group's committed offset there — of the groups on disk, polling or not, and of
-    /// those in memory whose pattern matches (0 when they have committed nothing yet).
-    pub async fn protected_positions(&self, topic: &Topic, partition: &Arc<Partition>) -> Vec<u64> {
-        let matching: Vec<String> = self
-            .groups
-            .lock()
-            .iter()
-            .filter(|(_, g)| g.pattern.matches(topic))
-            .map(|(name, _)| name.clone())
-            .collect();
-        let p = partition.clone();
-        let on_disk = tokio::task::spawn_blocking(move || store(&p).list())
-            .await
-            .expect("group read task panicked");
-        let on_disk = match on_disk {
-            Ok(list) => list,
-            // Unreadable: hold everything rather than delete what a group may not have read.
-            Err(_) => return vec![0],
-        };
-        let mut out: Vec<u64> = on_disk.iter().map(|(_, committed)| *committed).collect();
-        out.extend(
-            matching
-                .iter()
-                .filter(|g| !on_disk.iter().any(|(name, _)| name == *g))
-                .map(|_| 0),
-        );
-        out
-    }
-
     /// The member leaves; its partitions go to the others at their next poll.
     pub fn leave(&self, group: &str, member: &str) -> Result<(), GroupError> {
         let mut groups = self.groups.lock();
@@ -466,75 +461,6 @@ impl Groups {
         }
         self.rebalance(g, Instant::now());
         Ok(())
-    }
-
-    /// Every group's status.
-    pub async fn list(&self) -> Vec<GroupStatus> {
-        let names: Vec<String> = {
-            let mut groups = self.groups.lock();
-            Self::forget_empty(&mut groups, Instant::now());
-            groups.keys().cloned().collect()
-        };
-        let mut out = Vec::with_capacity(names.len());
-        for n in &names {
-            if let Ok(s) = self.status(n).await {
-                out.push(s);
-            }
-        }
-        out
-    }
-
-    /// One group's members, assignments, committed offsets and lag.
-    pub async fn status(&self, group: &str) -> Result<GroupStatus, GroupError> {
-        if !self.groups.lock().contains_key(group) {
-            return Err(GroupError::Unknown(group.to_owned()));
-        }
-        self.load_committed(group).await?;
-        let now = Instant::now();
-        let mut groups = self.groups.lock();
-        let g = groups
-            .get_mut(group)
-            .ok_or_else(|| GroupError::Unknown(group.to_owned()))?;
-        self.rebalance(g, now);
-        let partitions = self.partitions(&g.pattern);
-        let members = g
-            .members
-            .iter()
-            .map(|(name, m)| GroupMember {
-                member: name.clone(),
-                last_poll_ms_ago: now.duration_since(m.last_poll).as_millis() as u64,
-                session_timeout_ms: m.session_timeout.as_millis() as u64,
-                assignment: g
-                    .owner
-                    .iter()
-                    .filter(|(_, o)| *o == name)
-                    .map(|(k, _)| topic_partition(k))
-                    .collect(),
-            })
-            .collect();
-        let partitions = partitions
-            .into_iter()
-            .map(|(key, p)| {
-                let committed = g.committed.get(&key).copied().unwrap_or(0);
-                let next_offset = p.log.next_offset();
-                GroupPartition {
-                    topic: key.0.to_string(),
-                    topic_id: Some(key.1),
-                    partition: key.2,
-                    owner: g.owner.get(&key).cloned(),
-                    committed,
-                    next_offset,
-                    lag: next_offset.saturating_sub(committed),
-                    skipped: g.skipped.get(&key).copied().unwrap_or(0),
-                }
-            })
-            .collect();
-        Ok(GroupStatus {
-            group: group.to_owned(),
-            pattern: g.pattern.to_string(),
-            members,
-            partitions,
-        })
     }
 }
 
