@@ -19,8 +19,9 @@
 //! Linux may already have dropped the dirty pages). The batch's appends fail, every queued append
 //! fails, and the log is *poisoned*: it refuses appends for [`LogConfig::retry_after`]. The next
 //! append after that first recovers in place, as a reopen would: segments created for batches that
-//! never committed are removed, the tail's data and index are cut back to the commit point and
-//! synced. If that works the log takes appends again; if the disk still fails, it stays poisoned
+//! never committed are removed, newest first, and the tail's index and then its data are cut back
+//! to the commit point and synced, in an order that leaves a log that opens wherever a power cut
+//! stops it. If that works the log takes appends again; if the disk still fails, it stays poisoned
 //! for another `retry_after`. Reads of what was committed go on working throughout.
 
 //! # Layout
