@@ -4,16 +4,10 @@
 use std::time::Instant;
 
 use super::Inner;
-use super::writer::{Reply, Tail};
+use super::state::{Op, Poison, Reply, Tail};
 use crate::storage::error::{IoContext, StorageError};
 use crate::storage::scan;
 use crate::storage::vfs::OpenMode;
-
-/// Why a log refuses appends, and from when it will try to recover.
-pub(super) struct Poison {
-    pub(super) cause: String,
-    pub(super) retry_at: Instant,
-}
 
 impl Inner {
     pub(super) fn poisoned_error(&self, cause: &str) -> StorageError {
@@ -128,7 +122,7 @@ impl Inner {
             let (keep, queued): (Vec<_>, Vec<_>) = w
                 .pending
                 .drain(..)
-                .partition(|op| matches!(op, super::writer::Op::Close(_)));
+                .partition(|op| matches!(op, Op::Close(_)));
             w.pending.extend(keep);
             (cause, queued)
         };

@@ -26,12 +26,15 @@
 
 //! # Layout
 //! - `config`: how a log writes ([`LogConfig`], [`FlushMode`]).
-//! - `writer`: the group-commit writer and the commit.
+//! - `writer`: the group-commit writer and the commit; it calls into `heal` on a failure.
 //! - `heal`: poison after a failure, and recovery in place.
+//! - `state`: what both of those share (the queue of operations, the poison, the tail); it
+//!   imports neither, and `heal` imports nothing of `writer`.
 //! - this module: [`Log`], its recovery at open, and the segment chain readers go through.
 
 mod config;
 mod heal;
+mod state;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -46,7 +49,7 @@ use super::scan::{self, ChainGap};
 use super::segment::{Entry, Segment};
 use super::vfs::{Vfs, create_dir_durably};
 pub use config::{CommitObserver, DEFAULT_FD_RESERVE, FlushMode, LogConfig, TailCheck};
-use writer::{Op, Pending, Tail, Writer};
+use state::{Op, Pending, Tail, Writer};
 
 /// One segment as retention sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
