@@ -10,7 +10,8 @@
 //!   torn unsynced write is cut and a flipped bit in acknowledged entries is repaired, never cut.
 //! - `segment`: one data file and its index, with committed positions in memory.
 //! - [`log`]: a chain of segments with a pipelined group-commit writer and lock-light readers;
-//!   its configuration, writer and poison-and-heal each in a file of their own.
+//!   its configuration, writer, poison-and-heal and the state those two share each in a file of
+//!   their own.
 //! - [`checkpoint`]: per-consumer next offsets, replaced atomically.
 //! - [`clean`]: the clean-shutdown marker that spares the next boot a full check of the tails.
 //! - [`error`]: [`StorageError`], and [`CorruptEntry`] for isolated, skippable corruption.

@@ -252,16 +252,17 @@ impl Segment {
         self.write_index(more)?.sync_data().at(&self.files.index)
     }
 
-    /// Cuts data and index back to the committed entries (a batch that failed), rewriting the
+    /// Cuts index and data back to the committed entries (a batch that failed), rewriting the
     /// index from memory (it may hold entries of the failed batch, or lag behind), and makes the
     /// cut durable. The segment takes appends again, even if the failed batch had sealed it.
+    ///
+    /// The index is cut and synced before the data is cut: a failed batch that sealed this
+    /// segment on its way synced index entries for its own frames, and a power cut between the
+    /// two cuts must not leave them pointing past the data (recovery refuses such an index,
+    /// README "Storage"). Cut in this order, a power cut leaves at worst the failed batch's
+    /// frames past the index, which recovery re-indexes or cuts like any unindexed tail.
     pub fn cut_uncommitted(&self) -> Result<(), StorageError> {
         let committed = self.committed.read();
-        let end = self.committed_bytes();
-        let data = self.data.get().at(&self.files.data)?;
-        data.set_len(end).at(&self.files.data)?;
-        data.sync_data().at(&self.files.data)?;
-        self.allocated.store(end, Ordering::Relaxed);
         let index = self.index.get().at(&self.files.index)?;
         index
             .set_len(index::entry_pos(committed.count))
@@ -273,6 +274,11 @@ impl Segment {
         }
         index.sync_data().at(&self.files.index)?;
         self.indexed.store(committed.count, Ordering::Relaxed);
+        let end = self.committed_bytes();
+        let data = self.data.get().at(&self.files.data)?;
+        data.set_len(end).at(&self.files.data)?;
+        data.sync_data().at(&self.files.data)?;
+        self.allocated.store(end, Ordering::Relaxed);
         Ok(())
     }
 

@@ -4,15 +4,10 @@
 use std::time::Instant;
 
 use super::Inner;
-use super::writer::{Reply, Tail};
+use super::state::{Op, Poison, Reply, Tail};
 use crate::storage::error::{IoContext, StorageError};
 use crate::storage::scan;
-
-/// Why a log refuses appends, and from when it will try to recover.
-pub(super) struct Poison {
-    pub(super) cause: String,
-    pub(super) retry_at: Instant,
-}
+use crate::storage::vfs::OpenMode;
 
 impl Inner {
     pub(super) fn poisoned_error(&self, cause: &str) -> StorageError {
@@ -41,23 +36,9 @@ impl Inner {
             }
             segments.last().expect("never empty").clone()
         };
-        // Files of every segment after the tail: the ones just dropped, and any half-created by a
-        // rotation that failed between its two files.
-        let mut stale = false;
-        for files in scan::list_segments(&*self.vfs, &self.dir)?.segments {
-            if files.start <= last.start() {
-                continue;
-            }
-            for path in [&files.data, &files.index] {
-                if self.vfs.exists(path) {
-                    self.vfs.remove_file(path).at(path)?;
-                    stale = true;
-                }
-            }
-        }
-        if stale {
-            self.vfs.sync_dir(&self.dir).at(&self.dir)?;
-        }
+        // The segments after the tail go first: cut first, the tail would end before the next
+        // segment starts, a gap that stops the boot if a power cut comes in between.
+        self.remove_segments_after(last.start())?;
         last.cut_uncommitted()?;
         *tail = Tail {
             write_pos: last.committed_bytes(),
@@ -65,6 +46,37 @@ impl Inner {
             next_offset: committed,
             index_synced: Instant::now(),
         };
+        Ok(())
+    }
+
+    /// Removes the files of every segment after the one starting at `tail`: segments a failed
+    /// batch rotated into, and any half-created by a rotation that failed between its two files.
+    /// None holds a committed entry, but a power cut at any point must leave a log that opens,
+    /// so each step leaves a shape recovery accepts (README, "Storage"):
+    /// - newest first, each removal made durable before the next: what a cut leaves is always a
+    ///   run of whole segments that follows the tail without a gap;
+    /// - the index emptied and synced before either file goes: a segment the failed batch sealed
+    ///   on its way holds synced index entries, and an index left without its data file, or a
+    ///   data file without its index, would stop the boot. An empty index past the tail is an
+    ///   empty segment, and its data, if the cut leaves it, is re-indexed like any tail's.
+    fn remove_segments_after(&self, tail: u64) -> Result<(), StorageError> {
+        let listing = scan::list_segments(&*self.vfs, &self.dir)?;
+        for files in listing.segments.iter().rev().filter(|f| f.start > tail) {
+            if self.vfs.exists(&files.index) {
+                let index = self
+                    .vfs
+                    .open(&files.index, OpenMode::ReadWrite)
+                    .at(&files.index)?;
+                index.set_len(0).at(&files.index)?;
+                index.sync_data().at(&files.index)?;
+            }
+            for path in [&files.data, &files.index] {
+                if self.vfs.exists(path) {
+                    self.vfs.remove_file(path).at(path)?;
+                }
+            }
+            self.vfs.sync_dir(&self.dir).at(&self.dir)?;
+        }
         Ok(())
     }
 
@@ -110,7 +122,7 @@ impl Inner {
             let (keep, queued): (Vec<_>, Vec<_>) = w
                 .pending
                 .drain(..)
-                .partition(|op| matches!(op, super::writer::Op::Close(_)));
+                .partition(|op| matches!(op, Op::Close(_)));
             w.pending.extend(keep);
             (cause, queued)
         };

@@ -19,18 +19,22 @@
 //! Linux may already have dropped the dirty pages). The batch's appends fail, every queued append
 //! fails, and the log is *poisoned*: it refuses appends for [`LogConfig::retry_after`]. The next
 //! append after that first recovers in place, as a reopen would: segments created for batches that
-//! never committed are removed, the tail's data and index are cut back to the commit point and
-//! synced. If that works the log takes appends again; if the disk still fails, it stays poisoned
+//! never committed are removed, newest first, and the tail's index and then its data are cut back
+//! to the commit point and synced, in an order that leaves a log that opens wherever a power cut
+//! stops it. If that works the log takes appends again; if the disk still fails, it stays poisoned
 //! for another `retry_after`. Reads of what was committed go on working throughout.
 
 //! # Layout
 //! - `config`: how a log writes ([`LogConfig`], [`FlushMode`]).
-//! - `writer`: the group-commit writer and the commit.
+//! - `writer`: the group-commit writer and the commit; it calls into `heal` on a failure.
 //! - `heal`: poison after a failure, and recovery in place.
+//! - `state`: what both of those share (the queue of operations, the poison, the tail); it
+//!   imports neither, and `heal` imports nothing of `writer`.
 //! - this module: [`Log`], its recovery at open, and the segment chain readers go through.
 
 mod config;
 mod heal;
+mod state;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -45,7 +49,7 @@ use super::scan::{self, ChainGap};
 use super::segment::{Entry, Segment};
 use super::vfs::{Vfs, create_dir_durably};
 pub use config::{CommitObserver, DEFAULT_FD_RESERVE, FlushMode, LogConfig, TailCheck};
-use writer::{Op, Pending, Tail, Writer};
+use state::{Op, Pending, Tail, Writer};
 
 /// One segment as retention sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,45 +2,13 @@
 //! to the tail's data file, fsyncs it — the commit point — makes the entries visible and answers;
 //! then writes their index entries without syncing. See the module documentation of [`super`].
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::oneshot;
-
-use super::heal::Poison;
+use super::state::{Op, Pending, Writer};
 use super::{FlushMode, Inner};
 use crate::storage::error::{IoContext, StorageError};
 use crate::storage::segment::Segment;
-
-pub(super) type Reply = oneshot::Sender<Result<u64, StorageError>>;
-pub(super) type Done = oneshot::Sender<Result<(), StorageError>>;
-
-/// One append request: the frames of its payloads, already encoded (CRCs are computed on the
-/// caller's thread, in parallel, not by the single writer).
-pub(super) struct Pending {
-    pub(super) frames: Vec<u8>,
-    pub(super) lens: Vec<u32>,
-    pub(super) reply: Reply,
-}
-
-/// What the writer does, in queue order.
-pub(super) enum Op {
-    Append(Pending),
-    /// Seal the tail now (retention: a tail that outlived `retentionMs`), if it holds entries.
-    Roll(Done),
-    /// Leave the exact layout (index synced, preallocation cut) and take no more appends.
-    Close(Done),
-}
-
-impl Op {
-    pub(super) fn fail(self, error: StorageError) {
-        match self {
-            Op::Append(p) => drop(p.reply.send(Err(error))),
-            Op::Roll(done) | Op::Close(done) => drop(done.send(Err(error))),
-        }
-    }
-}
 
 /// The part of a batch that landed in one segment.
 struct Piece {
@@ -49,24 +17,6 @@ struct Piece {
     end: u64,
     /// The batch went on into a new segment: this one was sealed on the way.
     sealed: bool,
-}
-
-#[derive(Default)]
-pub(super) struct Writer {
-    pub(super) pending: VecDeque<Op>,
-    pub(super) running: bool,
-    pub(super) poisoned: Option<Poison>,
-    pub(super) closed: bool,
-}
-
-/// Where the next entry goes. Only the writer touches it.
-pub(super) struct Tail {
-    pub(super) segment: Arc<Segment>,
-    pub(super) write_pos: u64,
-    pub(super) next_offset: u64,
-    /// When the tail's index was last synced (it is synced at most every
-    /// [`super::LogConfig::index_sync_interval`]).
-    pub(super) index_synced: Instant,
 }
 
 impl Inner {

@@ -1,0 +1,67 @@
+//! What the log's writer works with, shared by the writer ([`super::writer`]) and by poison and
+//! heal ([`super::heal`]): the queue of operations and their replies, the poison, and the tail.
+//! Kept below both so that the dependency runs one way: the writer calls into heal (poison on a
+//! failure, heal before the next batch), heal needs nothing of the writer's, and both use this.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::oneshot;
+
+use crate::storage::error::StorageError;
+use crate::storage::segment::Segment;
+
+pub(super) type Reply = oneshot::Sender<Result<u64, StorageError>>;
+pub(super) type Done = oneshot::Sender<Result<(), StorageError>>;
+
+/// One append request: the frames of its payloads, already encoded (CRCs are computed on the
+/// caller's thread, in parallel, not by the single writer).
+pub(super) struct Pending {
+    pub(super) frames: Vec<u8>,
+    pub(super) lens: Vec<u32>,
+    pub(super) reply: Reply,
+}
+
+/// What the writer does, in queue order.
+pub(super) enum Op {
+    Append(Pending),
+    /// Seal the tail now (retention: a tail that outlived `retentionMs`), if it holds entries.
+    Roll(Done),
+    /// Leave the exact layout (index synced, preallocation cut) and take no more appends.
+    Close(Done),
+}
+
+impl Op {
+    pub(super) fn fail(self, error: StorageError) {
+        match self {
+            Op::Append(p) => drop(p.reply.send(Err(error))),
+            Op::Roll(done) | Op::Close(done) => drop(done.send(Err(error))),
+        }
+    }
+}
+
+/// Why a log refuses appends, and from when it will try to recover.
+pub(super) struct Poison {
+    pub(super) cause: String,
+    pub(super) retry_at: Instant,
+}
+
+/// The queue and what decides whether it takes appends (behind one mutex of the log).
+#[derive(Default)]
+pub(super) struct Writer {
+    pub(super) pending: VecDeque<Op>,
+    pub(super) running: bool,
+    pub(super) poisoned: Option<Poison>,
+    pub(super) closed: bool,
+}
+
+/// Where the next entry goes. Only the writer touches it.
+pub(super) struct Tail {
+    pub(super) segment: Arc<Segment>,
+    pub(super) write_pos: u64,
+    pub(super) next_offset: u64,
+    /// When the tail's index was last synced (it is synced at most every
+    /// [`super::LogConfig::index_sync_interval`]).
+    pub(super) index_synced: Instant,
+}
