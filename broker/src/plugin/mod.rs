@@ -1,8 +1,10 @@
 //! WebAssembly handlers (README, "WebAssembly handlers").
 //!
 //! # Layout
-//! - [`runtime`]: the engine, compilation, the sandboxed instance and its limits.
+//! - [`runtime`]: the engine, compilation, the instance and its time limit.
 //! - `worlds`: the two WIT worlds served (0.1.0 and 0.2.0) behind one call and one verdict.
+//! - `host`: what an instance's store carries: the sandbox, its memory budget, its grants.
+//! - `error`: [`PluginError`], why a component cannot be used or a call failed.
 //! - [`store`]: deployed plugins and their kept versions (`{root-dir}/plugins/{name}/`).
 //! - [`tools`]: `mmmq plugin check`.
 //! - [`scaffold`]: `mmmq plugin new`, a plugin crate that builds anywhere.
@@ -10,11 +12,17 @@
 //! - `http`: outbound `wasi:http` limited to `plugin.allowedHosts` and the call's time.
 //! - `guest_log`: a guest's log lines and stdout/stderr into `tracing`, rate-limited.
 //!
+//! Imports go one way: `runtime` uses `worlds` and `host`, `worlds` uses `host`, `host` uses
+//! `http`, `guest_log` and `emit_buffer`, and none of these uses one above it; `error` is below
+//! them all.
+//!
 //! The dispatcher target that runs plugins, with instance reuse and hot reload, is
 //! [`crate::dispatch::targets::wasm`]: this module knows nothing of dispatchers.
 
 pub mod emit_buffer;
+mod error;
 mod guest_log;
+mod host;
 mod http;
 pub mod runtime;
 pub mod scaffold;
