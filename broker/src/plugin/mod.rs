@@ -6,6 +6,8 @@
 //! - `host`: what an instance's store carries: the sandbox, its memory budget, its grants.
 //! - `error`: [`PluginError`], why a component cannot be used or a call failed.
 //! - [`store`]: deployed plugins and their kept versions (`{root-dir}/plugins/{name}/`).
+//! - [`kept`]: a directory of kept versions, a deployed plugin's or what a `plugin.path`
+//!   dispatcher loaded (`{root-dir}/plugins/.path/{consumerId}/`), for `mmmq plugin replay`.
 //! - [`tools`]: `mmmq plugin check`.
 //! - [`scaffold`]: `mmmq plugin new`, a plugin crate that builds anywhere.
 //! - [`emit_buffer`]: what a call emits, checked and held until its verdict is known.
@@ -24,6 +26,7 @@ mod error;
 mod guest_log;
 mod host;
 mod http;
+pub mod kept;
 pub mod runtime;
 pub mod scaffold;
 pub mod store;
