@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mmmq_core::{ConsumerId, PullPage, StoredMessage, Topic, TopicInfo, TopicPattern};
+use mmmq_core::{ConsumerId, TopicInfo, TopicPattern};
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 

@@ -20,12 +20,17 @@
 //! [`lane_of`](crate::dispatch::lane_of) of K, N and the session's lane count) whose `from` is at
 //! or before N.
 //!
+//! The bytes of each version are kept where replay finds them: a deployed plugin's in the plugin
+//! store, and what a `plugin.path` dispatcher loaded in [`Handlers::loaded_dir`] (written by the
+//! plugin target before the version serves).
+//!
 //! The steady state costs nothing on disk: a line is written only at a start and when a lane
 //! first runs another version. Runs of a redrive are not recorded (replay them with
 //! `--version`). The file is cut to its newer half when a start finds it over
 //! [`MAX_FILE_BYTES`].
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 
 use mmmq_core::{ConsumerId, Topic};
@@ -100,6 +105,17 @@ impl Handlers {
             lanes: lanes.max(1),
             parts: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Where a `plugin.path` dispatcher keeps the versions it loads, so replay finds each of them
+    /// after its file changed ([`crate::plugin::kept::loaded_dir`]), in the root dir: the directory
+    /// that holds `topics/`.
+    pub fn loaded_dir(&self) -> Option<PathBuf> {
+        let root = self.registry.dir().parent()?;
+        Some(crate::plugin::kept::loaded_dir(
+            root,
+            self.consumer_id.as_str(),
+        ))
     }
 
     /// Records, if it is not already recorded, that `lane` of `partition` of `topic` runs

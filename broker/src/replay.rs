@@ -5,8 +5,8 @@
 //!   ([`crate::inspect::read_entry`]), so a broker may be running on the same root dir.
 //! - The version is the one that last handled the message, by the record the dispatcher keeps
 //!   beside its checkpoint ([`crate::handled`]), unless `--version` names another. A dispatcher
-//!   with `plugin.name` runs it from the plugin store's kept versions; one with `plugin.path` runs
-//!   the file there, which must still hold that version.
+//!   with `plugin.name` runs it from the plugin store's kept versions; one with `plugin.path` from
+//!   the versions it kept as it loaded them ([`crate::plugin::kept::keep_loaded`]).
 //! - The limits and `plugin.config` are the dispatcher's, from `dispatchers.json`. The sandbox is
 //!   the broker's, with no network unless `--allow-http` gives the dispatcher's
 //!   `plugin.allowedHosts`. Emits are shown, not appended.
@@ -23,8 +23,8 @@ use serde::Serialize;
 use crate::config::{DispatcherSpec, PluginSpec, TargetSpec, parse_dispatchers};
 use crate::handled;
 use crate::inspect::{Entry, read_entry};
+use crate::plugin::kept::{is_version, kept_files, loaded_dir, version_file};
 use crate::plugin::runtime::{Call, Instance, Limits, Verdict, version_of};
-use crate::plugin::store::PluginStore;
 use crate::plugin::{Grants, GuestLog, PluginEngine, PluginError};
 use crate::storage::{Checkpoints, OsFs, Vfs};
 use crate::topics::partition::partition_dir;
@@ -138,7 +138,7 @@ pub fn replay(req: &ReplayRequest) -> Result<Replayed, ReplayError> {
             (v, "recorded")
         }
     };
-    let bytes = component(&req.root_dir, plugin, &version)?;
+    let bytes = component(&req.root_dir, &req.consumer, plugin, &version)?;
     let engine = PluginEngine::with_backtrace_details()?;
     let compiled = engine.compile(&bytes)?;
     let (sink, mut lines) = tokio::sync::mpsc::channel(4096);
@@ -262,49 +262,41 @@ fn read_message(
     }
 }
 
-/// Whether `s` is a version: 16 lower-case hex digits.
-fn is_version(s: &str) -> bool {
-    s.len() == 16 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
-
-/// The bytes of `version` of the dispatcher's plugin.
-fn component(root_dir: &Path, plugin: &PluginSpec, version: &str) -> Result<Vec<u8>, ReplayError> {
+/// The bytes of `version` of the plugin of `consumer`'s dispatcher: a kept version of its
+/// `plugin.name`, or of what its `plugin.path` loaded (or the file there, for a version loaded
+/// before the broker kept them).
+fn component(
+    root_dir: &Path,
+    consumer: &str,
+    plugin: &PluginSpec,
+    version: &str,
+) -> Result<Vec<u8>, ReplayError> {
     if !is_version(version) {
         return Err(ReplayError::Version(format!(
             "{version:?} is not a version (16 hex digits, as `mmmq plugin list` shows)"
         )));
     }
-    if let Some(name) = &plugin.name {
-        let path = PluginStore::version_path(root_dir, name, version);
-        return std::fs::read(&path).map_err(|_| {
-            let dir = path
-                .parent()
-                .expect("a version's file is in its plugin's directory");
-            let mut kept: Vec<String> = std::fs::read_dir(dir)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter_map(|e| {
-                    let name = e.file_name().to_string_lossy().into_owned();
-                    let version = name.strip_suffix(".wasm")?;
-                    is_version(version).then(|| version.to_owned())
-                })
-                .collect();
-            kept.sort();
-            ReplayError::Version(format!(
-                "plugin {name:?} does not keep version {version} (kept: {})",
-                kept.join(", ")
-            ))
-        });
+    let (dir, whose) = match &plugin.name {
+        Some(name) => (
+            root_dir.join("plugins").join(name),
+            format!("plugin {name:?}"),
+        ),
+        None => (
+            loaded_dir(root_dir, consumer),
+            format!("dispatcher {consumer:?}"),
+        ),
+    };
+    if let Ok(bytes) = std::fs::read(version_file(&dir, version)) {
+        return Ok(bytes);
     }
-    let bytes = std::fs::read(&plugin.path)
-        .map_err(|e| ReplayError::Version(format!("cannot read {}: {e}", plugin.path.display())))?;
-    let holds = version_of(&bytes);
-    if holds != version {
-        return Err(ReplayError::Version(format!(
-            "{} now holds version {holds}, not {version}: put that version's file back, or replay the file's version with --version {holds}",
-            plugin.path.display()
-        )));
+    if plugin.name.is_none()
+        && let Ok(bytes) = std::fs::read(&plugin.path)
+        && version_of(&bytes) == version
+    {
+        return Ok(bytes);
     }
-    Ok(bytes)
+    Err(ReplayError::Version(format!(
+        "{whose} does not keep version {version} (kept: {})",
+        kept_files(&OsFs, &dir).join(", ")
+    )))
 }

@@ -1,11 +1,13 @@
 //! Replay (README, "Replay"): `mmmq plugin replay` runs the version of a plugin that handled a
 //! stored message on it, offline, with the dispatcher's config, and prints the verdict, the emits,
 //! the log lines and a fault's WebAssembly backtrace — the version found from the record the
-//! dispatcher keeps, across a deploy and a restart, while the broker runs on the same directory.
+//! dispatcher keeps, across a deploy and a restart, while the broker runs on the same directory,
+//! and run from the plugin store or, for a `plugin.path` dispatcher, from the versions it kept as
+//! it loaded them.
 
 use std::time::Duration;
 
-use mmmq_tests::{Broker, eventually, plugin_wasm, write_dispatchers};
+use mmmq_tests::{Broker, deploy_plugin, eventually, plugin_wasm, testbed_root, write_dispatchers};
 use serde_json::{Value, json};
 
 async fn deploy(broker: &Broker, bytes: Vec<u8>) -> String {
@@ -157,4 +159,68 @@ async fn replay_runs_the_version_that_handled_a_message_and_reproduces_a_trap() 
         2,
         "one session per start: {record}"
     );
+}
+
+/// A `plugin.path` dispatcher keeps every version it loads before the version handles anything
+/// (README, "Replay"): once its file is replaced (a hot reload), a message the old file handled is
+/// still replayed on the old version, from `plugins/.path/{consumerId}/`.
+#[tokio::test(flavor = "multi_thread")]
+async fn replay_of_a_path_plugin_runs_the_old_version_after_the_file_was_replaced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    testbed_root(root, "r", "rep", json!({}));
+    let broker = Broker::start(root).await;
+    let version = |s: &Value| s["target"]["version"].as_str().unwrap().to_owned();
+    broker.produce("rep", json!({"n": 0})).await;
+    let v1 = version(&broker.dispatcher_when("r", |s| s["delivered"] == 1).await);
+    deploy_plugin(root, &plugin_wasm("testbed", Some("v2")), "testbed.wasm");
+    let v2 = version(
+        &broker
+            .dispatcher_when("r", |s| s["target"]["version"].as_str() != Some(&v1))
+            .await,
+    );
+    broker.produce("rep", json!({"n": 1})).await;
+    broker.dispatcher_when("r", |s| s["delivered"] == 2).await;
+    let at = |offset: &'static str| ["--consumer", "r", "--topic", "rep", "--offset", offset];
+
+    let (code, out) = replay(&broker, root, &at("0"));
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!("version  {v1} (the version that handled it")),
+        "{out}"
+    );
+    assert!(
+        out.contains("testbed version=v1 topic=rep offset=0 "),
+        "{out}"
+    );
+    let (code, out) = replay(&broker, root, &at("1"));
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!("version  {v2} (the version")),
+        "{out}"
+    );
+    assert!(
+        out.contains("testbed version=v2 topic=rep offset=1 "),
+        "{out}"
+    );
+
+    // Content-addressed, where the README says.
+    let kept = root.join("plugins/.path/r");
+    assert_eq!(
+        std::fs::read(kept.join(format!("{v1}.wasm"))).unwrap(),
+        std::fs::read(plugin_wasm("testbed", None)).unwrap()
+    );
+    assert!(kept.join(format!("{v2}.wasm")).is_file());
+    // A version it never loaded: what it keeps is listed.
+    let (code, err) = replay(
+        &broker,
+        root,
+        &[&at("0")[..], &["--version", "0123456789abcdef"]].concat(),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(r#"dispatcher "r" does not keep version 0123456789abcdef (kept: "#),
+        "{err}"
+    );
+    assert!(err.contains(&v1) && err.contains(&v2), "{err}");
 }

@@ -20,8 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mmmq_core::{
-    ConsumerId, Envelope, GroupMember, GroupPartition, GroupPoll, GroupStatus, StoredMessage,
-    Topic, TopicId, TopicPartition, TopicPattern,
+    ConsumerId, Envelope, GroupPoll, StoredMessage, Topic, TopicId, TopicPartition, TopicPattern,
 };
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;

@@ -15,12 +15,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use wasmtime_wasi_http::{
-    Error as HttpError, RequestOptions, WasiBody, WasiHttpCtxView, WasiHttpHooks, WasiHttpView,
-};
+use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
 use super::guest_log::{GuestLevel, GuestLog};
-use super::runtime::HostState;
 use crate::config::AllowedOrigin;
 
 /// The `wasi:http` hooks of one instance.
@@ -99,16 +96,6 @@ impl WasiHttpHooks for HttpHooks {
                 )),
             }
         })
-    }
-}
-
-impl WasiHttpView for HostState {
-    fn http(&mut self) -> WasiHttpCtxView<'_> {
-        WasiHttpCtxView {
-            ctx: &mut self.http_ctx,
-            table: &mut self.table,
-            hooks: &mut self.http_hooks,
-        }
     }
 }
 

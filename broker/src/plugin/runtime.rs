@@ -22,55 +22,21 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use std::collections::BTreeMap;
-
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, Linker, ResourceTable};
-use wasmtime::{Config, Engine, ResourceLimiter, Store, Trap};
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Config, Engine, Store, Trap};
 
-use super::emit_buffer::EmitBuffer;
-use super::guest_log::{GuestLog, GuestOutput, LineContext};
-use super::http::HttpHooks;
-use crate::config::AllowedOrigin;
+use super::guest_log::{GuestLog, LineContext};
+use super::host::HostState;
 use crate::produce::ProduceItem;
 
+pub use super::error::PluginError;
+pub use super::host::Grants;
 pub use super::worlds::{Call, Verdict, WORLD_V1, WORLD_V2};
 use super::worlds::{Handler, Pre};
 
 /// How often the epoch advances: the granularity of `timeoutMs`.
 const TICK: Duration = Duration::from_millis(1);
-
-/// Why a component cannot be used, or a call failed.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum PluginError {
-    /// The file cannot be read.
-    #[error("cannot read {path}: {reason}")]
-    Read {
-        /// The file.
-        path: String,
-        /// Why.
-        reason: String,
-    },
-    /// Not a component, or not a valid one.
-    #[error("not a valid WebAssembly component: {0}")]
-    Compile(String),
-    /// A component, but not of the `mmmq:plugin/handler` world (or it needs imports we do not give).
-    #[error("the component does not implement the mmmq:plugin handler world: {0}")]
-    World(String),
-    /// Instantiation failed (its start code trapped, or its initial memory exceeds the cap).
-    #[error("cannot instantiate the plugin: {0}")]
-    Instantiate(String),
-    /// The call ran past `timeoutMs`.
-    #[error("timed out after {0} ms")]
-    Timeout(u64),
-    /// The guest tried to grow its memory past `maxMemoryBytes`.
-    #[error("memory limit of {0} bytes exceeded")]
-    Memory(u64),
-    /// The guest trapped (a panic, an out-of-bounds access, a stack overflow, …).
-    #[error("trapped: {0}")]
-    Trap(String),
-}
 
 /// The shared engine and linker.
 pub struct PluginEngine {
@@ -238,138 +204,6 @@ pub struct Limits {
     pub max_message_bytes: usize,
 }
 
-/// The memory budget of one instance: `maxMemoryBytes` caps everything the instance allocates
-/// (all its linear memories and its tables together, a table element counted as
-/// [`TABLE_ELEMENT_BYTES`]), not each memory on its own, so a component with several memories or
-/// a growing table cannot multiply the cap. Records whether a growth was refused, so a trap can be
-/// told apart from the cap.
-struct Limiter {
-    budget: usize,
-    used: usize,
-    refused: bool,
-}
-
-/// What a table element costs against the budget: a reference, as wasmtime stores one.
-const TABLE_ELEMENT_BYTES: usize = 8;
-/// Instances, memories and tables a component may create: far above what a handler needs (a Rust
-/// component has a handful), far below what would let one exhaust the host's bookkeeping.
-const MAX_INSTANCES: usize = 32;
-const MAX_MEMORIES: usize = 16;
-const MAX_TABLES: usize = 64;
-
-impl Limiter {
-    fn new(budget: u64) -> Self {
-        Self {
-            budget: usize::try_from(budget).unwrap_or(usize::MAX),
-            used: 0,
-            refused: false,
-        }
-    }
-
-    fn grow(&mut self, more: usize) -> bool {
-        match self.used.checked_add(more) {
-            Some(total) if total <= self.budget => {
-                self.used = total;
-                true
-            }
-            _ => {
-                self.refused = true;
-                false
-            }
-        }
-    }
-}
-
-impl ResourceLimiter for Limiter {
-    fn memory_growing(
-        &mut self,
-        current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        Ok(self.grow(desired.saturating_sub(current)))
-    }
-
-    fn table_growing(
-        &mut self,
-        current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        Ok(self.grow(
-            desired
-                .saturating_sub(current)
-                .saturating_mul(TABLE_ELEMENT_BYTES),
-        ))
-    }
-
-    fn instances(&self) -> usize {
-        MAX_INSTANCES
-    }
-
-    fn memories(&self) -> usize {
-        MAX_MEMORIES
-    }
-
-    fn tables(&self) -> usize {
-        MAX_TABLES
-    }
-}
-
-/// What a store carries.
-pub struct HostState {
-    wasi: WasiCtx,
-    pub(super) table: ResourceTable,
-    limiter: Limiter,
-    pub(super) log: GuestLog,
-    /// The dispatcher's `plugin.config` (0.2.0 `get-config`).
-    pub(super) config: Arc<BTreeMap<String, String>>,
-    /// What the call in progress emitted (0.2.0 `emit`).
-    pub(super) emits: EmitBuffer,
-    pub(super) http_ctx: wasmtime_wasi_http::WasiHttpCtx,
-    pub(super) http_hooks: HttpHooks,
-}
-
-/// What a dispatcher grants its plugin beyond the sandbox: `plugin.config` and
-/// `plugin.allowedHosts`.
-#[derive(Debug, Clone, Default)]
-pub struct Grants {
-    /// What `get-config` reads.
-    pub config: Arc<BTreeMap<String, String>>,
-    /// The origins `wasi:http` requests may go to (none: no network).
-    pub allowed_hosts: Arc<Vec<AllowedOrigin>>,
-}
-
-impl WasiView for HostState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
-    }
-}
-
-/// Clocks that never move: the sandbox grants no time beyond the message's timestamp.
-struct FrozenClock;
-
-impl wasmtime_wasi::HostWallClock for FrozenClock {
-    fn resolution(&self) -> Duration {
-        Duration::from_secs(1)
-    }
-    fn now(&self) -> Duration {
-        Duration::ZERO
-    }
-}
-
-impl wasmtime_wasi::HostMonotonicClock for FrozenClock {
-    fn resolution(&self) -> u64 {
-        1_000_000_000
-    }
-    fn now(&self) -> u64 {
-        0
-    }
-}
-
 /// A live instance of one version, with its store.
 pub struct Instance {
     store: Store<HostState>,
@@ -388,29 +222,18 @@ impl Instance {
         log: &GuestLog,
         grants: &Grants,
     ) -> Result<Self, PluginError> {
-        let log = log.for_instance();
-        let wasi = WasiCtx::builder()
-            .stdout(GuestOutput::new(log.clone(), false))
-            .stderr(GuestOutput::new(log.clone(), true))
-            .wall_clock(FrozenClock)
-            .monotonic_clock(FrozenClock)
-            .build();
-        let state = HostState {
-            wasi,
-            table: ResourceTable::new(),
-            limiter: Limiter::new(limits.max_memory_bytes),
-            http_hooks: HttpHooks::new(grants.allowed_hosts.clone(), log.clone()),
-            log,
-            config: grants.config.clone(),
-            emits: EmitBuffer::new(limits.max_message_bytes),
-            http_ctx: wasmtime_wasi_http::WasiHttpCtx::new(),
-        };
+        let state = HostState::new(
+            log.for_instance(),
+            limits.max_memory_bytes,
+            limits.max_message_bytes,
+            grants,
+        );
         let mut store = Store::new(&engine.engine, state);
-        store.limiter(|s| &mut s.limiter);
+        store.limiter(HostState::limiter);
         store.epoch_deadline_trap();
         store.set_epoch_deadline(ticks(limits.timeout));
         let handler = compiled.pre.instantiate(&mut store).map_err(|e| {
-            if store.data().limiter.refused {
+            if store.data().memory_refused() {
                 PluginError::Memory(limits.max_memory_bytes)
             } else {
                 PluginError::Instantiate(format!("{e:#}"))
@@ -431,7 +254,7 @@ impl Instance {
     pub fn handle(&mut self, call: &Call) -> Result<Verdict, PluginError> {
         let state = self.store.data_mut();
         state.emits.clear();
-        state.http_hooks.deadline = std::time::Instant::now() + self.limits.timeout;
+        state.set_deadline(std::time::Instant::now() + self.limits.timeout);
         self.store.set_epoch_deadline(ticks(self.limits.timeout));
         self.store.data().log.set_context(Some(LineContext {
             topic: call.topic.clone(),
@@ -456,7 +279,7 @@ impl Instance {
     }
 
     fn classify(&self, e: wasmtime::Error) -> PluginError {
-        if self.store.data().limiter.refused {
+        if self.store.data().memory_refused() {
             return PluginError::Memory(self.limits.max_memory_bytes);
         }
         match e.downcast_ref::<Trap>() {
@@ -469,32 +292,4 @@ impl Instance {
 
 fn ticks(timeout: Duration) -> u64 {
     (timeout.as_micros() / TICK.as_micros()).max(1) as u64 + 1
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_budget_covers_every_memory_and_table_of_an_instance_together() {
-        let mut l = Limiter::new(1 << 20);
-        // Two memories of 512 KiB fit; a third 64 KiB page does not, though each memory alone is
-        // under the cap.
-        assert!(l.memory_growing(0, 512 << 10, None).unwrap());
-        assert!(l.memory_growing(0, 512 << 10, None).unwrap());
-        assert!(
-            !l.memory_growing(512 << 10, (512 << 10) + 65536, None)
-                .unwrap()
-        );
-        assert!(l.refused);
-        let mut l = Limiter::new(1 << 20);
-        assert!(l.memory_growing(0, 1 << 19, None).unwrap());
-        // Tables count too: 65,536 elements of 8 bytes are the other half; one more is over.
-        assert!(l.table_growing(0, 65536, None).unwrap());
-        assert!(!l.table_growing(65536, 65537, None).unwrap());
-        assert!(
-            !l.table_growing(0, usize::MAX, None).unwrap(),
-            "no overflow"
-        );
-    }
 }

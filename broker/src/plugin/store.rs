@@ -7,28 +7,30 @@
 //! {root-dir}/plugins/{name}/current.wasm     a copy of the current version
 //! ```
 //!
+//! (The kept versions and their index are [`super::kept`]'s, shared with `plugin.path`
+//! dispatchers, which keep what they load in `{root-dir}/plugins/.path/{consumerId}/`.)
+//!
 //! A dispatcher whose plugin names `name` runs `current.wasm`, so a deploy, a rollback or an
 //! activation is one atomic replace of that file, and the plugin target's hot reload (README,
 //! "WebAssembly handlers") switches versions between two messages, with no loss, no repeat, in
-//! order. Every file is written aside, synced and renamed; `versions.json` decides what is
-//! current, and `current.wasm` is repaired from it at open if a crash came between the two.
+//! order. Every file is written aside, synced and renamed, and every directory is made durably;
+//! `versions.json` decides what is current, and `current.wasm` is repaired from it at open if a
+//! crash came between the two.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use mmmq_core::now_ms;
-use serde::{Deserialize, Serialize};
-
+use super::kept::{self, INDEX, KeptError, read_index, version_file, write_durably, write_index};
+pub use super::kept::{KEPT_VERSIONS, PluginVersions};
 use super::runtime::{PluginEngine, PluginError, version_of};
+use crate::storage::vfs::read_whole;
+use crate::storage::{OsFs, Vfs};
 pub use mmmq_core::{Deployed, VersionInfo};
-
-/// At least this many versions are kept per plugin (the current one always).
-pub const KEPT_VERSIONS: usize = 10;
 
 /// The largest component a deploy takes.
 pub const MAX_PLUGIN_BYTES: usize = 64 << 20;
 
 const CURRENT: &str = "current.wasm";
-const INDEX: &str = "versions.json";
 
 /// Why a deploy, rollback or activation was refused.
 #[derive(Debug, thiserror::Error)]
@@ -58,25 +60,14 @@ pub enum StoreError {
     /// A rollback from the oldest kept version.
     #[error("plugin {0:?} has no version before the current one")]
     NoPrevious(String),
-    /// The disk refused.
+    /// The disk refused, or a file is not what it should be.
     #[error("plugin store: {0}")]
-    Io(String),
-}
-
-/// A plugin: its current version and the kept ones, oldest first.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct PluginVersions {
-    /// The name.
-    #[serde(default)]
-    pub name: String,
-    /// The version dispatchers naming it run.
-    pub current: String,
-    /// Kept versions in deploy order.
-    pub versions: Vec<VersionInfo>,
+    Io(#[from] KeptError),
 }
 
 /// The deployed plugins under `{root-dir}/plugins/`.
 pub struct PluginStore {
+    vfs: Arc<dyn Vfs>,
     dir: PathBuf,
     /// One change at a time (a deploy, rollback or activation reads, then writes, the index).
     changing: tokio::sync::Mutex<()>,
@@ -85,11 +76,17 @@ pub struct PluginStore {
 impl PluginStore {
     /// The store of `root_dir`; repairs each plugin's `current.wasm` from its index. Blocking.
     pub fn open(root_dir: &Path) -> Self {
+        Self::open_on(Arc::new(OsFs), root_dir)
+    }
+
+    /// [`PluginStore::open`] on another file system (the simulated disk of a test). Blocking.
+    pub fn open_on(vfs: Arc<dyn Vfs>, root_dir: &Path) -> Self {
         let store = Self {
+            vfs,
             dir: root_dir.join("plugins"),
             changing: tokio::sync::Mutex::new(()),
         };
-        for name in names(&store.dir) {
+        for name in names(&*store.vfs, &store.dir) {
             if let Err(e) = store.repair(&name) {
                 tracing::error!(plugin = name, error = %e, "cannot repair the plugin's current version");
             }
@@ -104,10 +101,7 @@ impl PluginStore {
 
     /// The file of a kept version.
     pub fn version_path(root_dir: &Path, name: &str, version: &str) -> PathBuf {
-        root_dir
-            .join("plugins")
-            .join(name)
-            .join(format!("{version}.wasm"))
+        version_file(&root_dir.join("plugins").join(name), version)
     }
 
     /// Checks a plugin name.
@@ -140,30 +134,16 @@ impl PluginStore {
         let _one = self.changing.lock().await;
         let dir = self.dir.join(name);
         let name = name.to_owned();
+        let vfs = self.vfs.clone();
         blocking(move || {
-            let mut index = read_index(&dir)?.unwrap_or(PluginVersions {
-                name: name.clone(),
-                current: String::new(),
-                versions: Vec::new(),
-            });
-            let version = version_of(&bytes);
-            write_durably(&dir.join(format!("{version}.wasm")), &bytes)?;
-            index.versions.retain(|v| v.version != version);
-            index.versions.push(VersionInfo {
-                version: version.clone(),
-                bytes: bytes.len() as u64,
-                deployed_at: now_ms(),
-                world: world.clone(),
-            });
-            index.current = version.clone();
-            let dropped = prune(&mut index);
-            make_current(&dir, &index, &bytes)?;
-            for old in dropped {
-                let _ = std::fs::remove_file(dir.join(format!("{old}.wasm")));
-            }
+            let index = read_index(&*vfs, &dir)?;
+            // The index names the new version before `current.wasm` holds it: a crash between
+            // the two is repaired at open.
+            let index = kept::keep(&*vfs, &dir, index, &name, &bytes, &world)?;
+            write_durably(&*vfs, &dir.join(CURRENT), &bytes)?;
             Ok(Deployed {
                 name,
-                version,
+                version: index.current,
                 world,
             })
         })
@@ -217,14 +197,15 @@ impl PluginStore {
         let _one = self.changing.lock().await;
         let dir = self.dir.join(name);
         let name = name.to_owned();
+        let vfs = self.vfs.clone();
         blocking(move || {
-            let mut index = read_index(&dir)?.ok_or(StoreError::NoSuchPlugin(name.clone()))?;
+            let mut index =
+                read_index(&*vfs, &dir)?.ok_or(StoreError::NoSuchPlugin(name.clone()))?;
             index.name = name.clone();
             let version = choose(&index)?;
-            let bytes = std::fs::read(dir.join(format!("{version}.wasm")))
-                .map_err(|e| StoreError::Io(format!("{version}.wasm: {e}")))?;
+            let bytes = read_version(&*vfs, &dir, &version)?;
             index.current = version.clone();
-            make_current(&dir, &index, &bytes)?;
+            make_current(&*vfs, &dir, &index, &bytes)?;
             let world = index
                 .versions
                 .iter()
@@ -243,10 +224,11 @@ impl PluginStore {
     /// Every deployed plugin, by name.
     pub async fn list(&self) -> Result<Vec<PluginVersions>, StoreError> {
         let dir = self.dir.clone();
+        let vfs = self.vfs.clone();
         blocking(move || {
             let mut out = Vec::new();
-            for name in names(&dir) {
-                if let Some(mut index) = read_index(&dir.join(&name))? {
+            for name in names(&*vfs, &dir) {
+                if let Some(mut index) = read_index(&*vfs, &dir.join(&name))? {
                     index.name = name;
                     out.push(index);
                 }
@@ -259,89 +241,55 @@ impl PluginStore {
     /// Rewrites `current.wasm` when it is not the index's current version (a crash between the
     /// index and the copy). Blocking.
     fn repair(&self, name: &str) -> Result<(), StoreError> {
+        let vfs = &*self.vfs;
         let dir = self.dir.join(name);
-        let Some(index) = read_index(&dir)? else {
+        let Some(index) = read_index(vfs, &dir)? else {
             return Ok(());
         };
-        let current = std::fs::read(dir.join(CURRENT)).ok();
+        let current = read_whole(vfs, &dir.join(CURRENT)).ok().flatten();
         if current.as_deref().map(version_of).as_deref() != Some(&*index.current) {
-            let bytes = std::fs::read(dir.join(format!("{}.wasm", index.current)))
-                .map_err(|e| StoreError::Io(e.to_string()))?;
+            let bytes = read_version(vfs, &dir, &index.current)?;
             tracing::warn!(
                 plugin = name,
                 version = index.current,
                 "current.wasm repaired from the index"
             );
-            write_durably(&dir.join(CURRENT), &bytes)?;
+            write_durably(vfs, &dir.join(CURRENT), &bytes)?;
         }
         Ok(())
     }
 }
 
+/// The bytes of a kept version the index names. Blocking.
+fn read_version(vfs: &dyn Vfs, dir: &Path, version: &str) -> Result<Vec<u8>, StoreError> {
+    let path = version_file(dir, version);
+    read_whole(vfs, &path)
+        .map_err(KeptError::from)?
+        .ok_or(StoreError::Io(KeptError::Missing(path)))
+}
+
 /// The deployed plugins in `dir`, by name. Blocking.
-fn names(dir: &Path) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut names: Vec<String> = entries
-        .filter_map(Result::ok)
-        .filter(|e| e.path().join(INDEX).is_file())
-        .filter_map(|e| e.file_name().into_string().ok())
+fn names(vfs: &dyn Vfs, dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = vfs
+        .read_dir(dir)
+        .unwrap_or_default()
+        .into_iter()
+        // `.path` holds what `plugin.path` dispatchers loaded, not a plugin.
+        .filter(|name| !name.starts_with('.') && vfs.exists(&dir.join(name).join(INDEX)))
         .collect();
     names.sort();
     names
 }
 
-/// Drops the oldest versions past [`KEPT_VERSIONS`] (never the current one); their names.
-fn prune(index: &mut PluginVersions) -> Vec<String> {
-    let mut dropped = Vec::new();
-    while index.versions.len() > KEPT_VERSIONS {
-        let Some(i) = index
-            .versions
-            .iter()
-            .position(|v| v.version != index.current)
-        else {
-            break;
-        };
-        dropped.push(index.versions.remove(i).version);
-    }
-    dropped
-}
-
 /// The index first (it decides), then the copy the dispatchers run.
-fn make_current(dir: &Path, index: &PluginVersions, bytes: &[u8]) -> Result<(), StoreError> {
-    let raw = serde_json::to_vec_pretty(index).expect("an index encodes");
-    write_durably(&dir.join(INDEX), &raw)?;
-    write_durably(&dir.join(CURRENT), bytes)
-}
-
-fn read_index(dir: &Path) -> Result<Option<PluginVersions>, StoreError> {
-    match std::fs::read(dir.join(INDEX)) {
-        Ok(raw) => serde_json::from_slice(&raw)
-            .map(Some)
-            .map_err(|e| StoreError::Io(format!("{}: {e}", dir.join(INDEX).display()))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(StoreError::Io(e.to_string())),
-    }
-}
-
-/// Writes aside, syncs, renames over, syncs the directory.
-fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-    use std::io::Write;
-    let io = |e: std::io::Error| StoreError::Io(format!("{}: {e}", path.display()));
-    let dir = path.parent().expect("a file in a directory");
-    std::fs::create_dir_all(dir).map_err(io)?;
-    let tmp = dir.join(format!(
-        ".{}.tmp",
-        path.file_name().unwrap_or_default().to_string_lossy()
-    ));
-    let mut f = std::fs::File::create(&tmp).map_err(io)?;
-    f.write_all(bytes).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io)
+fn make_current(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    index: &PluginVersions,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
+    write_index(vfs, dir, index)?;
+    Ok(write_durably(vfs, &dir.join(CURRENT), bytes)?)
 }
 
 async fn blocking<T: Send + 'static>(
@@ -350,4 +298,39 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .expect("plugin store task panicked")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::kept::{keep_loaded, loaded_dir};
+    use crate::storage::vfs::sim::{CutMode, SimFs};
+
+    /// A rollback is durable when it answers, `current.wasm` included, and what `plugin.path`
+    /// dispatchers keep beside the plugins is not listed as one.
+    #[tokio::test]
+    async fn a_rollback_survives_a_power_cut_and_loaded_versions_are_not_plugins() {
+        let fs = SimFs::new();
+        let root = Path::new("/root");
+        fs.mkdir_durable(root);
+        let dir = root.join("plugins").join("p");
+        // Two deployed versions (not components: the store does not compile what it keeps), the
+        // copy the dispatchers run not written yet, as after a crash in a deploy.
+        let v1 = kept::keep(&fs, &dir, None, "p", b"\0asm v1", "w").unwrap();
+        let index = read_index(&fs, &dir).unwrap();
+        let v2 = kept::keep(&fs, &dir, index, "p", b"\0asm v2", "w").unwrap();
+        keep_loaded(&fs, &loaded_dir(root, "c"), "c", b"\0asm c", "w").unwrap();
+
+        let store = PluginStore::open_on(Arc::new(fs.clone()), root);
+        assert_eq!(fs.contents(&dir.join(CURRENT)).unwrap(), b"\0asm v2");
+        let listed = store.list().await.unwrap();
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert_eq!(listed[0].current, v2.current);
+        assert_eq!(store.rollback("p").await.unwrap().version, v1.current);
+
+        fs.power_cut(3, CutMode::SyncedOnly);
+        let store = PluginStore::open_on(Arc::new(fs.clone()), root);
+        assert_eq!(store.list().await.unwrap()[0].current, v1.current);
+        assert_eq!(fs.contents(&dir.join(CURRENT)).unwrap(), b"\0asm v1");
+    }
 }

@@ -6,8 +6,9 @@
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Engine, Store};
 
+use super::error::PluginError;
 use super::guest_log::GuestLevel;
-use super::runtime::{HostState, PluginError};
+use super::host::HostState;
 
 // The message is passed to the guest borrowed from the `Call`, not copied into the bindings'
 // own types first (a call copies its content once, into the guest's memory).

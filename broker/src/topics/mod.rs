@@ -119,6 +119,11 @@ impl Registry {
         }
     }
 
+    /// The directory the topics are in (`{root-dir}/topics`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The topic, if it exists.
     pub fn get(&self, topic: &Topic) -> Option<Arc<TopicLog>> {
         self.topics.read().get(topic).cloned()

@@ -26,10 +26,12 @@ use crate::dispatch::target::{
 };
 use crate::emit::{ConsumerEmits, Outputs};
 use crate::handled::Handlers;
+use crate::plugin::kept::keep_loaded;
 use crate::plugin::runtime::{
     Call, Compiled, Instance, Limits, PluginEngine, PluginError, Verdict, version_of,
 };
 use crate::plugin::{Grants, GuestLog, LogSink};
+use crate::storage::OsFs;
 
 struct Shared {
     engine: Arc<PluginEngine>,
@@ -179,12 +181,21 @@ impl Shared {
     }
 
     /// Reads and, if it changed, compiles the file. `Ok(true)` when a new version now serves.
+    ///
+    /// A `plugin.path` dispatcher first keeps the new version where `mmmq plugin replay` finds it
+    /// once the file has changed again (README, "Replay"), durably: a version it cannot keep does
+    /// not serve (as a version whose handling cannot be recorded handles nothing).
     async fn reload(self: &Arc<Self>) -> Result<bool, String> {
         let _one_at_a_time = self.reloading.lock().await;
         let path = self.spec.path.clone();
         let engine = self.engine.clone();
         let serving = self.current.load().as_ref().map(|c| c.version.clone());
         let named = self.spec.name.is_some();
+        let keep_in = match (&self.handled, named) {
+            (Some(handled), false) => handled.loaded_dir(),
+            _ => None,
+        };
+        let consumer_id = self.consumer_id.clone();
         let result = tokio::task::spawn_blocking(move || {
             let bytes = match std::fs::read(&path) {
                 Ok(bytes) => bytes,
@@ -199,13 +210,24 @@ impl Shared {
                     return Err(PluginError::Read {
                         path: path.display().to_string(),
                         reason: e.to_string(),
-                    });
+                    }
+                    .to_string());
                 }
             };
             if serving.as_deref() == Some(&*version_of(&bytes)) {
                 return Ok(Read::Same);
             }
-            engine.compile(&bytes).map(Read::New)
+            let compiled = engine.compile(&bytes).map_err(|e| e.to_string())?;
+            if let Some(dir) = keep_in {
+                keep_loaded(&OsFs, &dir, &consumer_id, &bytes, compiled.world).map_err(|e| {
+                    format!(
+                        "cannot keep version {} for replay in {}: {e}",
+                        compiled.version,
+                        dir.display()
+                    )
+                })?;
+            }
+            Ok(Read::New(compiled))
         })
         .await
         .expect("plugin compile task panicked");
@@ -230,7 +252,6 @@ impl Shared {
                 Ok(true)
             }
             Err(e) => {
-                let e = e.to_string();
                 match self.current.load().as_ref() {
                     Some(c) => {
                         tracing::error!(consumer_id = %self.consumer_id, error = %e, serving = %c.version, "plugin reload failed; the old version keeps serving")
