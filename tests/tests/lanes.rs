@@ -77,6 +77,85 @@ async fn a_slow_consumer_with_64_lanes_gets_every_message_once_in_key_order() {
     assert!(span < Duration::from_secs(5), "{span:?}");
 }
 
+/// A consumer that counts the requests it holds at once per partition, taking `delay` over each.
+#[derive(Default)]
+struct InFlight {
+    /// Per partition: requests held now, and the most held at once.
+    per_partition: parking_lot::Mutex<BTreeMap<u64, (usize, usize)>>,
+    received: parking_lot::Mutex<Vec<Value>>,
+}
+
+impl InFlight {
+    /// Serves on a free port; returns it.
+    async fn serve(self: &Arc<Self>, delay: Duration) -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let me = self.clone();
+        let app = axum::Router::new().route(
+            "/mmmq/messages",
+            axum::routing::post(move |axum::Json(e): axum::Json<Value>| {
+                let me = me.clone();
+                async move {
+                    let partition = e["partition"].as_u64().expect("an envelope");
+                    {
+                        let mut all = me.per_partition.lock();
+                        let (now, most) = all.entry(partition).or_default();
+                        *now += 1;
+                        *most = (*most).max(*now);
+                    }
+                    me.received.lock().push(e);
+                    tokio::time::sleep(delay).await;
+                    me.per_partition.lock().get_mut(&partition).unwrap().0 -= 1;
+                    axum::Json(json!({"ack": "ACK"}))
+                }
+            }),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        port
+    }
+}
+
+/// Lanes spread keys by a hash of their own. By the partitioner's (`murmur2(key) % 8`, lanes
+/// `murmur2(key) % 8`) every key of a partition took the same lane of 8: one request in flight
+/// per partition. Now each of 8 partitions has several at once, each key still in order and each
+/// message delivered once.
+#[tokio::test(flavor = "multi_thread")]
+async fn eight_lanes_overlap_within_each_of_eight_partitions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let consumer = Arc::new(InFlight::default());
+    let port = consumer.serve(Duration::from_millis(20)).await;
+    write_dispatchers(
+        tmp.path(),
+        &json!([lanes_dispatcher("wide", "wide", port, 8)]),
+    );
+    let broker = Broker::start(tmp.path()).await;
+    let (status, t) = broker
+        .put("/mmmq/topics/wide", &json!({"partitions": 8}))
+        .await;
+    assert_eq!(status, 200, "{t}");
+    // 200 keys: at least 13 on each partition (short keys leave partition 7 the fewest).
+    produce_keyed(&broker, "wide", 200, 2).await;
+    mmmq_tests::eventually(WAIT, "400 envelopes", || {
+        (consumer.received.lock().len() >= 400).then_some(())
+    })
+    .await;
+    let d = broker.dispatcher_when("wide", |d| d["lag"] == 0).await;
+    assert_eq!(d["delivered"], 400, "{d}");
+    let got = consumer.received.lock().clone();
+    check_per_key_order(&got, 200, 2);
+    let most: BTreeMap<u64, usize> = consumer
+        .per_partition
+        .lock()
+        .iter()
+        .map(|(&p, &(_, most))| (p, most))
+        .collect();
+    assert_eq!(most.len(), 8, "{most:?}");
+    assert!(
+        most.values().all(|&m| (2..=8).contains(&m)),
+        "most requests in flight at once per partition: {most:?}"
+    );
+}
+
 /// A key whose messages are NACKed is retried and dead-lettered in its lane while every other key
 /// flows; the dead-letter topic holds exactly its messages.
 #[tokio::test(flavor = "multi_thread")]
@@ -121,7 +200,7 @@ async fn a_nacking_key_holds_back_only_its_lane() {
     assert_eq!(seqs, [0, 1, 2, 3, 4]);
     // Keys in other lanes than k0's were not held back behind its retries: their last message
     // arrived before k0's last attempt. (Keys hashed to k0's lane wait for it, in key order.)
-    let lane = |k: &str| mmmq_core::partition_for_key(k, 8);
+    let lane = |k: &str| mmmq::dispatch::lane_of(Some(k), 0, 8);
     let other_lane = |e: &Value| lane(e["key"].as_str().unwrap()) != lane("k0");
     let times = consumer.timed_envelopes();
     assert!(times.iter().any(|(_, e)| other_lane(e)));

@@ -43,7 +43,7 @@ use crate::config::DispatcherSpec;
 use crate::emit::Emitter;
 use crate::metrics::Metrics;
 use crate::topics::{Partition, Registry, TopicLog};
-pub use lanes::lane_of;
+pub use lanes::{LaneHash, lane_of};
 pub use mmmq_core::{DispatcherStatus, ReloadReport, TargetStatus, TopicStatus};
 pub use target::{BoxFuture, Delivery, Outcome, RunAnswer, Target, TargetError};
 pub use targets::{Handler, InProcessTarget, TargetFactory, Targets};
