@@ -6,7 +6,7 @@
 //! its first message where that record does not already say so:
 //!
 //! ```text
-//! {"session":{"next":120,"done":[[130,140]],"lanes":4},"at":1764561600000}   a start
+//! {"session":{"next":120,"done":[[130,140]],"lanes":4,"laneHash":"xxh3"},"at":1764561600000}   a start
 //! {"lane":0,"from":120,"version":"82a820d4f2b06a63"}                          lane 0 runs this version from offset 120
 //! ```
 //!
@@ -16,9 +16,8 @@
 //! restart, a changed `dispatchers.json`) with the position it resumed from: a message below
 //! `next` or in a `done` range was handled in an earlier session. So the version that last
 //! handled offset N with key K is found by going back through the sessions to the first that did
-//! not resume past N, and taking the last line of N's lane there (the lane is
-//! [`lane_of`](crate::dispatch::lane_of) of K, N and the session's lane count) whose `from` is at
-//! or before N.
+//! not resume past N, and taking the last line of N's lane there (the lane is K's, or N's
+//! without a key, by the session's lane count and [`LaneHash`]) whose `from` is at or before N.
 //!
 //! The bytes of each version are kept where replay finds them: a deployed plugin's in the plugin
 //! store, and what a `plugin.path` dispatcher loaded in [`Handlers::loaded_dir`] (written by the
@@ -37,6 +36,7 @@ use mmmq_core::{ConsumerId, Topic};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
+use crate::dispatch::LaneHash;
 use crate::storage::{Checkpoints, StorageError};
 use crate::topics::{Partition, Registry};
 
@@ -78,6 +78,10 @@ pub struct Resumed {
     pub done: Vec<(u64, u64)>,
     /// The dispatcher's lanes (`maxInFlight`).
     pub lanes: u32,
+    /// How it spread keys over them; a record written before lanes had their own hash names
+    /// none (the partitioner's).
+    #[serde(default, rename = "laneHash")]
+    pub lane_hash: LaneHash,
 }
 
 /// The record of one plugin dispatcher, over every partition it reads.
@@ -164,6 +168,7 @@ impl Handlers {
                         next: resumed.next,
                         done: resumed.done,
                         lanes: self.lanes,
+                        lane_hash: LaneHash::Xxh3,
                     },
                     at: mmmq_core::now_ms(),
                 },
@@ -247,7 +252,7 @@ pub fn version_for(lines: &[Line], offset: u64, key: Option<&str>) -> Option<Str
             continue;
         }
         let end = starts.get(n + 1).copied().unwrap_or(lines.len());
-        let lane = crate::dispatch::lane_of(key, offset, session.lanes as usize) as u32;
+        let lane = session.lane_hash.lane(key, offset, session.lanes as usize) as u32;
         let found = lines[start + 1..end].iter().rev().find_map(|l| match l {
             Line::Lane {
                 lane: l,
@@ -269,7 +274,12 @@ mod tests {
 
     fn session(next: u64, done: Vec<(u64, u64)>, lanes: u32) -> Line {
         Line::Session {
-            session: Resumed { next, done, lanes },
+            session: Resumed {
+                next,
+                done,
+                lanes,
+                lane_hash: LaneHash::Xxh3,
+            },
             at: 0,
         }
     }
@@ -334,6 +344,37 @@ mod tests {
         assert_eq!(version_for(&lines, 5, None).as_deref(), Some("v1"));
         assert_eq!(version_for(&lines, 7, None).as_deref(), Some("v2"));
         assert_eq!(version_for(&[], 0, None), None);
+    }
+
+    /// A session written before lanes had their own hash names no function: its keys are found
+    /// in the lanes Kafka's partitioner gave them, a later session's in their own.
+    #[test]
+    fn a_session_that_names_no_lane_hash_spread_keys_by_the_partitioner() {
+        let k = (0..)
+            .map(|i| format!("k{i}"))
+            .find(|k| LaneHash::Murmur2.lane(Some(k), 0, 8) != LaneHash::Xxh3.lane(Some(k), 0, 8))
+            .unwrap();
+        let (old, new) = (
+            LaneHash::Murmur2.lane(Some(&k), 0, 8),
+            LaneHash::Xxh3.lane(Some(&k), 0, 8),
+        );
+        let raw = format!(
+            "{{\"session\":{{\"next\":0,\"lanes\":8}},\"at\":5}}\n\
+             {{\"lane\":{old},\"from\":0,\"version\":\"old\"}}\n\
+             {{\"lane\":{new},\"from\":0,\"version\":\"other\"}}\n"
+        );
+        let mut lines = parse(raw.as_bytes());
+        assert_eq!(lines.len(), 3);
+        assert_eq!(version_for(&lines, 3, Some(&k)).as_deref(), Some("old"));
+        lines.extend([
+            session(10, vec![], 8),
+            lane(new as u32, 10, "v2"),
+            lane(old as u32, 10, "wrong"),
+        ]);
+        assert_eq!(version_for(&lines, 3, Some(&k)).as_deref(), Some("old"));
+        assert_eq!(version_for(&lines, 12, Some(&k)).as_deref(), Some("v2"));
+        let written = serde_json::to_string(&lines[3]).unwrap();
+        assert!(written.contains(r#""laneHash":"xxh3""#), "{written}");
     }
 
     #[test]

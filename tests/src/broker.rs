@@ -101,6 +101,22 @@ impl Broker {
         self.request(reqwest::Method::GET, path, None).await
     }
 
+    /// Produces `{"seq": s}` under keys `k0`…`k{keys - 1}` for each `s` of `seqs`, every key's
+    /// messages in `seqs` order (batches of 500, each checked).
+    pub async fn produce_keyed(&self, topic: &str, keys: u64, seqs: std::ops::Range<u64>) {
+        let batch: Vec<Value> = seqs
+            .flat_map(|seq| {
+                (0..keys).map(move |k| {
+                    serde_json::json!({"topic": topic, "key": format!("k{k}"), "content": {"seq": seq}})
+                })
+            })
+            .collect();
+        for chunk in batch.chunks(500) {
+            let (status, b) = self.post("/mmmq/messages/batch", &Value::from(chunk)).await;
+            assert_eq!(status, 200, "{b}");
+        }
+    }
+
     /// PUTs JSON to a path; returns the status and the JSON answer.
     pub async fn put(&self, path: &str, body: &Value) -> (u16, Value) {
         self.request(reqwest::Method::PUT, path, Some(body)).await

@@ -86,6 +86,26 @@ where
     }
 }
 
+/// Checks that no `(key, content.seq)` of `got` came twice and that each key's seqs rose in
+/// the order received (`mmmq_tests::Broker::produce_keyed` sends them so); returns how many.
+pub fn check_per_key_order(got: &[serde_json::Value]) -> usize {
+    let mut last: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut seen = std::collections::HashSet::new();
+    for e in got {
+        let key = e["key"].as_str().expect("a keyed envelope").to_owned();
+        let seq = e["content"]["seq"].as_u64().expect("content.seq");
+        assert!(
+            seen.insert((key.clone(), seq)),
+            "{key}/{seq} delivered twice"
+        );
+        if let Some(&before) = last.get(&key) {
+            assert!(seq > before, "key {key}: {seq} arrived after {before}");
+        }
+        last.insert(key, seq);
+    }
+    seen.len()
+}
+
 /// A port nothing listens on (yet).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -8,8 +8,50 @@ use mmmq_client::{Admin, ClientError, Producer};
 use mmmq_tests::{Broker, Consumer, mmmq_bin, write_dispatchers};
 use serde_json::{Value, json};
 
+/// What answers without the token: health checks and the dashboard's page (which holds no data
+/// and asks for the token). `GET` routes answer `HEAD` too.
+const OPEN: [(&str, &str); 4] = [
+    ("GET", "/healthz"),
+    ("HEAD", "/healthz"),
+    ("GET", "/"),
+    ("HEAD", "/"),
+];
+
+/// Every (method, path) of the API's description (`GET /mmmq/openapi.json`, generated from the
+/// router), `HEAD` beside each `GET`, path parameters filled in.
+async fn described_routes(broker: &Broker, http: &reqwest::Client) -> Vec<(String, String)> {
+    let doc: Value = http
+        .get(format!("{}/mmmq/openapi.json", broker.url))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut routes = Vec::new();
+    for (template, ops) in doc["paths"].as_object().unwrap() {
+        // `/mmmq/topics/{topic}` → `/mmmq/topics/x`.
+        let path: String = template
+            .split('/')
+            .map(|s| if s.starts_with('{') { "x" } else { s })
+            .collect::<Vec<_>>()
+            .join("/");
+        for method in ops.as_object().unwrap().keys() {
+            let method = method.to_uppercase();
+            if method == "GET" {
+                routes.push(("HEAD".to_owned(), path.clone()));
+            }
+            routes.push((method, path.clone()));
+        }
+    }
+    routes
+}
+
+/// Every route the API describes refuses a request without the right token, but health and the
+/// dashboard's page; other methods are refused too (`405`, or `401` when the path routes `HEAD`).
 #[tokio::test(flavor = "multi_thread")]
-async fn a_token_guards_every_endpoint_but_health() {
+async fn a_token_guards_every_endpoint_but_health_and_the_dashboard_page() {
     let tmp = tempfile::tempdir().unwrap();
     let consumer = Consumer::start().await;
     write_dispatchers(
@@ -22,15 +64,17 @@ async fn a_token_guards_every_endpoint_but_health() {
     let url = |p: &str| format!("{}{p}", broker.url);
     let body = json!({"topic": "t", "content": 1});
 
-    for (method, path) in [
-        ("POST", "/mmmq/messages"),
-        ("POST", "/mmmq/messages/batch"),
-        ("GET", "/mmmq/topics"),
-        ("GET", "/mmmq/topics/t/messages"),
-        ("GET", "/mmmq/dispatchers"),
-        ("POST", "/mmmq/admin/reload"),
-        ("GET", "/metrics"),
-    ] {
+    let routes = described_routes(&broker, &http).await;
+    for open in OPEN {
+        assert!(
+            routes.iter().any(|(m, p)| (m.as_str(), p.as_str()) == open),
+            "{open:?} is described"
+        );
+    }
+    // The description was read (35 when this was written: 23 operations, 12 of them `GET`).
+    assert!(routes.len() >= 35, "{routes:?}");
+    for (method, path) in &routes {
+        let open = OPEN.contains(&(method.as_str(), path.as_str()));
         for auth in [
             None,
             Some("Bearer wrong"),
@@ -42,14 +86,35 @@ async fn a_token_guards_every_endpoint_but_health() {
                 req = req.header("authorization", a);
             }
             let r = req.send().await.unwrap();
+            if open {
+                assert_eq!(r.status(), 200, "{method} {path} needs no token");
+                continue;
+            }
             assert_eq!(r.status(), 401, "{method} {path} with {auth:?}");
             assert_eq!(r.headers()["www-authenticate"], "Bearer");
-            let err: Value = r.json().await.unwrap();
-            assert!(err["error"].as_str().unwrap().contains("token"), "{err}");
+            if method != "HEAD" {
+                let err: Value = r.json().await.unwrap();
+                assert!(err["error"].as_str().unwrap().contains("token"), "{err}");
+            }
         }
     }
-    let r = http.get(url("/healthz")).send().await.unwrap();
-    assert_eq!(r.status(), 200, "health needs no token");
+    // A method a path does not serve is refused before any handler (`405`, not `401`: the check
+    // guards the routes).
+    let paths: std::collections::BTreeSet<&String> = routes.iter().map(|(_, p)| p).collect();
+    for path in paths {
+        for method in ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"] {
+            if routes.iter().any(|(m, p)| m == method && p == path) {
+                continue;
+            }
+            let r = http
+                .request(method.parse().unwrap(), url(path))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 405, "{method} {path}");
+        }
+    }
     let r = http
         .post(url("/mmmq/messages"))
         .bearer_auth("s3cret")
@@ -58,6 +123,8 @@ async fn a_token_guards_every_endpoint_but_health() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+    // None of the refused produces stored anything.
+    assert_eq!(r.json::<Value>().await.unwrap()["offset"], 0);
 
     // The clients send it; without it they get an error that says so.
     let producer = Producer::new(&broker.url)

@@ -3,7 +3,7 @@
 //! order.
 //!
 //! A reader takes the partition's messages in offset order and puts each in one of N lanes by
-//! its key (Kafka's partitioner over N; no key: by offset). Each lane delivers its queue one
+//! its key ([`lane_of`]: a hash of its own, not the partitioner's; no key: by offset). Each lane delivers its queue one
 //! request at a time with the worker's usual NACK retries, dead letters and backoff, so a NACK, a
 //! retry or a backoff holds back only its lane. What is done is tracked as a low watermark (every
 //! offset below it is done: the first 8 bytes of the checkpoint, as without lanes) plus the done
@@ -14,8 +14,8 @@
 
 use std::collections::BTreeSet;
 
-use mmmq_core::partition_for_key;
 use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
 use super::checkpoint_saver::CheckpointSaver;
@@ -84,11 +84,38 @@ impl Tracker {
     }
 }
 
-/// The lane of a message among `n`: by key as Kafka's partitioner would, else by offset.
+/// The lane of a message among `n`: by a hash of its key ([`LaneHash::Xxh3`]), else by offset.
 pub fn lane_of(key: Option<&str>, offset: u64, n: usize) -> usize {
-    match key {
-        Some(k) => partition_for_key(k, n as u32) as usize,
-        None => (offset % n as u64) as usize,
+    LaneHash::Xxh3.lane(key, offset, n)
+}
+
+/// How keys are spread over lanes. Lane numbers outlive a process — the handlers record
+/// (README, "Replay") says which version each lane ran — so the function is fixed for good and
+/// named in each session of that record; the checkpoint keeps done offsets, not lanes, so a
+/// change of function only moves keys between lanes at a restart, each key still in order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LaneHash {
+    /// Kafka's partitioner over N, as lanes were first spread (a record that names no
+    /// function). It is the partitioner's own hash, `murmur2(key) % P` (README, "Topics"): the
+    /// keys of one partition took only N / gcd(N, P) lanes, a single one when N = P.
+    #[default]
+    Murmur2,
+    /// XXH3 (64-bit, seed 0) of the key's UTF-8 bytes, modulo N: independent of the
+    /// partitioner, so the keys of every partition spread over all N lanes.
+    Xxh3,
+}
+
+impl LaneHash {
+    /// The lane of a message among `n` (at least 1); a message without a key by its offset.
+    pub fn lane(self, key: Option<&str>, offset: u64, n: usize) -> usize {
+        let n = n.max(1) as u64;
+        let hash = match (self, key) {
+            (_, None) => offset,
+            (Self::Murmur2, Some(k)) => u64::from(mmmq_core::murmur2(k.as_bytes()) & 0x7fff_ffff),
+            (Self::Xxh3, Some(k)) => xxhash_rust::xxh3::xxh3_64(k.as_bytes()),
+        };
+        (hash % n) as usize
     }
 }
 
@@ -283,5 +310,55 @@ mod tests {
             assert!((0..1000).all(|o| lane_of(Some("customer-42"), o, n) == lane));
             assert!(lane < n);
         }
+        // Fixed for good (the handlers record names lanes by number): XXH3 of the key modulo N.
+        assert_eq!(xxhash_rust::xxh3::xxh3_64(b""), 0x2d06_8005_38d3_94c2);
+        assert_eq!(
+            [
+                lane_of(Some("customer-42"), 0, 1024),
+                lane_of(Some("k0"), 0, 1024),
+                lane_of(Some(""), 0, 1024),
+            ],
+            [609, 179, 0x2d06_8005_38d3_94c2 % 1024]
+        );
+        assert_eq!(lane_of(None, 13, 8), 5);
+        // The first function, which old records name by leaving it out: Kafka's partitioner.
+        for n in [1, 8, 100] {
+            assert_eq!(
+                LaneHash::default().lane(Some("21"), 0, n),
+                mmmq_core::partition_for_key("21", n as u32) as usize
+            );
+        }
+    }
+
+    /// Partitions take `murmur2(key) % P`: lanes by the same hash gave one partition's keys
+    /// N / gcd(N, P) lanes. Every partition's keys now take every lane, about equally.
+    #[test]
+    fn the_keys_of_one_partition_spread_over_every_lane() {
+        for (p, n) in [(8u32, 8usize), (4, 8), (8, 4), (6, 4), (1, 16)] {
+            let mut counts = vec![vec![0u32; n]; p as usize];
+            for i in 0..20_000 {
+                let key = format!("k{i}");
+                let partition = mmmq_core::partition_for_key(&key, p) as usize;
+                counts[partition][lane_of(Some(&key), 0, n)] += 1;
+            }
+            for (partition, lanes) in counts.iter().enumerate() {
+                let mean = lanes.iter().sum::<u32>() / n as u32;
+                assert!(
+                    lanes.iter().all(|&c| c > mean / 2 && c < mean * 3 / 2),
+                    "P {p}, N {n}: partition {partition}'s keys per lane {lanes:?}"
+                );
+            }
+            // What lanes by the partitioner's hash did.
+            let used = (0..20_000)
+                .map(|i| format!("k{i}"))
+                .filter(|k| mmmq_core::partition_for_key(k, p) == 0)
+                .map(|k| LaneHash::Murmur2.lane(Some(&k), 0, n))
+                .collect::<BTreeSet<_>>();
+            assert_eq!(used.len(), n / gcd(n, p as usize), "P {p}, N {n}");
+        }
+    }
+
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 { a } else { gcd(b, a % b) }
     }
 }

@@ -13,7 +13,8 @@
 //!   at-most-once positions made durable before sending, and `at_most_once`: sending each
 //!   message once.
 //! - `lanes`: `maxInFlight` lanes over one partition.
-//! - [`redrive`]: dead letters delivered again to their dispatcher.
+//! - [`redrive`]: dead letters delivered again to their dispatcher; `redrive_range`: what one
+//!   redrive worker covers (below both `redrive` and `worker`).
 //! - this module: [`Dispatch`], which starts and stops workers as dispatchers are configured and
 //!   topics appear; `status`: what it reports of them.
 
@@ -23,6 +24,7 @@ mod checkpoint_saver;
 mod claims;
 mod lanes;
 pub mod redrive;
+mod redrive_range;
 mod retries;
 mod status;
 pub mod target;
@@ -43,7 +45,7 @@ use crate::config::DispatcherSpec;
 use crate::emit::Emitter;
 use crate::metrics::Metrics;
 use crate::topics::{Partition, Registry, TopicLog};
-pub use lanes::lane_of;
+pub use lanes::{LaneHash, lane_of};
 pub use mmmq_core::{DispatcherStatus, ReloadReport, TargetStatus, TopicStatus};
 pub use target::{BoxFuture, Delivery, Outcome, RunAnswer, Target, TargetError};
 pub use targets::{Handler, InProcessTarget, TargetFactory, Targets};
@@ -173,7 +175,7 @@ impl Dispatch {
         (topic, partition): (&Topic, &Arc<Partition>),
         cancel: &CancellationToken,
         checkpoint_id: Option<ConsumerId>,
-        range: Option<redrive::Range>,
+        range: Option<redrive_range::Range>,
     ) -> worker::Worker {
         worker::Worker {
             topic: topic.clone(),

@@ -19,6 +19,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::redrive_range::Range;
 use super::target::{DeadLetterAt, Delivery};
 use super::worker::{Worker, WorkerStats};
 use super::{Dispatch, Running};
@@ -26,15 +27,6 @@ use super::{Dispatch, Running};
 /// The checkpoint name of a redrive's position in a dead-letter partition. The emits of redriven
 /// messages are guarded by it too (their bounds are `checkpoints/__redrive.emits`).
 pub(crate) const REDRIVE_CHECKPOINT: &str = "__redrive";
-
-/// What a redrive worker covers of its partition.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Range {
-    /// Where it starts (`None`: the checkpoint).
-    pub from: Option<u64>,
-    /// Where it stops (exclusive).
-    pub to: u64,
-}
 
 /// Why a redrive was refused.
 #[derive(Debug, thiserror::Error)]

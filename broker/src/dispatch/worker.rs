@@ -82,7 +82,7 @@ pub(super) struct Worker {
     /// for a redrive that continues the last one, none for a redrive of an explicit range.
     pub checkpoint_id: Option<ConsumerId>,
     /// Set when this worker redrives a dead-letter partition (README, "Dead-letter redrive").
-    pub redrive: Option<super::redrive::Range>,
+    pub redrive: Option<super::redrive_range::Range>,
 }
 
 /// The worker was told to stop while waiting.

@@ -367,4 +367,60 @@ mod tests {
         d.remember("b", 5, 1, 3);
         assert!(matches!(d.claim("b", 6, 100), Claim::Stored(1, 3)));
     }
+
+    /// The cap (README, "Idempotent produce": at most 2,000,000 ids a topic, the oldest forgotten
+    /// first, a warning once). Each of the shards keeps its share; a claim first forgets the
+    /// oldest ids past the share, then looks its own up, then adds it if new: a shard holds at
+    /// most its share + 1 (a topic 2,000,016, as docs/benchmarks.md, "Produce ids", measured).
+    /// What a producer sees: a retry of a remembered id appends nothing and answers the first's
+    /// position (`duplicate: true`); a retry of a forgotten one stores a second copy.
+    #[test]
+    fn past_the_cap_a_claim_forgets_the_oldest_ids_first() {
+        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+        const SHARE: Key = (MAX_IDS / SHARDS) as Key;
+        // Ids of one shard, chosen by their keys; none expires by time.
+        let (shard, capped, window) = (Shard::default(), AtomicBool::new(false), u64::MAX);
+        let claim = |key: Key| shard.claim(key, 1, window, &capped);
+        let store = |key: Key| {
+            let Claim::New(t) = claim(key) else {
+                panic!("{key} is new")
+            };
+            shard.stored(&t, 0, key as u64);
+        };
+        for key in 0..=SHARE {
+            store(key);
+        }
+        assert_eq!(shard.len(), SHARE as usize + 1);
+        assert!(!capped.load(Relaxed), "nothing forgotten yet");
+        // Full: the next claim forgets the oldest (0) first, and warns.
+        store(SHARE + 1);
+        assert!(capped.load(Relaxed));
+        assert_eq!(shard.len(), SHARE as usize + 1);
+        // A retry of a remembered id is a duplicate (and forgets the oldest left, 1).
+        assert!(matches!(claim(5), Claim::Stored(0, 5)));
+        assert_eq!(shard.len(), SHARE as usize);
+        // A retry of the forgotten 0 stores again; 1 is forgotten too.
+        store(0);
+        store(1);
+        assert_eq!(shard.len(), SHARE as usize + 1);
+        // Full, even a retry of the oldest remembered id (3) forgets it before looking it up.
+        store(3);
+        // Ids found in the log at boot are kept past the cap until the next claim trims them,
+        // oldest first.
+        let boot = Shard::default();
+        for key in 0..SHARE + 10 {
+            boot.remember(key, 1, 0, key as u64);
+        }
+        assert_eq!(boot.len(), SHARE as usize + 10);
+        assert!(matches!(
+            boot.claim(SHARE + 10, 1, window, &capped),
+            Claim::New(_)
+        ));
+        assert_eq!(boot.len(), SHARE as usize + 1);
+        assert!(matches!(
+            boot.claim(11, 1, window, &capped),
+            Claim::Stored(0, 11)
+        ));
+        assert!(matches!(boot.claim(9, 1, window, &capped), Claim::New(_)));
+    }
 }
