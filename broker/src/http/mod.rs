@@ -67,7 +67,8 @@ impl AppState {
         self
     }
 
-    /// Requires `Authorization: Bearer <token>` on every endpoint but `/healthz`.
+    /// Requires `Authorization: Bearer <token>` on every endpoint but `/healthz` and the
+    /// dashboard's page `/` (which asks for the token).
     pub fn with_auth_token(mut self, token: Option<String>) -> Self {
         self.auth_token = token.map(Into::into);
         self

@@ -105,7 +105,8 @@ pub(super) struct Health {
 )]
 pub(super) struct ApiDoc;
 
-/// `--auth-token`: every endpoint but `/healthz` then needs `Authorization: Bearer <token>`.
+/// `--auth-token`: every endpoint but `/healthz` and the dashboard's page `/` then needs
+/// `Authorization: Bearer <token>`.
 struct BearerToken;
 
 impl Modify for BearerToken {
