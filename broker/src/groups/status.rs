@@ -151,25 +151,22 @@ mod tests {
         groups.insert("live".to_owned(), group(&[("m", start, session)]));
         groups.insert("silent".to_owned(), group(&[("m", start, session)]));
         // The live group's member polls on; the silent one's does not.
+        let poll_live = |groups: &mut BTreeMap<String, Group>, at: Instant| {
+            groups
+                .get_mut("live")
+                .unwrap()
+                .members
+                .get_mut("m")
+                .unwrap()
+                .last_poll = at;
+        };
         let later = start + session + Duration::from_secs(1);
-        groups
-            .get_mut("live")
-            .unwrap()
-            .members
-            .get_mut("m")
-            .unwrap()
-            .last_poll = later;
+        poll_live(&mut groups, later);
         Groups::forget_empty(&mut groups, later);
         assert_eq!(groups.len(), 2, "expired just now: kept for its TTL");
         assert!(groups["silent"].members.is_empty());
         let much_later = later + EMPTY_GROUP_TTL;
-        groups
-            .get_mut("live")
-            .unwrap()
-            .members
-            .get_mut("m")
-            .unwrap()
-            .last_poll = much_later;
+        poll_live(&mut groups, much_later);
         Groups::forget_empty(&mut groups, much_later);
         assert_eq!(groups.keys().collect::<Vec<_>>(), ["live"]);
     }
