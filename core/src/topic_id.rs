@@ -37,7 +37,12 @@ impl TopicId {
 
 impl fmt::Display for TopicId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&URL_SAFE_NO_PAD.encode(self.0))
+        // On the stack: every envelope carries one, so no allocation per message.
+        let mut text = [0u8; 22];
+        let n = URL_SAFE_NO_PAD
+            .encode_slice(self.0, &mut text)
+            .expect("16 bytes are 22 characters");
+        f.write_str(std::str::from_utf8(&text[..n]).expect("base64 is ASCII"))
     }
 }
 

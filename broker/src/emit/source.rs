@@ -349,14 +349,15 @@ fn is_output_of(
     partition: &Partition,
     checkpoint: u64,
 ) -> bool {
-    let incarnation = origin
-        .topic_id
-        .unwrap_or_else(|| crate::topics::incarnation::legacy_id(&origin.topic));
+    // The cheap fields first: the legacy id is a hash, worth computing only for a candidate.
     origin.consumer_id == consumer_id.as_str()
         && origin.topic == topic.as_str()
-        && incarnation == partition.topic_id
         && origin.partition == partition.number
         && origin.offset >= checkpoint
+        && origin
+            .topic_id
+            .unwrap_or_else(|| crate::topics::incarnation::legacy_id(&origin.topic))
+            == partition.topic_id
 }
 
 /// What recovery found.
