@@ -232,6 +232,37 @@ async fn bad_redrives_are_refused_naming_the_problem() {
         .await;
     assert_eq!(status, 400, "{body}");
 
+    // A range past the end of the dead-letter topic (one dead letter: its end is 1) is refused:
+    // it would take the dead letters the redrive itself writes, without end.
+    for (req, bound, value) in [
+        (json!({"from": u64::MAX}), "from", u64::MAX),
+        (json!({"from": 2}), "from", 2),
+        (json!({"from": 0, "to": 5}), "to", 5),
+    ] {
+        let (status, body) = broker.post("/mmmq/dispatchers/bad/redrive", &req).await;
+        assert_eq!(status, 400, "{req}: {body}");
+        assert_eq!(
+            body["error"],
+            format!(
+                "`{bound}` ({value}) is past the end of the dead-letter topic __dlq.bad (its next offset is 1)"
+            ),
+            "{req}"
+        );
+    }
+    // A range that ends where the topic ends is empty, and over at once.
+    let (status, body) = broker
+        .post("/mmmq/dispatchers/bad/redrive", &json!({"from": 1}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let done = redrive_done(&broker, "bad").await;
+    assert_eq!(
+        (&done["redriven"], &done["remaining"]),
+        (&json!(0), &json!(0)),
+        "{done}"
+    );
+    let (_, dlq) = broker.get("/mmmq/topics/__dlq.bad").await;
+    assert_eq!(dlq["partitions"][0]["nextOffset"], 1, "{dlq}");
+
     // The consumer goes away: the redrive retries with backoff and keeps running.
     nacker.stop().await;
     let (status, body) = broker

@@ -42,6 +42,21 @@ pub enum RedriveError {
         /// Asked end.
         to: u64,
     },
+    /// `from` or `to` lies past the end of the dead-letter topic: a range that is not there yet
+    /// would take the dead letters the redrive itself writes, without end.
+    #[error(
+        "`{bound}` ({value}) is past the end of the dead-letter topic {topic} (its next offset is {end})"
+    )]
+    PastEnd {
+        /// `from` or `to`.
+        bound: &'static str,
+        /// What was asked.
+        value: u64,
+        /// The dead-letter topic.
+        topic: String,
+        /// Its end: the largest next offset over its partitions.
+        end: u64,
+    },
     /// One redrive at a time per dispatcher.
     #[error("a redrive of {0:?} is already running; its progress is in the dispatcher's status")]
     AlreadyRunning(String),
@@ -185,6 +200,23 @@ impl Dispatch {
             .get(&dlq)
             .map(|t| t.partitions())
             .unwrap_or_default();
+        // The range is bounded by what exists now: the dead letters this redrive writes go to
+        // the end of the same topic, and a range reaching past it would take them in turn.
+        let end = partitions
+            .iter()
+            .map(|p| p.log.next_offset())
+            .max()
+            .unwrap_or(0);
+        for (bound, value) in [("from", from), ("to", to)] {
+            if let Some(value) = value.filter(|&v| v > end) {
+                return Err(RedriveError::PastEnd {
+                    bound,
+                    value,
+                    topic: dlq.to_string(),
+                    end,
+                });
+            }
+        }
         // Where each partition starts: `from`, or the last redrive's position (a file read).
         let mut starts = Vec::with_capacity(partitions.len());
         for p in &partitions {
@@ -198,7 +230,8 @@ impl Dispatch {
                         .map_or(0, |pos| pos.next)
                 }
             };
-            starts.push(start.max(p.log.first_offset()));
+            // A partition shorter than `from` (or a position past its end) has nothing to redrive.
+            starts.push(start.max(p.log.first_offset()).min(p.log.next_offset()));
         }
         let mut running = self.running.lock();
         if self.shutdown.is_cancelled() {

@@ -71,7 +71,9 @@ pub(super) async fn redrive(
     match broker.redrive(&id, req.from, req.to).await {
         Ok(status) => Ok(Json(status)),
         Err(e @ RedriveError::UnknownDispatcher(_)) => Err(ApiError::NotFound(e.to_string())),
-        Err(e @ RedriveError::BadRange { .. }) => Err(ApiError::BadRequest(e.to_string())),
+        Err(e @ (RedriveError::BadRange { .. } | RedriveError::PastEnd { .. })) => {
+            Err(ApiError::BadRequest(e.to_string()))
+        }
         Err(e @ RedriveError::AlreadyRunning(_)) => Err(ApiError::Conflict(e.to_string())),
         Err(RedriveError::ShuttingDown) => Err(ApiError::Starting),
         Err(RedriveError::Storage(e)) => Err(BrokerError::from(e).into()),
