@@ -183,6 +183,7 @@ impl Broker {
             Registry::restore(config.topics_dir(), vfs.clone(), log_config, interrupt)
                 .await?
                 .with_max_topics(config.max_topics)
+                .with_max_produce_ids(config.max_produce_ids)
                 .with_defaults(config.topic_defaults.clone()),
         );
         let background = CancellationToken::new();
@@ -199,6 +200,7 @@ impl Broker {
         let groups = Arc::new(crate::groups::Groups::new(
             registry.clone(),
             metrics.clone(),
+            config.max_groups,
         ));
         topic_admin::spawn_retention(
             registry.clone(),
@@ -296,6 +298,14 @@ impl Broker {
         self.metrics
             .max_open_segment_files
             .set(files.capacity().min(i64::MAX as usize) as i64);
+        let ids = self.registry.produce_ids();
+        let gauge = |n: usize| n.min(i64::MAX as usize) as i64;
+        self.metrics.produce_ids.set(gauge(ids.used()));
+        self.metrics.max_produce_ids.set(gauge(ids.max()));
+        let forgotten = &self.metrics.produce_ids_forgotten_early;
+        forgotten.inc_by(ids.forgotten_early().saturating_sub(forgotten.get()));
+        self.metrics.groups.set(gauge(self.groups.len()));
+        self.metrics.max_groups.set(gauge(self.groups.max()));
         self.metrics.encode()
     }
 

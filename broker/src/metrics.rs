@@ -81,6 +81,18 @@ pub struct Metrics {
     pub open_segment_files: Gauge,
     /// The cap on open segment files (`--max-open-files`).
     pub max_open_segment_files: Gauge,
+    /// Produce ids remembered now, over every topic (filled at scrape).
+    pub produce_ids: Gauge,
+    /// Their budget (`--max-produce-ids`).
+    pub max_produce_ids: Gauge,
+    /// Produce ids forgotten before their window ended because the budget was full.
+    pub produce_ids_forgotten_early: Counter,
+    /// Pull consumer groups held now (filled at scrape).
+    pub groups: Gauge,
+    /// Their cap (`--max-groups`).
+    pub max_groups: Gauge,
+    /// First polls of a new group refused at the cap.
+    pub groups_refused: Counter,
 }
 
 impl Default for Metrics {
@@ -112,6 +124,12 @@ impl Metrics {
             lag: Family::default(),
             open_segment_files: Gauge::default(),
             max_open_segment_files: Gauge::default(),
+            produce_ids: Gauge::default(),
+            max_produce_ids: Gauge::default(),
+            produce_ids_forgotten_early: Counter::default(),
+            groups: Gauge::default(),
+            max_groups: Gauge::default(),
+            groups_refused: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -203,6 +221,32 @@ impl Metrics {
             "max_open_segment_files",
             "Cap on open segment files (--max-open-files)",
             m.max_open_segment_files.clone(),
+        );
+        registry.register(
+            "produce_ids",
+            "Produce ids remembered now, over every topic",
+            m.produce_ids.clone(),
+        );
+        registry.register(
+            "max_produce_ids",
+            "Budget of remembered produce ids (--max-produce-ids)",
+            m.max_produce_ids.clone(),
+        );
+        registry.register(
+            "produce_ids_forgotten_early",
+            "Produce ids forgotten before their window ended because the budget was full",
+            m.produce_ids_forgotten_early.clone(),
+        );
+        registry.register("groups", "Pull consumer groups held", m.groups.clone());
+        registry.register(
+            "max_groups",
+            "Cap on pull consumer groups (--max-groups)",
+            m.max_groups.clone(),
+        );
+        registry.register(
+            "groups_refused",
+            "First polls of a new group refused at --max-groups",
+            m.groups_refused.clone(),
         );
         Self { registry, ..m }
     }

@@ -108,9 +108,21 @@ impl Admin {
         }
     }
 
-    /// Every pull consumer group: members, assignments, committed offsets and lag.
+    /// Every pull consumer group: members, assignments, committed offsets and lag (the
+    /// broker answers a page at a time; this follows the pages to the end).
     pub async fn groups(&self) -> Result<Vec<GroupStatus>, ClientError> {
-        self.get("/mmmq/groups").await
+        let mut all: Vec<GroupStatus> = Vec::new();
+        loop {
+            let path = match all.last() {
+                Some(last) => format!("/mmmq/groups?limit=1000&after={}", last.group),
+                None => "/mmmq/groups?limit=1000".to_owned(),
+            };
+            let page: Vec<GroupStatus> = self.get(&path).await?;
+            if page.is_empty() {
+                return Ok(all);
+            }
+            all.extend(page);
+        }
     }
 
     /// Every dispatcher.

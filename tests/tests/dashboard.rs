@@ -198,7 +198,8 @@ async fn the_dashboard_shows_topics_produces_browses_and_shows_dispatchers() {
     assert_eq!(broker.pull_all("orders").await.len(), 2);
 
     // Dispatchers: the plugin dispatcher and its version; a second one naming a plugin not deployed
-    // yet holds its messages (lag 2 on the page) until a deploy drains them (lag 0).
+    // yet holds its messages (lag 2 on the page) until a deploy drains them (lag 0). Its
+    // consumerId is `__proto__`, a key like any other to the page (not the page's prototype).
     b.click("nav button[data-view=dispatchers]").await;
     let row = b.text("tr[data-dispatcher=audit]", "plugin").await;
     assert!(row.contains("@"), "the version shows: {row}");
@@ -209,11 +210,11 @@ async fn the_dashboard_shows_topics_produces_browses_and_shows_dispatchers() {
     dispatchers
         .as_array_mut()
         .unwrap()
-        .push(json!({"consumerId": "late", "pattern": "orders", "plugin": {"name": "later"}}));
+        .push(json!({"consumerId": "__proto__", "pattern": "orders", "plugin": {"name": "later"}}));
     std::fs::write(root.join("dispatchers.json"), dispatchers.to_string()).unwrap();
     let (code, body) = broker.post("/mmmq/admin/reload", &json!({})).await;
     assert_eq!(code, 200, "{body}");
-    b.text("tr[data-dispatcher=late] td.lag", "2").await;
+    b.text("tr[data-dispatcher=__proto__] td.lag", "2").await;
     b.screenshot("dispatchers").await;
     let (code, body) = broker
         .deploy_wasm(
@@ -222,7 +223,7 @@ async fn the_dashboard_shows_topics_produces_browses_and_shows_dispatchers() {
         )
         .await;
     assert_eq!(code, 200, "{body}");
-    b.text("tr[data-dispatcher=late] td.lag", "0").await;
+    b.text("tr[data-dispatcher=__proto__] td.lag", "0").await;
     b.close().await;
 }
 

@@ -145,6 +145,7 @@ pub(super) fn spawn_retention(
                     }
                 }
             }
+            registry.expire_produce_ids();
             metrics.retention_passes.inc();
             tokio::select! {
                 _ = stop.cancelled() => return,

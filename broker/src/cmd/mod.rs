@@ -224,6 +224,15 @@ struct ServeArgs {
     /// and 512 more for everything else, but at least a quarter of the limit.
     #[arg(long, env = "MMMQ_MAX_OPEN_FILES")]
     max_open_files: Option<usize>,
+    /// Most produce ids remembered over all topics (about 130 bytes each); past it the topic
+    /// that claims a new id forgets its oldest before their dedupWindowMs ends (a warning and
+    /// the mmmq_produce_ids_forgotten_early metric say so).
+    #[arg(long, env = "MMMQ_MAX_PRODUCE_IDS", default_value_t = defaults::MAX_PRODUCE_IDS)]
+    max_produce_ids: usize,
+    /// Most pull consumer groups held at once; a new group's first poll past it is refused
+    /// with 503 (a group without members is forgotten 10 minutes after its last poll).
+    #[arg(long, env = "MMMQ_MAX_GROUPS", default_value_t = defaults::MAX_GROUPS)]
+    max_groups: usize,
 }
 
 #[derive(Subcommand)]
@@ -393,6 +402,8 @@ impl ServeArgs {
         config.max_body_bytes = self.max_body_bytes;
         config.auth_token = self.auth_token.clone().filter(|t| !t.is_empty());
         config.max_topics = self.max_topics;
+        config.max_produce_ids = self.max_produce_ids;
+        config.max_groups = self.max_groups;
         config.max_open_files = self.max_open_files;
         config.http.max_connections = self.max_connections;
         config.http.header_read_timeout = Duration::from_millis(self.header_timeout_ms);

@@ -34,6 +34,10 @@ pub mod defaults {
     pub const RETRY_AFTER_MS: u64 = 1_000;
     /// `--retention-check-ms`.
     pub const RETENTION_CHECK_MS: u64 = 60_000;
+    /// `--max-produce-ids` (~250 MiB of ids).
+    pub const MAX_PRODUCE_IDS: usize = crate::topics::dedup::MAX_IDS;
+    /// `--max-groups`.
+    pub const MAX_GROUPS: usize = 1_000;
 }
 
 /// The settings of `mmmq serve`: plain values. What runs (the open-file cache, the metrics
@@ -65,6 +69,10 @@ pub struct ServeConfig {
     pub topic_defaults: TopicConfig,
     /// How often retention runs (it also runs at boot).
     pub retention_check: Duration,
+    /// Produce ids remembered over every topic; past it a topic forgets its oldest early.
+    pub max_produce_ids: usize,
+    /// Pull consumer groups held at once; a new group's first poll past it is refused.
+    pub max_groups: usize,
 }
 
 /// A batch request may be this many times the single-message body limit.
@@ -115,6 +123,8 @@ impl ServeConfig {
             http: HttpLimits::default(),
             topic_defaults: TopicConfig::default(),
             retention_check: Duration::from_millis(defaults::RETENTION_CHECK_MS),
+            max_produce_ids: defaults::MAX_PRODUCE_IDS,
+            max_groups: defaults::MAX_GROUPS,
         }
     }
 

@@ -59,6 +59,18 @@ pub enum GroupError {
         /// The partition.
         partition: u32,
     },
+    /// A new group past `serve --max-groups` (`503`: groups without members go after
+    /// [`EMPTY_GROUP_TTL`], so a later poll may get in).
+    #[error(
+        "the broker holds {max} groups (--max-groups); group {group:?} cannot start until one goes (a group without members is forgotten {} s after its last poll)",
+        EMPTY_GROUP_TTL.as_secs()
+    )]
+    Limit {
+        /// The group refused.
+        group: String,
+        /// The cap.
+        max: usize,
+    },
     /// The disk said no.
     #[error(transparent)]
     Storage(#[from] StorageError),
@@ -105,6 +117,9 @@ pub struct Groups {
     registry: Arc<Registry>,
     metrics: Arc<Metrics>,
     groups: Mutex<BTreeMap<String, Group>>,
+    /// `serve --max-groups`: each group holds a position per partition it consumes, so their
+    /// number is capped.
+    max: usize,
 }
 
 fn name(kind: &str, s: &str) -> Result<String, GroupError> {
@@ -118,13 +133,29 @@ fn store(p: &Partition) -> Checkpoints {
 }
 
 impl Groups {
-    /// No groups yet.
-    pub fn new(registry: Arc<Registry>, metrics: Arc<Metrics>) -> Self {
+    /// No groups yet; at most `max` at once.
+    pub fn new(registry: Arc<Registry>, metrics: Arc<Metrics>, max: usize) -> Self {
         Self {
             registry,
             metrics,
             groups: Mutex::new(BTreeMap::new()),
+            max,
         }
+    }
+
+    /// Groups held now (metrics).
+    pub fn len(&self) -> usize {
+        self.groups.lock().len()
+    }
+
+    /// Whether no group is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The cap (`--max-groups`).
+    pub fn max(&self) -> usize {
+        self.max
     }
 
     /// The partitions of the topics `pattern` matches, in order.
@@ -297,6 +328,13 @@ impl Groups {
             let now = Instant::now();
             let mut groups = self.groups.lock();
             Self::forget_empty(&mut groups, now);
+            if !groups.contains_key(group) && groups.len() >= self.max {
+                self.metrics.groups_refused.inc();
+                return Err(GroupError::Limit {
+                    group: group.to_owned(),
+                    max: self.max,
+                });
+            }
             let g = groups.entry(group.to_owned()).or_insert_with(|| Group {
                 pattern: pattern.clone(),
                 members: BTreeMap::new(),

@@ -7,6 +7,9 @@ use std::time::Instant;
 use mmmq_core::{GroupMember, GroupPartition, GroupStatus, Topic};
 
 use super::{GroupError, Groups, store, topic_partition};
+
+/// A page of `GET /mmmq/groups` ends once it holds this many partitions.
+pub const PAGE_PARTITIONS: usize = 10_000;
 use crate::topics::Partition;
 
 impl Groups {
@@ -40,20 +43,33 @@ impl Groups {
         out
     }
 
-    /// Every group's status.
-    pub async fn list(&self) -> Vec<GroupStatus> {
+    /// A page of the groups' statuses, by name: up to `limit` groups after `after`, and fewer
+    /// once the page holds [`PAGE_PARTITIONS`] partitions (always at least one group), so that
+    /// one answer stays small however many partitions the groups consume. The second value says
+    /// whether more groups follow.
+    pub async fn list(&self, after: Option<&str>, limit: usize) -> (Vec<GroupStatus>, bool) {
+        use std::ops::Bound::{Excluded, Unbounded};
         let names: Vec<String> = {
             let mut groups = self.groups.lock();
             Self::forget_empty(&mut groups, Instant::now());
-            groups.keys().cloned().collect()
+            let from = after.map_or(Unbounded, |a| Excluded(a.to_owned()));
+            groups
+                .range((from, Unbounded))
+                .map(|(name, _)| name.clone())
+                .collect()
         };
-        let mut out = Vec::with_capacity(names.len());
-        for n in &names {
+        let mut out = Vec::new();
+        let mut rows = 0;
+        for (i, n) in names.iter().enumerate() {
+            if out.len() >= limit.max(1) || (rows >= PAGE_PARTITIONS && !out.is_empty()) {
+                return (out, names.len() > i);
+            }
             if let Ok(s) = self.status(n).await {
+                rows += s.partitions.len();
                 out.push(s);
             }
         }
-        out
+        (out, false)
     }
 
     /// One group's members, assignments, committed offsets and lag.

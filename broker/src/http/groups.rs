@@ -130,13 +130,53 @@ pub(super) async fn leave(
     Ok(Json(serde_json::json!({"left": member})))
 }
 
-/// Every group.
-#[utoipa::path(get, path = "/mmmq/groups", tag = "groups",
-    responses((status = 200, body = Vec<GroupStatus>), Errors))]
+/// A page of the group list.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(super) struct ListQuery {
+    /// Groups after this name (the last one of the previous page).
+    after: Option<String>,
+    /// At most this many groups (default 100, at most 1000); a page also ends once it holds
+    /// 10,000 partitions.
+    limit: Option<usize>,
+}
+
+/// The groups, by name, a page at a time: a `Link: <…?after=NAME&limit=N>; rel="next"` header
+/// names the next page while there is one.
+#[utoipa::path(get, path = "/mmmq/groups", tag = "groups", params(ListQuery),
+    responses((status = 200, body = Vec<GroupStatus>,
+        headers(("Link" = String, description = "`<…>; rel=\"next\"` while more groups follow"))), Errors))]
 pub(super) async fn list(
     State(state): State<AppState>,
-) -> Result<Json<Vec<GroupStatus>>, ApiError> {
-    Ok(Json(state.broker()?.groups().list().await))
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::BadRequest("limit must be 1 to 1000".into()));
+    }
+    let (page, more) = state
+        .broker()?
+        .groups()
+        .list(q.after.as_deref(), limit)
+        .await;
+    let next = match page.last() {
+        // Group names are `[A-Za-z0-9._-]`: nothing to escape in the query.
+        Some(last) if more => Some(format!(
+            "</mmmq/groups?after={}&limit={limit}>; rel=\"next\"",
+            last.group
+        )),
+        _ => None,
+    };
+    let mut response = Json(page).into_response();
+    if let Some(link) = next.and_then(|l| axum::http::HeaderValue::from_str(&l).ok()) {
+        response
+            .headers_mut()
+            .insert(axum::http::header::LINK, link);
+    }
+    Ok(response)
 }
 
 /// A group: members, partitions, lag.

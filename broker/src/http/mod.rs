@@ -195,6 +195,10 @@ pub enum ApiError {
     /// Creating the topic would pass the broker's topic cap.
     #[error("{0}")]
     TopicLimit(String),
+    /// A budget of the broker is spent for now (`--max-groups`): `503` with `Retry-After`,
+    /// not logged as the broker's failure.
+    #[error("{0}")]
+    Busy(String),
     /// Still recovering at boot.
     #[error("starting: recovering topics")]
     Starting,
@@ -241,6 +245,7 @@ impl From<crate::groups::GroupError> for ApiError {
             G::Invalid(_) => Self::BadRequest(e.to_string()),
             G::Unknown(_) => Self::NotFound(e.to_string()),
             G::NotOwner { .. } => Self::Conflict(e.to_string()),
+            G::Limit { .. } => Self::Busy(e.to_string()),
             G::Storage(_) => Self::Internal(e.to_string()),
         }
     }
@@ -258,7 +263,7 @@ impl IntoResponse for ApiError {
             Self::TopicLimit(_) => StatusCode::FORBIDDEN,
             Self::Conflict(_) => StatusCode::CONFLICT,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::Starting | Self::NotDurable(_) | Self::PartialBatch { .. } => {
+            Self::Starting | Self::Busy(_) | Self::NotDurable(_) | Self::PartialBatch { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -270,7 +275,7 @@ impl IntoResponse for ApiError {
             }
             _ => serde_json::json!({"error": self.to_string()}),
         };
-        if status.is_server_error() && !matches!(self, Self::Starting) {
+        if status.is_server_error() && !matches!(self, Self::Starting | Self::Busy(_)) {
             tracing::warn!(%status, error = %self, "request failed");
         }
         let mut response = (status, axum::Json(body)).into_response();

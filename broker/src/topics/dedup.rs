@@ -8,6 +8,8 @@
 //! withdraws its claim, so a retry stores the message.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -69,11 +71,66 @@ struct Inner {
     seq: u64,
 }
 
-/// Most ids a topic remembers: past it the oldest are forgotten early (the window shrinks under
-/// a load that would otherwise hold more ids than this in memory), and a warning says so. About
-/// 130 bytes an id with the tables' slack (docs/benchmarks.md, "Produce ids"): 2,000,000 ids are
-/// ~250 MiB.
+/// The default of `serve --max-produce-ids`: about 130 bytes an id with the tables' slack
+/// (docs/benchmarks.md, "Produce ids"), so 2,000,000 ids are ~250 MiB.
 pub const MAX_IDS: usize = 2_000_000;
+
+/// The ids every topic of a broker remembers, together (README, "Idempotent produce":
+/// `serve --max-produce-ids`). A claim that would pass it makes its own topic forget its oldest
+/// ids first, before their window ends: the window shrinks for the topic that grows, and a
+/// producer is never refused for it (`mmmq-client` gives every message an id, so refusing would
+/// cap the broker's throughput at the budget over the window). Ids past their window are freed
+/// at the next claim of their shard, and by the retention pass for topics nobody produces to.
+#[derive(Debug)]
+pub struct IdBudget {
+    max: AtomicUsize,
+    used: AtomicUsize,
+    forgotten_early: AtomicU64,
+}
+
+impl IdBudget {
+    /// A budget of `max` ids.
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            max: AtomicUsize::new(max),
+            used: AtomicUsize::new(0),
+            forgotten_early: AtomicU64::new(0),
+        })
+    }
+
+    /// Sets the budget (after boot has remembered the ids found in the logs).
+    pub fn set_max(&self, max: usize) {
+        self.max.store(max, Ordering::Relaxed);
+    }
+
+    /// The budget.
+    pub fn max(&self) -> usize {
+        self.max.load(Ordering::Relaxed)
+    }
+
+    /// Ids remembered now, over every topic.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Ids forgotten before their window ended because the budget was full.
+    pub fn forgotten_early(&self) -> u64 {
+        self.forgotten_early.load(Ordering::Relaxed)
+    }
+
+    /// How many ids must go for one more to fit.
+    fn over(&self) -> usize {
+        (self.used() + 1).saturating_sub(self.max())
+    }
+
+    fn add(&self) {
+        self.used.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn remove(&self, n: usize) {
+        self.used.fetch_sub(n, Ordering::Relaxed);
+    }
+}
 
 /// Shards of a topic's ids: claims of different ids rarely wait for each other.
 const SHARDS: usize = 16;
@@ -83,22 +140,53 @@ const SHARDS: usize = 16;
 pub struct Dedup {
     shards: Vec<Shard>,
     seed: u64,
-    /// Whether the cap was hit (logged once per topic).
-    capped: std::sync::atomic::AtomicBool,
+    budget: Arc<IdBudget>,
+    /// Whether the budget made this topic forget ids early (logged once per topic).
+    capped: AtomicBool,
 }
 
 impl Default for Dedup {
+    /// A topic alone with the default budget (tests, benchmarks).
     fn default() -> Self {
-        use std::hash::BuildHasher;
-        Self {
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-            seed: std::collections::hash_map::RandomState::new().hash_one(0u64),
-            capped: Default::default(),
-        }
+        Self::new(IdBudget::new(MAX_IDS))
+    }
+}
+
+impl Drop for Dedup {
+    /// A deleted topic's ids leave the budget with it.
+    fn drop(&mut self) {
+        self.budget.remove(self.len());
     }
 }
 
 impl Dedup {
+    /// No ids yet; what it remembers counts against `budget`.
+    pub fn new(budget: Arc<IdBudget>) -> Self {
+        use std::hash::BuildHasher;
+        Self {
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            seed: std::collections::hash_map::RandomState::new().hash_one(0u64),
+            budget,
+            capped: AtomicBool::new(false),
+        }
+    }
+
+    /// Forgets the ids past their window (`window_ms` before `now_ms`) in every shard: the
+    /// retention pass frees the ids of topics nobody produces to.
+    pub fn expire(&self, now_ms: u64, window_ms: u64) {
+        let ctx = self.ctx();
+        for s in &self.shards {
+            Shard::expire(&mut s.inner.lock(), now_ms.saturating_sub(window_ms), &ctx);
+        }
+    }
+
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            budget: &self.budget,
+            capped: &self.capped,
+        }
+    }
+
     fn key(&self, id: &str) -> Key {
         xxhash_rust::xxh3::xxh3_128_with_seed(id.as_bytes(), self.seed)
     }
@@ -110,7 +198,7 @@ impl Dedup {
     /// Claims `id` at `now_ms` with a window of `window_ms`.
     pub fn claim(&self, id: &str, now_ms: u64, window_ms: u64) -> Claim {
         let key = self.key(id);
-        self.shard(key).claim(key, now_ms, window_ms, &self.capped)
+        self.shard(key).claim(key, now_ms, window_ms, &self.ctx())
     }
 
     /// The append of a new claim stored its message at (`partition`, `offset`).
@@ -120,7 +208,7 @@ impl Dedup {
 
     /// The append of a new claim failed: the id is free again.
     pub fn withdraw(&self, ticket: &Ticket) {
-        self.shard(ticket.key).withdraw(ticket)
+        self.shard(ticket.key).withdraw(ticket, &self.budget)
     }
 
     /// Where the message of a pending claim went, once its append is done; `None` if it failed
@@ -132,7 +220,8 @@ impl Dedup {
     /// Remembers an id found in the log at boot.
     pub fn remember(&self, id: &str, at_ms: u64, partition: u32, offset: u64) {
         let key = self.key(id);
-        self.shard(key).remember(key, at_ms, partition, offset)
+        self.shard(key)
+            .remember(key, at_ms, partition, offset, &self.budget)
     }
 
     /// How many ids are remembered (tests, metrics).
@@ -155,20 +244,21 @@ struct Shard {
     done: tokio::sync::Notify,
 }
 
+/// What a shard's expiry answers to: the broker's budget, and the topic's warned-once flag.
+struct Ctx<'a> {
+    budget: &'a IdBudget,
+    capped: &'a AtomicBool,
+}
+
 impl Shard {
-    fn expire(inner: &mut Inner, horizon: u64, capped: &std::sync::atomic::AtomicBool) {
-        let mut over = inner.order_at.len().saturating_sub(MAX_IDS / SHARDS);
-        if over > 0 && !capped.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            tracing::warn!(
-                max = MAX_IDS,
-                "more produce ids than a topic remembers: the oldest are forgotten before their window ends"
-            );
-        }
+    /// Forgets the ids claimed before `horizon`, and, while the budget is full, the oldest of
+    /// this shard however young (each one counted as forgotten early).
+    fn expire(inner: &mut Inner, horizon: u64, ctx: &Ctx) {
         while let Some(&at) = inner.order_at.front() {
-            if at >= horizon && over == 0 {
+            let early = at >= horizon;
+            if early && (ctx.budget.over() == 0 || inner.ids.is_empty()) {
                 break;
             }
-            over = over.saturating_sub(1);
             inner.order_at.pop_front();
             let key = inner
                 .order_key
@@ -176,19 +266,23 @@ impl Shard {
                 .expect("the queues have one length");
             if inner.ids.get(&key).is_some_and(|e| e.at_ms() == at) {
                 inner.ids.remove(&key);
+                ctx.budget.remove(1);
+                if early {
+                    ctx.budget.forgotten_early.fetch_add(1, Ordering::Relaxed);
+                    if !ctx.capped.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            max = ctx.budget.max(),
+                            "more produce ids than the broker remembers (--max-produce-ids): this topic's oldest are forgotten before their window ends"
+                        );
+                    }
+                }
             }
         }
     }
 
-    fn claim(
-        &self,
-        key: Key,
-        now_ms: u64,
-        window_ms: u64,
-        capped: &std::sync::atomic::AtomicBool,
-    ) -> Claim {
+    fn claim(&self, key: Key, now_ms: u64, window_ms: u64, ctx: &Ctx) -> Claim {
         let mut inner = self.inner.lock();
-        Self::expire(&mut inner, now_ms.saturating_sub(window_ms), capped);
+        Self::expire(&mut inner, now_ms.saturating_sub(window_ms), ctx);
         match inner.ids.get(&key) {
             Some(Entry::Pending { seq, .. }) => return Claim::Pending(Ticket { key, seq: *seq }),
             Some(Entry::Stored {
@@ -199,6 +293,7 @@ impl Shard {
         inner.seq += 1;
         let seq = inner.seq;
         inner.ids.insert(key, Entry::Pending { seq, at: now_ms });
+        ctx.budget.add();
         inner.order_at.push_back(now_ms);
         inner.order_key.push_back(key);
         Claim::New(Ticket { key, seq })
@@ -222,12 +317,13 @@ impl Shard {
     }
 
     /// Frees the id (waiters see the failure and claim it themselves).
-    fn withdraw(&self, ticket: &Ticket) {
+    fn withdraw(&self, ticket: &Ticket, budget: &IdBudget) {
         {
             let mut inner = self.inner.lock();
             if matches!(inner.ids.get(&ticket.key), Some(Entry::Pending { seq, .. }) if *seq == ticket.seq)
             {
                 inner.ids.remove(&ticket.key);
+                budget.remove(1);
             }
         }
         self.done.notify_waiters();
@@ -248,7 +344,9 @@ impl Shard {
         }
     }
 
-    fn remember(&self, key: Key, at_ms: u64, partition: u32, offset: u64) {
+    /// Boot keeps every id of the window found in the log, past the budget too (the next claims
+    /// trim it).
+    fn remember(&self, key: Key, at_ms: u64, partition: u32, offset: u64, budget: &IdBudget) {
         let mut inner = self.inner.lock();
         let entry = Entry::Stored {
             partition,
@@ -256,6 +354,7 @@ impl Shard {
             at: at_ms,
         };
         if inner.ids.insert(key, entry).is_none() {
+            budget.add();
             inner.order_at.push_back(at_ms);
             inner.order_key.push_back(key);
         }
@@ -368,59 +467,87 @@ mod tests {
         assert!(matches!(d.claim("b", 6, 100), Claim::Stored(1, 3)));
     }
 
-    /// The cap (README, "Idempotent produce": at most 2,000,000 ids a topic, the oldest forgotten
-    /// first, a warning once). Each of the shards keeps its share; a claim first forgets the
-    /// oldest ids past the share, then looks its own up, then adds it if new: a shard holds at
-    /// most its share + 1 (a topic 2,000,016, as docs/benchmarks.md, "Produce ids", measured).
-    /// What a producer sees: a retry of a remembered id appends nothing and answers the first's
-    /// position (`duplicate: true`); a retry of a forgotten one stores a second copy.
+    /// The budget (README, "Idempotent produce": `--max-produce-ids`), over the shards of every
+    /// topic: a claim that would pass it first forgets the oldest ids of its own shard, however
+    /// young (counted, and warned once per topic); a shard with nothing to forget admits its
+    /// claim. What a producer sees: a retry of a remembered id appends nothing and answers the
+    /// first's position (`duplicate: true`); a retry of a forgotten one stores a second copy.
+    /// Ids past their window are freed by [`Dedup::expire`], so an idle topic's do not hold the
+    /// budget; a deleted topic's leave it.
     #[test]
-    fn past_the_cap_a_claim_forgets_the_oldest_ids_first() {
-        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-        const SHARE: Key = (MAX_IDS / SHARDS) as Key;
-        // Ids of one shard, chosen by their keys; none expires by time.
-        let (shard, capped, window) = (Shard::default(), AtomicBool::new(false), u64::MAX);
-        let claim = |key: Key| shard.claim(key, 1, window, &capped);
-        let store = |key: Key| {
-            let Claim::New(t) = claim(key) else {
+    fn past_the_budget_a_claim_forgets_the_oldest_ids_of_its_shard_first() {
+        let budget = IdBudget::new(4);
+        let (capped, other_capped) = (AtomicBool::new(false), AtomicBool::new(false));
+        let ctx = Ctx {
+            budget: &budget,
+            capped: &capped,
+        };
+        let window = u64::MAX;
+        let (shard, other) = (Shard::default(), Shard::default());
+        let store = |shard: &Shard, key: Key, ctx: &Ctx| {
+            let Claim::New(t) = shard.claim(key, key as u64, window, ctx) else {
                 panic!("{key} is new")
             };
             shard.stored(&t, 0, key as u64);
         };
-        for key in 0..=SHARE {
-            store(key);
+        for key in 0..4 {
+            store(&shard, key, &ctx);
         }
-        assert_eq!(shard.len(), SHARE as usize + 1);
-        assert!(!capped.load(Relaxed), "nothing forgotten yet");
+        assert_eq!((budget.used(), budget.forgotten_early()), (4, 0));
+        assert!(!capped.load(Ordering::Relaxed), "nothing forgotten yet");
         // Full: the next claim forgets the oldest (0) first, and warns.
-        store(SHARE + 1);
-        assert!(capped.load(Relaxed));
-        assert_eq!(shard.len(), SHARE as usize + 1);
-        // A retry of a remembered id is a duplicate (and forgets the oldest left, 1).
-        assert!(matches!(claim(5), Claim::Stored(0, 5)));
-        assert_eq!(shard.len(), SHARE as usize);
-        // A retry of the forgotten 0 stores again; 1 is forgotten too.
-        store(0);
-        store(1);
-        assert_eq!(shard.len(), SHARE as usize + 1);
-        // Full, even a retry of the oldest remembered id (3) forgets it before looking it up.
-        store(3);
-        // Ids found in the log at boot are kept past the cap until the next claim trims them,
-        // oldest first.
-        let boot = Shard::default();
-        for key in 0..SHARE + 10 {
-            boot.remember(key, 1, 0, key as u64);
+        store(&shard, 4, &ctx);
+        assert_eq!((budget.used(), budget.forgotten_early()), (4, 1));
+        assert!(capped.load(Ordering::Relaxed));
+        // A retry of a remembered id is a duplicate (and makes room for one: 1 goes).
+        assert!(matches!(
+            shard.claim(3, 9, window, &ctx),
+            Claim::Stored(0, 3)
+        ));
+        assert_eq!((shard.len(), budget.forgotten_early()), (3, 2));
+        // A retry of the forgotten 0 stores it again.
+        store(&shard, 0, &ctx);
+        assert_eq!(budget.used(), 4);
+        // Another topic's shard with nothing to forget admits its claim (one past the budget);
+        // its next claim forgets its own oldest, not the first topic's ids.
+        let other_ctx = Ctx {
+            budget: &budget,
+            capped: &other_capped,
+        };
+        store(&other, 100, &other_ctx);
+        assert_eq!((budget.used(), other.len()), (5, 1));
+        store(&other, 101, &other_ctx);
+        assert_eq!((budget.used(), other.len(), shard.len()), (5, 1, 4));
+        // Expiry by time frees the budget: all of the first shard's ids are older than 50.
+        Shard::expire(&mut shard.inner.lock(), 50, &ctx);
+        assert_eq!((budget.used(), shard.len()), (1, 0));
+        // Ids found in the log at boot are kept past the budget until claims trim them.
+        for key in 200..210 {
+            shard.remember(key, 60, 0, key as u64, &budget);
         }
-        assert_eq!(boot.len(), SHARE as usize + 10);
-        assert!(matches!(
-            boot.claim(SHARE + 10, 1, window, &capped),
-            Claim::New(_)
-        ));
-        assert_eq!(boot.len(), SHARE as usize + 1);
-        assert!(matches!(
-            boot.claim(11, 1, window, &capped),
-            Claim::Stored(0, 11)
-        ));
-        assert!(matches!(boot.claim(9, 1, window, &capped), Claim::New(_)));
+        assert_eq!(budget.used(), 11);
+        store(&shard, 300, &ctx);
+        assert_eq!((budget.used(), shard.len()), (4, 3));
+    }
+
+    /// A topic's ids leave the broker's budget when the topic goes (deleted, or closed).
+    #[test]
+    fn a_dropped_topic_gives_its_ids_back() {
+        let budget = IdBudget::new(100);
+        let d = Dedup::new(budget.clone());
+        for n in 0..10 {
+            let Claim::New(t) = d.claim(&format!("id-{n}"), 1, 1000) else {
+                panic!()
+            };
+            d.stored(&t, 0, n);
+        }
+        assert_eq!(budget.used(), 10);
+        d.expire(500, 1000);
+        assert_eq!(budget.used(), 10, "inside their window");
+        d.expire(1002, 1000);
+        assert_eq!(budget.used(), 0, "past it");
+        d.remember("x", 2000, 0, 1);
+        drop(d);
+        assert_eq!(budget.used(), 0);
     }
 }

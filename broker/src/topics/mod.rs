@@ -47,6 +47,8 @@ pub struct Registry {
     deleting: Mutex<HashSet<Topic>>,
     /// One lock per topic under administration ([`Registry::administer`]).
     admin: Mutex<HashMap<Topic, Arc<tokio::sync::Mutex<()>>>>,
+    /// The produce ids every topic remembers, together (`serve --max-produce-ids`).
+    ids: Arc<dedup::IdBudget>,
 }
 
 /// Held while one topic is administered: no other create, configure or delete of that topic
@@ -81,6 +83,7 @@ impl Registry {
         interrupt: CancellationToken,
     ) -> Result<Self, StorageError> {
         let (created, _) = broadcast::channel(1024);
+        let ids = dedup::IdBudget::new(dedup::MAX_IDS);
         let registry = Self {
             dir,
             vfs,
@@ -92,12 +95,13 @@ impl Registry {
             defaults: TopicConfig::default(),
             deleting: Mutex::new(HashSet::new()),
             admin: Mutex::new(HashMap::new()),
+            ids: ids.clone(),
         };
         let dir = registry.dir.clone();
         let vfs = registry.vfs.clone();
         let config = registry.log_config.clone();
         let opened = tokio::task::spawn_blocking(move || {
-            restore_all(&dir, &*vfs, vfs.clone(), &config, &interrupt)
+            restore_all(&dir, (&*vfs, vfs.clone()), &config, &ids, &interrupt)
         })
         .await
         .expect("restore task panicked")?;
@@ -137,6 +141,28 @@ impl Registry {
     /// How many topics exist.
     pub fn len(&self) -> usize {
         self.topics.read().len()
+    }
+
+    /// Sets the budget of produce ids over every topic (`serve --max-produce-ids`; boot keeps
+    /// the ids it found past it).
+    pub fn with_max_produce_ids(self, max: usize) -> Self {
+        self.ids.set_max(max);
+        self
+    }
+
+    /// The budget of produce ids every topic shares (status, metrics).
+    pub fn produce_ids(&self) -> &dedup::IdBudget {
+        &self.ids
+    }
+
+    /// Frees the produce ids past their topic's window in every topic (the retention pass):
+    /// a topic nobody produces to would otherwise hold its ids, and the budget, until its next
+    /// produce.
+    pub fn expire_produce_ids(&self) {
+        let now = mmmq_core::now_ms();
+        for t in self.all() {
+            t.dedup.expire(now, self.config_of(&t).dedup_window_ms);
+        }
     }
 
     /// Caps the topics producers can create; topics restored from disk are kept even past it.
@@ -316,6 +342,7 @@ impl Registry {
             let vfs = self.vfs.clone();
             let config = self.log_config.clone();
             let topic_name = topic.clone();
+            let ids = self.ids.clone();
             // A dead-letter topic has one partition, so its offsets are the order in which
             // messages failed and a redrive's `from`/`to` name them (README, "Dead-letter
             // redrive"); the topic API can still grow it.
@@ -328,7 +355,7 @@ impl Registry {
                 if !vfs.is_dir(&dir) {
                     incarnation::create(&*vfs, &dir)?;
                 }
-                open_topic(topic_name, dir, vfs, config, partitions)
+                open_topic(topic_name, dir, vfs, config, partitions, ids)
             })
             .await
             .expect("topic creation panicked")?;
@@ -391,6 +418,7 @@ fn open_topic(
     vfs: Arc<dyn Vfs>,
     config: LogConfig,
     default_partitions: u32,
+    ids: Arc<dedup::IdBudget>,
 ) -> Result<TopicLog, StorageError> {
     let settings = settings::load(&*vfs, &dir)?;
     let wanted = settings
@@ -406,7 +434,7 @@ fn open_topic(
         .map_or(TopicConfig::default().dedup_window_ms, |c| {
             c.dedup_window_ms
         });
-    let t = TopicLog::new(topic, id, dir, partitions, settings);
+    let t = TopicLog::new(topic, id, dir, partitions, settings, ids);
     let now = mmmq_core::now_ms();
     for p in t.partitions() {
         dedup::rebuild(&t.dedup, &p, window, now)?;
@@ -452,9 +480,9 @@ fn empty_trash(vfs: &dyn Vfs, trash: &Path) {
 
 fn restore_all(
     dir: &std::path::Path,
-    vfs: &dyn Vfs,
-    shared: Arc<dyn Vfs>,
+    (vfs, shared): (&dyn Vfs, Arc<dyn Vfs>),
     config: &LogConfig,
+    ids: &Arc<dedup::IdBudget>,
     interrupt: &CancellationToken,
 ) -> Result<BTreeMap<Topic, Arc<TopicLog>>, StorageError> {
     let mut out = BTreeMap::new();
@@ -490,7 +518,14 @@ fn restore_all(
                 continue;
             }
         };
-        let mut t = open_topic(topic.clone(), path, shared.clone(), config.clone(), 1)?;
+        let mut t = open_topic(
+            topic.clone(),
+            path,
+            shared.clone(),
+            config.clone(),
+            1,
+            ids.clone(),
+        )?;
         t.counted = counts(&topic);
         out.insert(topic, Arc::new(t));
         if last_report.elapsed() > Duration::from_secs(2) {

@@ -106,6 +106,7 @@ impl TopicLog {
         dir: PathBuf,
         partitions: Vec<Partition>,
         config: Option<TopicConfig>,
+        ids: Arc<super::dedup::IdBudget>,
     ) -> Self {
         Self {
             topic,
@@ -114,7 +115,7 @@ impl TopicLog {
             partitions: RwLock::new(partitions.into_iter().map(Arc::new).collect()),
             config: RwLock::new(config),
             round_robin: AtomicU32::new(0),
-            dedup: super::dedup::Dedup::default(),
+            dedup: super::dedup::Dedup::new(ids),
             counted: true,
         }
     }
