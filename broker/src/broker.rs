@@ -183,6 +183,7 @@ impl Broker {
             Registry::restore(config.topics_dir(), vfs.clone(), log_config, interrupt)
                 .await?
                 .with_max_topics(config.max_topics)
+                .with_max_partitions(config.max_partitions)
                 .with_defaults(config.topic_defaults.clone()),
         );
         let background = CancellationToken::new();
@@ -296,6 +297,11 @@ impl Broker {
         self.metrics
             .max_open_segment_files
             .set(files.capacity().min(i64::MAX as usize) as i64);
+        let (partitions, max_partitions) = self.registry.partition_usage();
+        self.metrics.partitions.set(partitions as i64);
+        self.metrics
+            .max_partitions
+            .set(max_partitions.min(i64::MAX as usize) as i64);
         self.metrics.encode()
     }
 

@@ -81,6 +81,10 @@ pub struct Metrics {
     pub open_segment_files: Gauge,
     /// The cap on open segment files (`--max-open-files`).
     pub max_open_segment_files: Gauge,
+    /// Partitions over all topics now (filled at scrape), against `--max-partitions`.
+    pub partitions: Gauge,
+    /// The cap on partitions over all topics (`--max-partitions`).
+    pub max_partitions: Gauge,
 }
 
 impl Default for Metrics {
@@ -112,6 +116,8 @@ impl Metrics {
             lag: Family::default(),
             open_segment_files: Gauge::default(),
             max_open_segment_files: Gauge::default(),
+            partitions: Gauge::default(),
+            max_partitions: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -203,6 +209,16 @@ impl Metrics {
             "max_open_segment_files",
             "Cap on open segment files (--max-open-files)",
             m.max_open_segment_files.clone(),
+        );
+        registry.register(
+            "partitions",
+            "Partitions over all topics",
+            m.partitions.clone(),
+        );
+        registry.register(
+            "max_partitions",
+            "Cap on partitions over all topics (--max-partitions)",
+            m.max_partitions.clone(),
         );
         Self { registry, ..m }
     }

@@ -224,6 +224,9 @@ struct ServeArgs {
     /// and 512 more for everything else, but at least a quarter of the limit.
     #[arg(long, env = "MMMQ_MAX_OPEN_FILES")]
     max_open_files: Option<usize>,
+    /// Most partitions over all topics; creating or growing a topic past it is refused with 403.
+    #[arg(long, env = "MMMQ_MAX_PARTITIONS", default_value_t = defaults::MAX_PARTITIONS)]
+    max_partitions: usize,
 }
 
 #[derive(Subcommand)]
@@ -400,6 +403,7 @@ impl ServeArgs {
         config.topic_defaults.partitions = self.default_partitions;
         config.topic_defaults.retention_ms = self.default_retention_ms.0;
         config.retention_check = Duration::from_millis(self.retention_check_ms);
+        config.max_partitions = self.max_partitions;
         config
     }
 }

@@ -34,6 +34,11 @@ pub mod defaults {
     pub const RETRY_AFTER_MS: u64 = 1_000;
     /// `--retention-check-ms`.
     pub const RETENTION_CHECK_MS: u64 = 60_000;
+    /// `--max-partitions`: as many as `--max-topics` topics of one partition each, the budget
+    /// that cap already allowed (idle, a partition costs about 7 KiB of memory and a few KiB of
+    /// disk, docs/benchmarks.md; a busy one up to its tail's positions and 1 MiB of
+    /// preallocation), now also for topics of up to 1,024 partitions.
+    pub const MAX_PARTITIONS: usize = 100_000;
 }
 
 /// The settings of `mmmq serve`: plain values. What runs (the open-file cache, the metrics
@@ -65,6 +70,8 @@ pub struct ServeConfig {
     pub topic_defaults: TopicConfig,
     /// How often retention runs (it also runs at boot).
     pub retention_check: Duration,
+    /// Cap on partitions over all topics (creating or growing a topic past it is refused).
+    pub max_partitions: usize,
 }
 
 /// A batch request may be this many times the single-message body limit.
@@ -115,6 +122,7 @@ impl ServeConfig {
             http: HttpLimits::default(),
             topic_defaults: TopicConfig::default(),
             retention_check: Duration::from_millis(defaults::RETENTION_CHECK_MS),
+            max_partitions: defaults::MAX_PARTITIONS,
         }
     }
 
@@ -142,6 +150,7 @@ impl ServeConfig {
                 "--default-retention-ms",
                 self.topic_defaults.retention_ms.unwrap_or(1),
             ),
+            ("--max-partitions", self.max_partitions as u64),
         ];
         for (name, value) in positive {
             if value == 0 {
@@ -238,6 +247,12 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .starts_with("--max-open-files")
+        );
+        let mut c = ServeConfig::new("/x");
+        c.max_partitions = 0;
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "--max-partitions: must be at least 1"
         );
         let mut c = ServeConfig::new("/x");
         c.max_body_bytes = 64 << 20;
