@@ -184,6 +184,7 @@ impl Broker {
                 .await?
                 .with_max_topics(config.max_topics)
                 .with_max_produce_ids(config.max_produce_ids)
+                .with_max_partitions(config.max_partitions)
                 .with_defaults(config.topic_defaults.clone()),
         );
         let background = CancellationToken::new();
@@ -306,6 +307,11 @@ impl Broker {
         forgotten.inc_by(ids.forgotten_early().saturating_sub(forgotten.get()));
         self.metrics.groups.set(gauge(self.groups.len()));
         self.metrics.max_groups.set(gauge(self.groups.max()));
+        let (partitions, max_partitions) = self.registry.partition_usage();
+        self.metrics.partitions.set(partitions as i64);
+        self.metrics
+            .max_partitions
+            .set(max_partitions.min(i64::MAX as usize) as i64);
         self.metrics.encode()
     }
 

@@ -93,6 +93,10 @@ pub struct Metrics {
     pub max_groups: Gauge,
     /// First polls of a new group refused at the cap.
     pub groups_refused: Counter,
+    /// Partitions over all topics now (filled at scrape), against `--max-partitions`.
+    pub partitions: Gauge,
+    /// The cap on partitions over all topics (`--max-partitions`).
+    pub max_partitions: Gauge,
 }
 
 impl Default for Metrics {
@@ -130,6 +134,8 @@ impl Metrics {
             groups: Gauge::default(),
             max_groups: Gauge::default(),
             groups_refused: Counter::default(),
+            partitions: Gauge::default(),
+            max_partitions: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -247,6 +253,16 @@ impl Metrics {
             "groups_refused",
             "First polls of a new group refused at --max-groups",
             m.groups_refused.clone(),
+        );
+        registry.register(
+            "partitions",
+            "Partitions over all topics",
+            m.partitions.clone(),
+        );
+        registry.register(
+            "max_partitions",
+            "Cap on partitions over all topics (--max-partitions)",
+            m.max_partitions.clone(),
         );
         Self { registry, ..m }
     }

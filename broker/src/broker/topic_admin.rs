@@ -68,7 +68,10 @@ impl Broker {
                 None => defaults,
             };
             let next = update.apply(&current)?;
-            let t = registry.get_or_create_by_api(&topic).await?;
+            // A new topic is made with its partitions at once: refused whole at a cap.
+            let t = registry
+                .get_or_create_by_api(&topic, next.partitions)
+                .await?;
             registry.set_config(&t, next).await?;
             tracing::info!(topic = %topic, config = ?registry.config_of(&t), "topic configured");
             Ok::<_, BrokerError>(t)

@@ -233,6 +233,9 @@ struct ServeArgs {
     /// with 503 (a group without members is forgotten 10 minutes after its last poll).
     #[arg(long, env = "MMMQ_MAX_GROUPS", default_value_t = defaults::MAX_GROUPS)]
     max_groups: usize,
+    /// Most partitions over all topics; creating or growing a topic past it is refused with 403.
+    #[arg(long, env = "MMMQ_MAX_PARTITIONS", default_value_t = defaults::MAX_PARTITIONS)]
+    max_partitions: usize,
 }
 
 #[derive(Subcommand)]
@@ -411,6 +414,7 @@ impl ServeArgs {
         config.topic_defaults.partitions = self.default_partitions;
         config.topic_defaults.retention_ms = self.default_retention_ms.0;
         config.retention_check = Duration::from_millis(self.retention_check_ms);
+        config.max_partitions = self.max_partitions;
         config
     }
 }

@@ -38,6 +38,11 @@ pub mod defaults {
     pub const MAX_PRODUCE_IDS: usize = crate::topics::dedup::MAX_IDS;
     /// `--max-groups`.
     pub const MAX_GROUPS: usize = 1_000;
+    /// `--max-partitions`: as many as `--max-topics` topics of one partition each, the budget
+    /// that cap already allowed (idle, a partition costs about 7 KiB of memory and a few KiB of
+    /// disk, docs/benchmarks.md; a busy one up to its tail's positions and 1 MiB of
+    /// preallocation), now also for topics of up to 1,024 partitions.
+    pub const MAX_PARTITIONS: usize = 100_000;
 }
 
 /// The settings of `mmmq serve`: plain values. What runs (the open-file cache, the metrics
@@ -73,6 +78,8 @@ pub struct ServeConfig {
     pub max_produce_ids: usize,
     /// Pull consumer groups held at once; a new group's first poll past it is refused.
     pub max_groups: usize,
+    /// Cap on partitions over all topics (creating or growing a topic past it is refused).
+    pub max_partitions: usize,
 }
 
 /// A batch request may be this many times the single-message body limit.
@@ -125,6 +132,7 @@ impl ServeConfig {
             retention_check: Duration::from_millis(defaults::RETENTION_CHECK_MS),
             max_produce_ids: defaults::MAX_PRODUCE_IDS,
             max_groups: defaults::MAX_GROUPS,
+            max_partitions: defaults::MAX_PARTITIONS,
         }
     }
 
@@ -152,6 +160,7 @@ impl ServeConfig {
                 "--default-retention-ms",
                 self.topic_defaults.retention_ms.unwrap_or(1),
             ),
+            ("--max-partitions", self.max_partitions as u64),
         ];
         for (name, value) in positive {
             if value == 0 {
@@ -248,6 +257,12 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .starts_with("--max-open-files")
+        );
+        let mut c = ServeConfig::new("/x");
+        c.max_partitions = 0;
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "--max-partitions: must be at least 1"
         );
         let mut c = ServeConfig::new("/x");
         c.max_body_bytes = 64 << 20;

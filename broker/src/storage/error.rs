@@ -63,15 +63,16 @@ pub enum StorageError {
         /// The limit.
         max: usize,
     },
-    /// A new topic would pass the broker's cap on topics (each costs files and descriptors).
-    #[error(
-        "topic limit reached: this broker holds its maximum of {max} topics (mmmq serve --max-topics); {topic:?} was not created"
-    )]
+    /// Creating or growing a topic would pass one of the broker's caps ([`Limit`]); nothing of
+    /// it was created.
+    #[error("{limit}; {topic:?} was not {}", if *grown { "grown" } else { "created" })]
     TopicLimit {
         /// The topic that was refused.
         topic: String,
-        /// The cap.
-        max: usize,
+        /// The cap it would pass.
+        limit: Limit,
+        /// It exists and was to grow (else it was to be created).
+        grown: bool,
     },
     /// The topic is being deleted; it can be created again once its files are gone.
     #[error("topic {topic:?} is being deleted; retry to create it anew")]
@@ -95,6 +96,32 @@ pub enum StorageError {
         done: usize,
         /// Topic directories found.
         total: usize,
+    },
+}
+
+/// A cap on what topics may cost the broker (README, "`mmmq serve`").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Limit {
+    /// `--max-topics`: each topic costs a directory, files and descriptors.
+    #[error(
+        "topic limit reached: this broker holds its maximum of {max} topics (mmmq serve --max-topics)"
+    )]
+    Topics {
+        /// The cap.
+        max: usize,
+    },
+    /// `--max-partitions`, over all topics: each partition is a log, with its files, its tail's
+    /// positions in memory, a writer thread while it writes and a worker per dispatcher.
+    #[error(
+        "partition limit reached: this broker holds {used} partitions over all topics, and {asked} more would pass its maximum of {max} (mmmq serve --max-partitions)"
+    )]
+    Partitions {
+        /// Partitions that exist (or are being created) now.
+        used: usize,
+        /// Partitions asked for.
+        asked: usize,
+        /// The cap.
+        max: usize,
     },
 }
 

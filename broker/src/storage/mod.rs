@@ -37,7 +37,7 @@ mod segment;
 pub mod vfs;
 
 pub use checkpoint::{Checkpoints, Position};
-pub use error::{CorruptEntry, StorageError};
+pub use error::{CorruptEntry, Limit, StorageError};
 pub use files::FileCache;
 pub use log::{FlushMode, Log, LogConfig, LogStats, SegmentSummary};
 pub use segment::Entry;

@@ -6,9 +6,9 @@
 //! positions it needs from its index file.
 //!
 //! The tail's data file is preallocated with real zeros ahead of the writes (so that a commit's
-//! `fdatasync` writes the data and no metadata), its index is written after the data is durable and
-//! synced lazily. Sealing makes the layout exact again: data cut to its last entry, index complete
-//! and synced.
+//! `fdatasync` writes the data and no metadata), about as many as it holds data, up to the log's
+//! cap (see [`preallocation`]); its index is written after the data is durable and synced lazily.
+//! Sealing makes the layout exact again: data cut to its last entry, index complete and synced.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -68,6 +68,21 @@ impl std::fmt::Debug for Segment {
 
 /// Zeros written ahead of the tail's writes at a time, at most.
 static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+
+/// The fewest zeros kept ahead of a tail's writes (one page, one filesystem block): what a tail
+/// that received a message or two costs on disk beyond its data.
+pub(crate) const MIN_PREALLOCATION: u64 = 4 * 1024;
+
+/// How many zeros to keep ahead of a tail whose data ends at `end`, given the log's cap `max`
+/// (0: none): as many as the tail holds data, from [`MIN_PREALLOCATION`] up to `max`. The zeros
+/// grow in proportion to what the tail received, so an idle or barely used partition holds
+/// almost nothing extra on disk (a thousand partitions of one message each are a few MiB, not a
+/// thousand times `max`), while a busy tail's file grows geometrically: about twenty size changes
+/// until the zeros reach `max`, then one per `max / 2` written, so its commits' `fdatasync` still
+/// seldom has a file size to write (README, "Storage").
+pub(crate) fn preallocation(end: u64, max: u64) -> u64 {
+    end.max(MIN_PREALLOCATION).min(max)
+}
 
 impl Segment {
     /// Creates the two empty files of a new segment and makes their names durable.
@@ -181,21 +196,23 @@ impl Segment {
 
     // ---- the append side (called only from the log's writer) ----
 
-    /// Writes `buf` at `pos` of the data file, after zeros ahead of it where the file must grow
-    /// (so that most commits' `fdatasync` has no file size to write); returns the open file, which
-    /// the caller holds until the fsync that makes the write durable (see [`FileCache`]).
+    /// Writes `buf` at `pos` of the data file, then tops up the zeros ahead of it to
+    /// [`preallocation`]`(end, max_preallocate)` once fewer than half of those remain (so that
+    /// most commits' `fdatasync` has no file size to write); returns the open file, which the
+    /// caller holds until the fsync that makes the write durable (see [`FileCache`]).
     pub fn write_data(
         &self,
         buf: &[u8],
         pos: u64,
-        preallocate: u64,
+        max_preallocate: u64,
     ) -> Result<Arc<dyn VfsFile>, StorageError> {
         let data = self.data.get().at(&self.files.data)?;
         data.write_all_at(buf, pos).at(&self.files.data)?;
         let end = pos + buf.len() as u64;
         let mut allocated = self.allocated.load(Ordering::Relaxed).max(end);
-        if preallocate > 0 && allocated < end + preallocate / 2 {
-            let target = end + preallocate;
+        let ahead = preallocation(end, max_preallocate);
+        if ahead > 0 && allocated < end + ahead / 2 {
+            let target = end + ahead;
             while allocated < target {
                 let n = (target - allocated).min(ZEROS.len() as u64) as usize;
                 data.write_all_at(&ZEROS[..n], allocated)

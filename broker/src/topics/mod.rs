@@ -7,9 +7,13 @@
 //! - [`partition`]: a topic's partitions, their layout and the routing of a message to one.
 //! - [`settings`]: a topic's configuration (`topic.json`, the `PUT` body), validated.
 //! - [`retention`]: which segments retention deletes, and the pass that deletes them.
+//! - `budget`: the cap on partitions over all topics (`--max-partitions`).
+//! - `open`: opening topics, at boot and at creation, and the trash deletes go through.
 
+mod budget;
 pub mod dedup;
 pub mod incarnation;
+mod open;
 pub mod partition;
 pub mod retention;
 pub mod settings;
@@ -19,15 +23,15 @@ pub use partition::{NoSuchPartition, Partition, TopicLog};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use mmmq_core::{Topic, TopicConfig};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use crate::storage::vfs::create_dir_durably;
-use crate::storage::{LogConfig, StorageError, Vfs};
+use crate::storage::{Limit, LogConfig, StorageError, Vfs};
+use budget::PartitionBudget;
+use open::{move_to_trash, open_topic, restore_all};
 
 /// All topics of a root dir.
 pub struct Registry {
@@ -41,6 +45,8 @@ pub struct Registry {
     created: broadcast::Sender<Arc<TopicLog>>,
     /// Cap on topics producers can create (dead-letter topics are not counted).
     max_topics: usize,
+    /// Partitions over all topics, against `--max-partitions`.
+    partitions: PartitionBudget,
     /// The configuration of a topic without `topic.json` (`serve --default-…`).
     defaults: TopicConfig,
     /// Topics being deleted: not created again until their files are gone.
@@ -84,7 +90,7 @@ impl Registry {
     ) -> Result<Self, StorageError> {
         let (created, _) = broadcast::channel(1024);
         let ids = dedup::IdBudget::new(dedup::MAX_IDS);
-        let registry = Self {
+        let mut registry = Self {
             dir,
             vfs,
             log_config,
@@ -92,6 +98,7 @@ impl Registry {
             create: tokio::sync::Mutex::new(0),
             created,
             max_topics: usize::MAX,
+            partitions: PartitionBudget::new(0),
             defaults: TopicConfig::default(),
             deleting: Mutex::new(HashSet::new()),
             admin: Mutex::new(HashMap::new()),
@@ -106,7 +113,9 @@ impl Registry {
         .await
         .expect("restore task panicked")?;
         *registry.create.lock().await = opened.values().filter(|t| t.counted).count();
+        let partitions = opened.values().map(|t| t.partition_count() as usize).sum();
         *registry.topics.write() = opened;
+        registry.partitions = PartitionBudget::new(partitions);
         Ok(registry)
     }
 
@@ -171,6 +180,17 @@ impl Registry {
         self
     }
 
+    /// Caps the partitions over all topics; partitions restored from disk are kept even past it.
+    pub fn with_max_partitions(mut self, max: usize) -> Self {
+        self.partitions = self.partitions.with_max(max);
+        self
+    }
+
+    /// Partitions over all topics (creations under way included), and their cap.
+    pub fn partition_usage(&self) -> (usize, usize) {
+        (self.partitions.used(), self.partitions.max())
+    }
+
     /// The configuration of topics that have no `topic.json`.
     pub fn with_defaults(mut self, defaults: TopicConfig) -> Self {
         self.defaults = defaults;
@@ -192,13 +212,23 @@ impl Registry {
     /// Durably stores a topic's new configuration in its `topic.json`, first creating the
     /// partitions it adds (a crash in between leaves partition directories that the next boot
     /// opens: the topic has at least the partitions any configuration it ever had asked for).
-    /// Announces a grown topic again, so that dispatchers attach to its new partitions.
+    /// Announces a grown topic again, so that dispatchers attach to its new partitions. Growth
+    /// past `--max-partitions` is refused before anything is created or stored.
     pub async fn set_config(
         &self,
         t: &Arc<TopicLog>,
         config: TopicConfig,
     ) -> Result<(), StorageError> {
         let (have, id) = (t.partition_count(), t.id);
+        let more = config.partitions.saturating_sub(have) as usize;
+        let reserved =
+            self.partitions
+                .reserve(more, false)
+                .map_err(|limit| StorageError::TopicLimit {
+                    topic: t.topic.to_string(),
+                    limit,
+                    grown: true,
+                })?;
         let (vfs, dir, stored, log_config) = (
             self.vfs.clone(),
             t.dir.clone(),
@@ -215,7 +245,9 @@ impl Registry {
         .await
         .expect("config task panicked")?;
         let grew = !added.is_empty();
+        let opened = added.len();
         t.extend(added)?;
+        reserved.keep(opened);
         *t.config.write() = Some(config);
         if grew {
             tracing::info!(topic = %t.topic, partitions = t.partition_count(), "topic grew");
@@ -233,6 +265,7 @@ impl Registry {
         if t.counted {
             *user_topics = user_topics.saturating_sub(1);
         }
+        self.partitions.release(t.partition_count() as usize);
         Some(t)
     }
 
@@ -283,11 +316,16 @@ impl Registry {
         self.get_or_create_as(topics, Creator::Broker).await
     }
 
-    /// The topic, created by the topic API if it does not exist: counted against the topic cap
-    /// whatever its name (only the dead-letter and log topics the broker makes itself are exempt).
-    pub async fn get_or_create_by_api(&self, topic: &Topic) -> Result<Arc<TopicLog>, StorageError> {
+    /// The topic, created by the topic API with `partitions` partitions if it does not exist:
+    /// counted against the topic cap whatever its name (only the dead-letter and log topics the
+    /// broker makes itself are exempt), and its partitions against the partition cap.
+    pub async fn get_or_create_by_api(
+        &self,
+        topic: &Topic,
+        partitions: u32,
+    ) -> Result<Arc<TopicLog>, StorageError> {
         let mut all = self
-            .get_or_create_as(std::slice::from_ref(topic), Creator::Api)
+            .get_or_create_as(std::slice::from_ref(topic), Creator::Api(partitions))
             .await?;
         Ok(all.pop().expect("one topic asked, one given"))
     }
@@ -324,33 +362,45 @@ impl Registry {
         // would stall a dispatcher instead of refusing a producer. (Producers cannot name `__`
         // topics; the topic API can, and what it creates counts.)
         let exempt = |t: &Topic| creator == Creator::Broker && t.is_internal();
+        let refused = |t: &Topic, limit| StorageError::TopicLimit {
+            topic: t.to_string(),
+            limit,
+            grown: false,
+        };
         let mut would_be = *user_topics;
         for t in &missing {
             if exempt(t) {
                 continue;
             }
             if would_be >= self.max_topics {
-                return Err(StorageError::TopicLimit {
-                    topic: t.to_string(),
+                let limit = Limit::Topics {
                     max: self.max_topics,
-                });
+                };
+                return Err(refused(t, limit));
             }
             would_be += 1;
         }
-        for topic in missing {
+        // A dead-letter topic has one partition, so its offsets are the order in which messages
+        // failed and a redrive's `from`/`to` name them (README, "Dead-letter redrive"); the topic
+        // API can still grow it.
+        let partitions = |t: &Topic| match creator {
+            Creator::Api(n) => n,
+            Creator::Broker if t.is_internal() => 1,
+            Creator::Broker => self.defaults.partitions,
+        };
+        // Every new topic's partitions are reserved before any is created: all or none.
+        let mut reserved = Vec::with_capacity(missing.len());
+        for t in &missing {
+            let r = self.partitions.reserve(partitions(t) as usize, exempt(t));
+            reserved.push(r.map_err(|limit| refused(t, limit))?);
+        }
+        for (topic, reserved) in missing.into_iter().zip(reserved) {
             let dir = self.dir.join(topic.as_str());
             let vfs = self.vfs.clone();
             let config = self.log_config.clone();
             let topic_name = topic.clone();
             let ids = self.ids.clone();
-            // A dead-letter topic has one partition, so its offsets are the order in which
-            // messages failed and a redrive's `from`/`to` name them (README, "Dead-letter
-            // redrive"); the topic API can still grow it.
-            let partitions = if topic.is_internal() {
-                1
-            } else {
-                self.defaults.partitions
-            };
+            let partitions = partitions(topic);
             let t = tokio::task::spawn_blocking(move || {
                 if !vfs.is_dir(&dir) {
                     incarnation::create(&*vfs, &dir)?;
@@ -361,6 +411,7 @@ impl Registry {
             .expect("topic creation panicked")?;
             let mut t = t;
             t.counted = !exempt(topic);
+            reserved.keep(t.partition_count() as usize);
             let t = Arc::new(t);
             self.topics.write().insert(topic.clone(), t.clone());
             if t.counted {
@@ -393,152 +444,13 @@ impl Registry {
     }
 }
 
-/// Who creates a topic, for the topic cap.
+/// Who creates a topic, for the caps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Creator {
     /// A producer, or the broker itself (dead-letter and log topics).
     Broker,
-    /// `PUT /mmmq/topics/{topic}`.
-    Api,
-}
-
-/// Whether a topic found at boot counts against `--max-topics`: all but the dead-letter and
-/// plugin-log topics the broker makes for its dispatchers (one each at most). (A topic the topic
-/// API made under those two prefixes counts while it runs, and not after a restart.)
-fn counts(topic: &Topic) -> bool {
-    let name = topic.as_str();
-    !(name.starts_with("__dlq.") || name.starts_with("__logs."))
-}
-
-/// Opens a topic: its configuration, and every partition it has on disk or that its
-/// configuration (else `default_partitions`) asks for. Blocking.
-fn open_topic(
-    topic: Topic,
-    dir: PathBuf,
-    vfs: Arc<dyn Vfs>,
-    config: LogConfig,
-    default_partitions: u32,
-    ids: Arc<dedup::IdBudget>,
-) -> Result<TopicLog, StorageError> {
-    let settings = settings::load(&*vfs, &dir)?;
-    let wanted = settings
-        .as_ref()
-        .map_or(default_partitions, |c| c.partitions)
-        .max(partition::partitions_on_disk(&*vfs, &dir));
-    let id = incarnation::read(&*vfs, &dir, &topic)?;
-    let partitions = (0..wanted)
-        .map(|p| partition::open_partition(&dir, id, p, &vfs, &config))
-        .collect::<Result<Vec<_>, _>>()?;
-    let window = settings
-        .as_ref()
-        .map_or(TopicConfig::default().dedup_window_ms, |c| {
-            c.dedup_window_ms
-        });
-    let t = TopicLog::new(topic, id, dir, partitions, settings, ids);
-    let now = mmmq_core::now_ms();
-    for p in t.partitions() {
-        dedup::rebuild(&t.dedup, &p, window, now)?;
-    }
-    Ok(t)
-}
-
-/// Renames a topic's directory into the trash durably, then removes it.
-fn move_to_trash(vfs: &dyn Vfs, dir: &Path, trash: &Path) -> Result<(), StorageError> {
-    create_dir_durably(vfs, trash)?;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let name = dir
-        .file_name()
-        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-    let target = trash.join(format!("{name}.{nanos}"));
-    vfs.rename(dir, &target)
-        .map_err(|e| StorageError::io(dir, e))?;
-    let parent = dir.parent().unwrap_or(Path::new("."));
-    vfs.sync_dir(parent)
-        .map_err(|e| StorageError::io(parent, e))?;
-    vfs.sync_dir(trash)
-        .map_err(|e| StorageError::io(trash, e))?;
-    if let Err(e) = vfs.remove_dir_all(&target) {
-        tracing::warn!(dir = %target.display(), error = %e, "cannot remove a deleted topic's files; the next boot tries again");
-    }
-    Ok(())
-}
-
-/// Empties the trash a crash left behind (topics deleted but not yet removed).
-fn empty_trash(vfs: &dyn Vfs, trash: &Path) {
-    if !vfs.is_dir(trash) {
-        return;
-    }
-    for name in vfs.read_dir(trash).unwrap_or_default() {
-        let path = trash.join(name);
-        if let Err(e) = vfs.remove_dir_all(&path) {
-            tracing::warn!(dir = %path.display(), error = %e, "cannot empty the trash");
-        }
-    }
-}
-
-fn restore_all(
-    dir: &std::path::Path,
-    (vfs, shared): (&dyn Vfs, Arc<dyn Vfs>),
-    config: &LogConfig,
-    ids: &Arc<dedup::IdBudget>,
-    interrupt: &CancellationToken,
-) -> Result<BTreeMap<Topic, Arc<TopicLog>>, StorageError> {
-    let mut out = BTreeMap::new();
-    empty_trash(vfs, &dir.parent().unwrap_or(Path::new(".")).join("trash"));
-    if !vfs.is_dir(dir) {
-        create_dir_durably(vfs, dir)?;
-        return Ok(out);
-    }
-    let mut names = vfs.read_dir(dir).map_err(|e| StorageError::io(dir, e))?;
-    names.sort();
-    let total = names.len();
-    let start = Instant::now();
-    let mut last_report = Instant::now();
-    for (i, name) in names.into_iter().enumerate() {
-        if interrupt.is_cancelled() {
-            return Err(StorageError::Interrupted { done: i, total });
-        }
-        let path = dir.join(&name);
-        if !vfs.is_dir(&path) {
-            continue;
-        }
-        if name.starts_with(incarnation::STAGING_PREFIX) {
-            // A topic a crash stopped half made: it never existed.
-            if let Err(e) = vfs.remove_dir_all(&path) {
-                tracing::warn!(dir = %path.display(), error = %e, "cannot remove a half-made topic");
-            }
-            continue;
-        }
-        let topic = match Topic::new(name.clone()) {
-            Ok(t) => t,
-            Err(e) => {
-                tracing::warn!(dir = %path.display(), error = %e, "skipping a directory that is not a topic");
-                continue;
-            }
-        };
-        let mut t = open_topic(
-            topic.clone(),
-            path,
-            shared.clone(),
-            config.clone(),
-            1,
-            ids.clone(),
-        )?;
-        t.counted = counts(&topic);
-        out.insert(topic, Arc::new(t));
-        if last_report.elapsed() > Duration::from_secs(2) {
-            tracing::info!(done = i + 1, total, "restoring topics");
-            last_report = Instant::now();
-        }
-    }
-    tracing::info!(
-        topics = out.len(),
-        elapsed_ms = start.elapsed().as_millis() as u64,
-        "topics restored"
-    );
-    Ok(out)
+    /// `PUT /mmmq/topics/{topic}`, with this many partitions.
+    Api(u32),
 }
 
 #[cfg(test)]

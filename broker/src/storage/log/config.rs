@@ -59,9 +59,12 @@ pub struct LogConfig {
     pub files: Arc<FileCache>,
     /// How closely recovery checks the tail segment (see [`TailCheck`]).
     pub tail_check: TailCheck,
-    /// Zeros written ahead of the tail's data (capped at `segment_max_bytes`), so that a commit's
-    /// `fdatasync` seldom has a new file size to write: measured here, a sync of a file that
-    /// grew costs about four synchronous writes, one that did not about three. 0 turns it off.
+    /// Most zeros written ahead of the tail's data (capped at `segment_max_bytes`), so that a
+    /// commit's `fdatasync` seldom has a new file size to write: measured here, a sync of a file
+    /// that grew costs about four synchronous writes, one that did not about three. A tail gets
+    /// about as many zeros as it holds data, from 4 KiB up to this (see
+    /// `storage::segment::preallocation`), so an idle partition costs no more than its data and a
+    /// block. 0 turns it off.
     pub preallocate_bytes: u64,
     /// The tail's index is written after each commit but synced at most this often (and at
     /// rotation and close): it only saves recovery the re-indexing of the frames past it.

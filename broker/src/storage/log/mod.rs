@@ -9,8 +9,10 @@
 //! synced the next one queues, so a closed loop of appenders shares each fsync. The index lags
 //! the data: it is synced at most every [`LogConfig::index_sync_interval`], at rotation and at
 //! close, and recovery re-indexes the CRC-valid frames past it. The tail's data file is
-//! preallocated with zeros ahead of the writes, so that most fsyncs have no file size to write;
-//! rotation and close cut it back to its last entry. The stage exists only while there is work:
+//! preallocated with zeros ahead of the writes, so that most fsyncs have no file size to write:
+//! about as many as the tail holds data (4 KiB at first, at most
+//! [`LogConfig::preallocate_bytes`]), so a barely used log costs a block, not the cap. Rotation
+//! and close cut it back to its last entry. The stage exists only while there is work:
 //! a `spawn_blocking` task started when an append arrives and finished when the queue is empty,
 //! so ten thousand idle logs cost no thread.
 //!

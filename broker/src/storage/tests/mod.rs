@@ -107,6 +107,37 @@ async fn files_are_laid_out_as_the_readme_says() {
     assert_eq!(index, [0u64.to_be_bytes(), 15u64.to_be_bytes()].concat());
 }
 
+/// The zeros ahead of a running tail follow what it received (issue 28: a topic of 1,024
+/// partitions of one message each took 1 GiB when every tail got the whole 1 MiB cap at once): a
+/// tail of one small message holds one 4 KiB run of zeros; as it fills, the zeros stay between
+/// half and all of as many as it holds data; a busy tail gets the whole cap.
+#[tokio::test(flavor = "multi_thread")]
+async fn preallocation_grows_with_what_the_tail_received() {
+    use super::segment::{MIN_PREALLOCATION, preallocation};
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open(tmp.path(), 64 << 20).unwrap();
+    let data = seg0(tmp.path()).data;
+    let max = LogConfig::default().preallocate_bytes;
+    assert_eq!(max, 1 << 20);
+    log.append(b"{}").await.unwrap();
+    let end = frame::encode(b"{}").len() as u64;
+    assert_eq!(len(&data), end + MIN_PREALLOCATION);
+    let mut size = 100;
+    let mut saw_the_cap = false;
+    while log.stats().bytes < 4 * max {
+        log.append(&vec![b'x'; size]).await.unwrap();
+        let end = log.stats().bytes;
+        let (zeros, ahead) = (len(&data) - end, preallocation(end, max));
+        assert!(
+            ahead / 2 <= zeros && zeros <= ahead,
+            "{zeros} zeros past {end} bytes, not within half of {ahead} and all of it"
+        );
+        saw_the_cap |= zeros == max;
+        size = size * 3 / 2;
+    }
+    assert!(saw_the_cap, "a tail past the cap gets all of it");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn reopen_keeps_everything_and_continues_the_offsets() {
     let tmp = tempfile::tempdir().unwrap();

@@ -1,0 +1,153 @@
+//! Opening topics: every topic of a root dir at boot, and one topic when it is created; the
+//! trash a delete moves a topic's directory into.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mmmq_core::{Topic, TopicConfig};
+use tokio_util::sync::CancellationToken;
+
+use super::{TopicLog, dedup, incarnation, partition, settings};
+use crate::storage::vfs::create_dir_durably;
+use crate::storage::{LogConfig, StorageError, Vfs};
+
+/// Whether a topic found at boot counts against `--max-topics`: all but the dead-letter and
+/// plugin-log topics the broker makes for its dispatchers (one each at most). (A topic the topic
+/// API made under those two prefixes counts while it runs, and not after a restart.)
+fn counts(topic: &Topic) -> bool {
+    let name = topic.as_str();
+    !(name.starts_with("__dlq.") || name.starts_with("__logs."))
+}
+
+/// Opens a topic: its configuration, and every partition it has on disk or that its
+/// configuration (else `default_partitions`) asks for. Blocking.
+pub(super) fn open_topic(
+    topic: Topic,
+    dir: PathBuf,
+    vfs: Arc<dyn Vfs>,
+    config: LogConfig,
+    default_partitions: u32,
+    ids: Arc<dedup::IdBudget>,
+) -> Result<TopicLog, StorageError> {
+    let settings = settings::load(&*vfs, &dir)?;
+    let wanted = settings
+        .as_ref()
+        .map_or(default_partitions, |c| c.partitions)
+        .max(partition::partitions_on_disk(&*vfs, &dir));
+    let id = incarnation::read(&*vfs, &dir, &topic)?;
+    let partitions = (0..wanted)
+        .map(|p| partition::open_partition(&dir, id, p, &vfs, &config))
+        .collect::<Result<Vec<_>, _>>()?;
+    let window = settings
+        .as_ref()
+        .map_or(TopicConfig::default().dedup_window_ms, |c| {
+            c.dedup_window_ms
+        });
+    let t = TopicLog::new(topic, id, dir, partitions, settings, ids);
+    let now = mmmq_core::now_ms();
+    for p in t.partitions() {
+        dedup::rebuild(&t.dedup, &p, window, now)?;
+    }
+    Ok(t)
+}
+
+/// Renames a topic's directory into the trash durably, then removes it.
+pub(super) fn move_to_trash(vfs: &dyn Vfs, dir: &Path, trash: &Path) -> Result<(), StorageError> {
+    create_dir_durably(vfs, trash)?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let name = dir
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let target = trash.join(format!("{name}.{nanos}"));
+    vfs.rename(dir, &target)
+        .map_err(|e| StorageError::io(dir, e))?;
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    vfs.sync_dir(parent)
+        .map_err(|e| StorageError::io(parent, e))?;
+    vfs.sync_dir(trash)
+        .map_err(|e| StorageError::io(trash, e))?;
+    if let Err(e) = vfs.remove_dir_all(&target) {
+        tracing::warn!(dir = %target.display(), error = %e, "cannot remove a deleted topic's files; the next boot tries again");
+    }
+    Ok(())
+}
+
+/// Empties the trash a crash left behind (topics deleted but not yet removed).
+fn empty_trash(vfs: &dyn Vfs, trash: &Path) {
+    if !vfs.is_dir(trash) {
+        return;
+    }
+    for name in vfs.read_dir(trash).unwrap_or_default() {
+        let path = trash.join(name);
+        if let Err(e) = vfs.remove_dir_all(&path) {
+            tracing::warn!(dir = %path.display(), error = %e, "cannot empty the trash");
+        }
+    }
+}
+
+pub(super) fn restore_all(
+    dir: &std::path::Path,
+    (vfs, shared): (&dyn Vfs, Arc<dyn Vfs>),
+    config: &LogConfig,
+    ids: &Arc<dedup::IdBudget>,
+    interrupt: &CancellationToken,
+) -> Result<BTreeMap<Topic, Arc<TopicLog>>, StorageError> {
+    let mut out = BTreeMap::new();
+    empty_trash(vfs, &dir.parent().unwrap_or(Path::new(".")).join("trash"));
+    if !vfs.is_dir(dir) {
+        create_dir_durably(vfs, dir)?;
+        return Ok(out);
+    }
+    let mut names = vfs.read_dir(dir).map_err(|e| StorageError::io(dir, e))?;
+    names.sort();
+    let total = names.len();
+    let start = Instant::now();
+    let mut last_report = Instant::now();
+    for (i, name) in names.into_iter().enumerate() {
+        if interrupt.is_cancelled() {
+            return Err(StorageError::Interrupted { done: i, total });
+        }
+        let path = dir.join(&name);
+        if !vfs.is_dir(&path) {
+            continue;
+        }
+        if name.starts_with(incarnation::STAGING_PREFIX) {
+            // A topic a crash stopped half made: it never existed.
+            if let Err(e) = vfs.remove_dir_all(&path) {
+                tracing::warn!(dir = %path.display(), error = %e, "cannot remove a half-made topic");
+            }
+            continue;
+        }
+        let topic = match Topic::new(name.clone()) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(dir = %path.display(), error = %e, "skipping a directory that is not a topic");
+                continue;
+            }
+        };
+        let mut t = open_topic(
+            topic.clone(),
+            path,
+            shared.clone(),
+            config.clone(),
+            1,
+            ids.clone(),
+        )?;
+        t.counted = counts(&topic);
+        out.insert(topic, Arc::new(t));
+        if last_report.elapsed() > Duration::from_secs(2) {
+            tracing::info!(done = i + 1, total, "restoring topics");
+            last_report = Instant::now();
+        }
+    }
+    tracing::info!(
+        topics = out.len(),
+        elapsed_ms = start.elapsed().as_millis() as u64,
+        "topics restored"
+    );
+    Ok(out)
+}
