@@ -199,7 +199,7 @@ struct ServeArgs {
     /// Most topics producers may create; producing to a new topic past it is refused with 403.
     #[arg(long, env = "MMMQ_MAX_TOPICS", default_value_t = defaults::MAX_TOPICS)]
     max_topics: usize,
-    /// Partitions of a topic created without a configuration (only 1 is supported yet).
+    /// Partitions (1–1024) of a topic created without a configuration (by its first produce).
     #[arg(long, env = "MMMQ_DEFAULT_PARTITIONS", default_value_t = 1)]
     default_partitions: u32,
     /// Retention of a topic created without a configuration, in milliseconds, or `forever`

@@ -15,7 +15,7 @@ pub enum TopicCommand {
     Create {
         /// The topic.
         name: String,
-        /// Partitions (only 1 is supported yet).
+        /// Partitions (1–1024; a topic may grow, never shrink).
         #[arg(long)]
         partitions: Option<u32>,
         /// Delete messages older than this many milliseconds, or `forever`.
