@@ -139,12 +139,10 @@ impl PluginEngine {
 
     fn compile_new(&self, bytes: &[u8], version: String) -> Result<Compiled, PluginError> {
         // wasmtime's answer for a file that is not WebAssembly at all is a multi-line dump of
-        // the magic bytes; a user uploading the wrong file needs one line that says so.
+        // its first bytes; a user uploading the wrong file needs one line that says so, and no
+        // one may learn a file's content from it.
         if !bytes.starts_with(b"\0asm") {
-            return Err(PluginError::Compile(format!(
-                "not a WebAssembly file: it starts with \"{}\", not \"\\0asm\"",
-                bytes[..bytes.len().min(8)].escape_ascii()
-            )));
+            return Err(PluginError::BadMagic);
         }
         let component = Component::new(&self.engine, bytes).map_err(|e| {
             let msg = format!("{e:#}");
