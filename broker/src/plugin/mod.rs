@@ -33,7 +33,7 @@ pub mod store;
 pub mod tools;
 mod worlds;
 
-pub use guest_log::{GuestLog, LineContext, LogRecord, LogSink};
+pub use guest_log::{GuestLog, LineContext, LogRecord, LogSink, escape_controls};
 pub use runtime::{Compiled, Grants, PluginEngine, PluginError};
 pub use worlds::{WORLD_V1, WORLD_V2};
 
