@@ -201,7 +201,7 @@ async fn bad_deploys_are_refused_and_ten_versions_are_kept() {
     let refusals = [
         (
             broker.deploy_wasm("tb", b"not wasm at all".to_vec()).await,
-            "not a valid WebAssembly component",
+            "not a WebAssembly component (bad magic)",
         ),
         (
             broker.deploy_wasm("tb", not_a_handler).await,

@@ -58,6 +58,15 @@ async fn an_infinite_loop_times_out() {
     misbehaving_guest("loop", "timed out after 300 ms").await;
 }
 
+/// A guest that waits in the host (`std::thread::sleep` of an hour: a clock pollable, where the
+/// WebAssembly time limit cannot reach it) is cut off at its `timeoutMs` too. The next message is
+/// handled only once the call's thread is free, so its delivery shows that no thread is left
+/// blocked in the sleep.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sleep_in_the_host_times_out() {
+    misbehaving_guest("sleep", "timed out after 300 ms").await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_memory_bomb_hits_the_memory_limit() {
     misbehaving_guest("alloc", "memory limit of 33554432 bytes exceeded").await;
@@ -142,10 +151,10 @@ async fn a_log_flood_is_rate_limited_and_the_message_still_handled() {
 }
 
 /// The misbehaving-guest table under load: producers keep writing while one plugin's messages
-/// loop, exhaust memory, overflow the stack, panic, flood the log and pass an 8 MiB string to a
-/// host call. That plugin NACKs exactly its traps (and dead-letters them with the right reason);
-/// an HTTP consumer and a well-behaved plugin on the same topic get every message in order; the
-/// broker stays healthy.
+/// loop, sleep in the host, exhaust memory, overflow the stack, panic, flood the log and pass an
+/// 8 MiB string to a host call. That plugin NACKs exactly its traps (and dead-letters them with
+/// the right reason); an HTTP consumer and a well-behaved plugin on the same topic get every
+/// message in order; the broker stays healthy.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_misbehaving_guest_table_under_load_affects_only_that_plugin() {
     let tmp = tempfile::tempdir().unwrap();
@@ -172,6 +181,7 @@ async fn the_misbehaving_guest_table_under_load_affects_only_that_plugin() {
     let broker = Broker::start(tmp.path()).await;
     let table = [
         ("loop", Some("timed out after 300 ms")),
+        ("sleep", Some("timed out after 300 ms")),
         ("alloc", Some("memory limit of 33554432 bytes exceeded")),
         ("stack", Some("trapped")),
         ("panic", Some("trapped")),
@@ -188,7 +198,7 @@ async fn the_misbehaving_guest_table_under_load_affects_only_that_plugin() {
             for i in 0..60u64 {
                 let topic = if i % 2 == 0 { "load.a" } else { "load.b" };
                 let content = if i % 10 == 9 {
-                    json!({"do": table[((p * 6 + i / 10) % 6) as usize].0, "p": p, "i": i})
+                    json!({"do": table[((p + i / 10) % 7) as usize].0, "p": p, "i": i})
                 } else {
                     json!({"p": p, "i": i})
                 };

@@ -159,7 +159,9 @@ pub fn envelope_line(m: &mmmq_client::Envelope) -> String {
     serde_json::to_string(m).expect("an envelope encodes")
 }
 
-/// A line of `__logs.<consumerId>` for people: `LEVEL topic/partition@offset (version): line`.
+/// A line of `__logs.<consumerId>` for people: `LEVEL topic/partition@offset (version): line`,
+/// the plugin's text with its control characters escaped, as in the broker's log (a terminal
+/// shows it, so a plugin must not be able to move the cursor or start a line there).
 pub fn plugin_log_line(m: &mmmq_client::Envelope) -> String {
     let c: serde_json::Value = serde_json::from_str(m.content.get()).unwrap_or_default();
     let text = |v: &serde_json::Value| match v {
@@ -174,7 +176,7 @@ pub fn plugin_log_line(m: &mmmq_client::Envelope) -> String {
         text(&c["partition"]),
         text(&c["offset"]),
         text(&c["version"]),
-        text(&c["message"])
+        mmmq::plugin::escape_controls(&text(&c["message"]))
     )
 }
 

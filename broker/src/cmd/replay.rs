@@ -118,7 +118,8 @@ fn print(r: &Replayed, out: &mut dyn Write) -> std::io::Result<()> {
             out,
             "  {:<5} {}",
             l["level"].as_str().unwrap_or("?"),
-            l["message"].as_str().unwrap_or("")
+            // The plugin's text, as the broker's log shows it.
+            mmmq::plugin::escape_controls(l["message"].as_str().unwrap_or(""))
         )?;
     }
     Ok(())

@@ -2,7 +2,7 @@
 //! API"): a component by `path` or a deployed plugin by `name`, its shadow version, limits,
 //! config and allowed origins. [`super::dispatchers`] parses the rest of the entry.
 
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -58,13 +58,34 @@ pub(super) struct RawPlugin {
     allowed_hosts: Option<Vec<String>>,
 }
 
+/// `plugin.path` resolved against the root dir, which it must not leave: no absolute path, no
+/// `..` (README, "Dispatchers"). The file is the broker's to read and to show errors about, and
+/// the contract makes the path relative to the root dir; what lies outside is the operator's to
+/// bring in (a copy, or a symbolic link they make inside the root dir). Checked on the text, so
+/// it holds for a file that does not exist yet.
+fn inside_root(root_dir: &Path, path: &str) -> Result<PathBuf, String> {
+    let escapes = Path::new(path).components().any(|c| {
+        matches!(
+            c,
+            Component::ParentDir | Component::RootDir | Component::Prefix(_)
+        )
+    });
+    if escapes {
+        return Err(format!(
+            "`plugin.path` {path:?} is outside the root dir: give a path relative to it, without \
+             `..` (e.g. \"plugins/audit.wasm\"), or deploy the plugin by name"
+        ));
+    }
+    Ok(root_dir.join(path))
+}
+
 /// Checks an entry's `plugin` object; paths are resolved against the root dir.
 pub(super) fn plugin_spec(p: RawPlugin, root_dir: &Path) -> Result<PluginSpec, String> {
     let (path, name) = match (&p.path, &p.name) {
         (Some(path), None) if path.trim().is_empty() => {
             return Err("`plugin.path` is empty".into());
         }
-        (Some(path), None) => (root_dir.join(path), None),
+        (Some(path), None) => (inside_root(root_dir, path)?, None),
         (None, Some(name)) => {
             PluginStore::check_name(name).map_err(|e| format!("`plugin.name`: {e}"))?;
             (
@@ -113,4 +134,29 @@ pub(super) fn plugin_spec(p: RawPlugin, root_dir: &Path) -> Result<PluginSpec, S
                 .collect::<Result<_, _>>()?,
         ),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plugin_path_stays_inside_the_root_dir() {
+        let root = Path::new("/root");
+        assert_eq!(
+            inside_root(root, "plugins/a..b.wasm").unwrap(),
+            Path::new("/root/plugins/a..b.wasm")
+        );
+        assert_eq!(
+            inside_root(root, "./audit.wasm").unwrap(),
+            Path::new("/root/./audit.wasm")
+        );
+        for bad in ["/etc/hostname", "../x.wasm", "plugins/../../x.wasm", "a/.."] {
+            let e = inside_root(root, bad).unwrap_err();
+            assert!(
+                e.starts_with(&format!("`plugin.path` {bad:?} is outside")),
+                "{e}"
+            );
+        }
+    }
 }

@@ -12,6 +12,10 @@ pub enum PluginError {
         /// Why.
         reason: String,
     },
+    /// Not WebAssembly at all. Nothing of the file is quoted: `loadError` is shown over HTTP, and
+    /// a path that is not a plugin must not show what it holds.
+    #[error("not a WebAssembly component (bad magic)")]
+    BadMagic,
     /// Not a component, or not a valid one.
     #[error("not a valid WebAssembly component: {0}")]
     Compile(String),

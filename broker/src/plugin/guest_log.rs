@@ -3,7 +3,13 @@
 //! loop cannot flood the broker's log (what is dropped is counted and reported). Lines that pass
 //! the bucket also go, as `{"level","message","topic","partition","offset","version"}`, to a sink
 //! the broker appends to the topic `__logs.<consumerId>` (README, "WebAssembly handlers").
+//!
+//! A line is the guest's text, so in the broker's log its control characters are escaped
+//! ([`escape_controls`]): a newline in it would otherwise start what reads as a line of the
+//! broker's own, and an ANSI sequence would recolour or rewrite the operator's terminal. The topic
+//! keeps the exact text: it stores JSON, which escapes it.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -140,6 +146,7 @@ impl GuestLog {
                 json: record.to_string(),
             });
         }
+        let line = escape_controls(line);
         match level {
             GuestLevel::Trace => tracing::trace!(consumer_id, source, "{line}"),
             GuestLevel::Debug => tracing::debug!(consumer_id, source, "{line}"),
@@ -148,6 +155,29 @@ impl GuestLog {
             GuestLevel::Error => tracing::error!(consumer_id, source, "{line}"),
         }
     }
+}
+
+/// `text` with its control characters written as escapes — `\n`, `\r`, `\t`, and `\u{1b}` for
+/// the others (every C0 and C1 control and DEL), as well as the Unicode line and paragraph
+/// separators — so that it is one line of plain text wherever it is printed. Backslashes stay as
+/// they are: the text stays readable, and a line still cannot end early or carry a terminal
+/// escape.
+pub fn escape_controls(text: &str) -> Cow<'_, str> {
+    let special = |c: char| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}');
+    if !text.contains(special) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if special(c) => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
 }
 
 fn truncate(s: &str, max: usize) -> &str {

@@ -107,6 +107,8 @@ pub struct HostState {
     pub(super) emits: EmitBuffer,
     http_ctx: wasmtime_wasi_http::WasiHttpCtx,
     http_hooks: HttpHooks,
+    /// When the call in progress must end: no wait in the host lasts longer (`waits`).
+    deadline: Instant,
 }
 
 /// What a dispatcher grants its plugin beyond the sandbox: `plugin.config` and
@@ -144,6 +146,7 @@ impl HostState {
             config: grants.config.clone(),
             emits: EmitBuffer::new(max_message_bytes),
             http_ctx: wasmtime_wasi_http::WasiHttpCtx::new(),
+            deadline: Instant::now(),
         }
     }
 
@@ -157,9 +160,19 @@ impl HostState {
         self.limiter.refused
     }
 
-    /// Sets when the call starting now must end (outbound requests wait no longer).
+    /// Sets when the call starting now (or the instantiation) must end: no wait in the host, an
+    /// outbound request's included, lasts longer.
     pub(super) fn set_deadline(&mut self, deadline: Instant) {
+        self.deadline = deadline;
         self.http_hooks.deadline = deadline;
+    }
+
+    /// What the bounded `wasi:io` bindings (`waits`) work on.
+    pub(super) fn waits(&mut self) -> Waits<'_> {
+        Waits {
+            table: &mut self.table,
+            deadline: self.deadline,
+        }
     }
 }
 
@@ -180,6 +193,14 @@ impl WasiHttpView for HostState {
             hooks: &mut self.http_hooks,
         }
     }
+}
+
+/// What the bounded `wasi:io` bindings (`waits`) see of a store.
+pub(super) struct Waits<'a> {
+    /// The store's resources (pollables and streams among them).
+    pub(super) table: &'a mut ResourceTable,
+    /// When the call in progress must end.
+    pub(super) deadline: Instant,
 }
 
 /// Clocks that never move: the sandbox grants no time beyond the message's timestamp.

@@ -2,10 +2,12 @@
 //! handler, limited to the dispatcher's `plugin.allowedHosts` and to the time left in the call.
 //!
 //! A request to any other origin is refused with `HTTP-request-denied` (and a line in the
-//! plugin's log saying why); without `allowedHosts` every request is. A request, its response
-//! and the response's body must all arrive before the call's `timeoutMs` runs out: the host
-//! waits no longer than that (WebAssembly's own time limit cannot interrupt a host call), and the
-//! guest sees a timeout error, after which the call's own deadline ends it.
+//! plugin's log saying why); without `allowedHosts` every request is. So is a URL with a user
+//! (`user@host`): the origin check reads the host after the `@`, while the connection would be
+//! made to the whole authority. A request, its response and the response's body must all arrive
+//! before the call's `timeoutMs` runs out: the guest's wait for them ends there as the call's
+//! timeout (`waits`), and the connection, the request and its body are given up at the same
+//! deadline here, so nothing of the request outlives the call.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -58,8 +60,12 @@ impl WasiHttpHooks for HttpHooks {
         _fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> Sent {
         let uri = request.uri().clone();
-        if !self.allowed.iter().any(|o| o.allows(&uri)) {
-            let why = if self.allowed.is_empty() {
+        let user = uri.authority().is_some_and(|a| a.as_str().contains('@'));
+        if user || !self.allowed.iter().any(|o| o.allows(&uri)) {
+            let why = if user {
+                "the URL carries a user (`user@` before the host), which plugin.allowedHosts never allows"
+                    .to_owned()
+            } else if self.allowed.is_empty() {
                 "this plugin has no network (no plugin.allowedHosts)".to_owned()
             } else {
                 let list: Vec<String> = self.allowed.iter().map(ToString::to_string).collect();
@@ -99,12 +105,13 @@ impl WasiHttpHooks for HttpHooks {
     }
 }
 
+/// `scheme://host[:port]`, without a user and whatever follows it (a password).
 fn origin_of(uri: &http::Uri) -> String {
-    format!(
-        "{}://{}",
-        uri.scheme_str().unwrap_or("?"),
-        uri.authority().map_or("?", |a| a.as_str())
-    )
+    let host = uri.authority().map_or("?".to_owned(), |a| match a.port() {
+        Some(port) => format!("{}:{port}", a.host()),
+        None => a.host().to_owned(),
+    });
+    format!("{}://{host}", uri.scheme_str().unwrap_or("?"))
 }
 
 /// A response body that fails once the call's deadline has passed, so a server that trickles

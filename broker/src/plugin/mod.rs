@@ -4,6 +4,7 @@
 //! - [`runtime`]: the engine, compilation, the instance and its time limit.
 //! - `worlds`: the two WIT worlds served (0.1.0 and 0.2.0) behind one call and one verdict.
 //! - `host`: what an instance's store carries: the sandbox, its memory budget, its grants.
+//! - `waits`: `wasi:io` whose every wait in the host ends at the call's deadline.
 //! - `error`: [`PluginError`], why a component cannot be used or a call failed.
 //! - [`store`]: deployed plugins and their kept versions (`{root-dir}/plugins/{name}/`).
 //! - [`kept`]: a directory of kept versions, a deployed plugin's or what a `plugin.path`
@@ -14,9 +15,9 @@
 //! - `http`: outbound `wasi:http` limited to `plugin.allowedHosts` and the call's time.
 //! - `guest_log`: a guest's log lines and stdout/stderr into `tracing`, rate-limited.
 //!
-//! Imports go one way: `runtime` uses `worlds` and `host`, `worlds` uses `host`, `host` uses
-//! `http`, `guest_log` and `emit_buffer`, and none of these uses one above it; `error` is below
-//! them all.
+//! Imports go one way: `runtime` uses `worlds`, `waits` and `host`, `worlds` and `waits` use
+//! `host`, `host` uses `http`, `guest_log` and `emit_buffer`, and none of these uses one above it;
+//! `error` is below them all.
 //!
 //! The dispatcher target that runs plugins, with instance reuse and hot reload, is
 //! [`crate::dispatch::targets::wasm`]: this module knows nothing of dispatchers.
@@ -31,9 +32,10 @@ pub mod runtime;
 pub mod scaffold;
 pub mod store;
 pub mod tools;
+mod waits;
 mod worlds;
 
-pub use guest_log::{GuestLog, LineContext, LogRecord, LogSink};
+pub use guest_log::{GuestLog, LineContext, LogRecord, LogSink, escape_controls};
 pub use runtime::{Compiled, Grants, PluginEngine, PluginError};
 pub use worlds::{WORLD_V1, WORLD_V2};
 

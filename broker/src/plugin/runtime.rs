@@ -14,7 +14,8 @@
 //!   reserving pooled slots sized for the largest `maxMemoryBytes` would cost more than it saves.
 //! - **Epochs, not fuel**, for time limits: a ticker thread bumps the engine's epoch every
 //!   millisecond and each call gets a deadline of `timeoutMs` ticks; fuel would tax every
-//!   instruction.
+//!   instruction. Epochs interrupt guest code only, so every wait in the host (a sleep, an HTTP
+//!   answer) is bounded by the same deadline on its own (`plugin::waits`).
 //! - **WASI with nothing in it**: Rust's std for `wasm32-wasip2` imports WASI, so it is linked, but
 //!   with no directories, no environment, no sockets and frozen clocks; stdout and stderr go to the
 //!   broker's log. `wasi:http` is linked too, and sends only to `plugin.allowedHosts` (`plugin::http`).
@@ -28,6 +29,7 @@ use wasmtime::{Config, Engine, Store, Trap};
 
 use super::guest_log::{GuestLog, LineContext};
 use super::host::HostState;
+use super::waits::OutOfTime;
 use crate::produce::ProduceItem;
 
 pub use super::error::PluginError;
@@ -76,6 +78,8 @@ impl PluginEngine {
         let engine = Engine::new(&config).map_err(|e| PluginError::Compile(e.to_string()))?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| PluginError::Compile(e.to_string()))?;
+        super::waits::add_to_linker(&mut linker)
             .map_err(|e| PluginError::Compile(e.to_string()))?;
         wasmtime_wasi_http::p2::add_only_http_to_linker_sync(&mut linker)
             .map_err(|e| PluginError::Compile(e.to_string()))?;
@@ -139,12 +143,10 @@ impl PluginEngine {
 
     fn compile_new(&self, bytes: &[u8], version: String) -> Result<Compiled, PluginError> {
         // wasmtime's answer for a file that is not WebAssembly at all is a multi-line dump of
-        // the magic bytes; a user uploading the wrong file needs one line that says so.
+        // its first bytes; a user uploading the wrong file needs one line that says so, and no
+        // one may learn a file's content from it.
         if !bytes.starts_with(b"\0asm") {
-            return Err(PluginError::Compile(format!(
-                "not a WebAssembly file: it starts with \"{}\", not \"\\0asm\"",
-                bytes[..bytes.len().min(8)].escape_ascii()
-            )));
+            return Err(PluginError::BadMagic);
         }
         let component = Component::new(&self.engine, bytes).map_err(|e| {
             let msg = format!("{e:#}");
@@ -229,6 +231,10 @@ impl Instance {
             grants,
         );
         let mut store = Store::new(&engine.engine, state);
+        // Start code gets the time of a call, in WebAssembly and in the host alike.
+        store
+            .data_mut()
+            .set_deadline(std::time::Instant::now() + limits.timeout);
         store.limiter(HostState::limiter);
         store.epoch_deadline_trap();
         store.set_epoch_deadline(ticks(limits.timeout));
@@ -281,6 +287,11 @@ impl Instance {
     fn classify(&self, e: wasmtime::Error) -> PluginError {
         if self.store.data().memory_refused() {
             return PluginError::Memory(self.limits.max_memory_bytes);
+        }
+        // A wait in the host that reached the deadline (`waits`) is the same timeout as the
+        // epoch's interrupt of guest code.
+        if e.is::<OutOfTime>() {
+            return PluginError::Timeout(self.limits.timeout.as_millis() as u64);
         }
         match e.downcast_ref::<Trap>() {
             Some(Trap::Interrupt) => PluginError::Timeout(self.limits.timeout.as_millis() as u64),

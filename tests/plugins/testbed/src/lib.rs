@@ -5,7 +5,9 @@
 //! saw of its topic (the next offset, or the same again) is NACKed as an order violation.
 //! Otherwise it does (unless built as `calm`, which ACKs everything)
 //! what the content's `"do"` says: `loop`, `alloc` (until memory runs out), `stack` (unbounded
-//! recursion), `panic`, `nack`, `flood` (10,000 log lines), `biglog` (one 8 MiB line), and with the
+//! recursion), `panic`, `nack`, `flood` (10,000 log lines), `biglog` (one 8 MiB line), `sleep`
+//! (`std::thread::sleep` of `"ms"`, an hour by default: a wait in the host's clock, not in
+//! WebAssembly), `say` (logs `"text"` exactly as given, control characters included), and with the
 //! 0.2.0 world: `retry` (`retry-after` `"ms"` until attempt `"until"`), `deadletter` (the verdict,
 //! with `"reason"`), `config` (logs `config KEY=VALUE` for `"key"`), `emit` (see below), `http` (GET `"url"`, logs the answer);
 //! anything else is ACKed. The
@@ -175,6 +177,15 @@ pub fn handle(msg: Message) -> Ack {
         Some("stack") => {
             let mut buf = [0u8; 256];
             std::hint::black_box(recurse(0, &mut buf));
+            Ack::Ack
+        }
+        Some("sleep") => {
+            let ms = field("ms").as_u64().unwrap_or(3_600_000);
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+            Ack::Ack
+        }
+        Some("say") => {
+            info!("{}", field("text").as_str().unwrap_or(""));
             Ack::Ack
         }
         Some("panic") => panic!("testbed was told to panic"),
