@@ -306,16 +306,18 @@ async fn bodies_share_a_budget_and_plugin_uploads_are_staged_on_disk() {
     let batch: Vec<Value> = (0..22)
         .map(|i| json!({"topic": "t", "content": {"i": i, "pad": "p".repeat(95_000)}}))
         .collect();
-    let r = broker
-        .http
-        .post(format!("{}/mmmq/messages/batch", broker.url))
-        .json(&batch)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 503);
-    assert_eq!(r.headers()["retry-after"], "1");
-    let body: Value = r.json().await.unwrap();
+    let text = Value::from(batch.clone()).to_string();
+    let json = Some("application/json");
+    let (status, headers, body) = send(
+        &broker,
+        "POST",
+        "/mmmq/messages/batch",
+        &[],
+        Some((&text, json)),
+    )
+    .await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(headers["retry-after"], "1");
     assert!(
         error_of(&body).contains("--max-inflight-body-bytes"),
         "{body}"

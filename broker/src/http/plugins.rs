@@ -31,7 +31,6 @@ impl From<StoreError> for ApiError {
     request_body(content = Vec<u8>, content_type = "application/wasm", description = "The component's bytes (at most 64 MiB)"),
     responses((status = 200, body = Deployed),
         (status = 413, description = "The component is over 64 MiB", body = ErrorBody),
-        (status = 415, description = "The body is not `application/wasm`", body = ErrorBody),
         Errors))]
 pub(super) async fn deploy(
     State(state): State<AppState>,

@@ -58,7 +58,6 @@ pub async fn serve(
         cap: limits.max_connections_per_ip,
         held: Mutex::new(HashMap::new()),
     });
-    let per_ip_cap = limits.max_connections_per_ip;
     let graceful = GracefulShutdown::new();
     loop {
         let slot = tokio::select! {
@@ -81,6 +80,10 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         // Taken here, in accept order, so that the count is exact when the next one comes.
         let share = per_address.take(peer.ip());
+        if share.is_none() {
+            metrics.connections_refused.inc();
+        }
+        let cap = per_address.cap;
         let (app, builder, metrics, stop) =
             (app.clone(), builder.clone(), metrics.clone(), stop.clone());
         let watcher = graceful.watcher();
@@ -94,8 +97,6 @@ pub async fn serve(
                         watcher.watch(builder.serve_connection(io, service)).await
                     }
                     None => {
-                        metrics.connections_refused.inc();
-                        let cap = per_ip_cap;
                         let refuse = hyper::service::service_fn(move |_| {
                             std::future::ready(Ok::<_, Infallible>(too_many(peer.ip(), cap)))
                         });
