@@ -289,8 +289,8 @@ impl Broker {
     }
 
     /// The metrics in Prometheus text format, with the gauges that are read rather than counted
-    /// (lag, open segment files) refreshed first.
-    pub async fn metrics_text(&self) -> String {
+    /// (lag, open segment files) refreshed first, and the HTTP server's when given.
+    pub async fn metrics_text(&self, http: Option<&crate::metrics::HttpMetrics>) -> String {
         self.dispatch.status().await;
         let files = &self.files;
         self.metrics
@@ -312,7 +312,7 @@ impl Broker {
         self.metrics
             .max_partitions
             .set(max_partitions.min(i64::MAX as usize) as i64);
-        self.metrics.encode()
+        self.metrics.encode(http)
     }
 
     /// Status of every dispatcher.

@@ -267,11 +267,15 @@ impl Metrics {
         Self { registry, ..m }
     }
 
-    /// The Prometheus text exposition.
-    pub fn encode(&self) -> String {
+    /// The Prometheus text exposition, with the HTTP server's metrics when given.
+    pub fn encode(&self, http: Option<&HttpMetrics>) -> String {
+        use prometheus_client::encoding::text::{encode_eof, encode_registry};
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .expect("writing to a String cannot fail");
+        encode_registry(&mut out, &self.registry).expect("writing to a String cannot fail");
+        if let Some(http) = http {
+            encode_registry(&mut out, &http.registry).expect("writing to a String cannot fail");
+        }
+        encode_eof(&mut out).expect("writing to a String cannot fail");
         out
     }
 
@@ -288,5 +292,123 @@ impl Metrics {
     pub fn observe_commit(&self, entries: u64) {
         self.commits.inc();
         self.commit_size.observe(entries as f64);
+    }
+}
+
+/// Why the HTTP server refused a request before any handler (README, "What a web page can do").
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Refusal {
+    /// A `Host` that is neither loopback nor allowed (DNS rebinding): `403`.
+    Host,
+    /// Another site's `Origin` or `Sec-Fetch-Site`: `403`.
+    Site,
+    /// A missing or wrong bearer token: `401`.
+    Token,
+    /// A body without the right `Content-Type`: `415`.
+    ContentType,
+}
+
+impl prometheus_client::encoding::EncodeLabelValue for Refusal {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelValueEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write;
+        encoder.write_str(match self {
+            Self::Host => "host",
+            Self::Site => "site",
+            Self::Token => "token",
+            Self::ContentType => "content_type",
+        })
+    }
+}
+
+/// A refusal label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabel {
+    /// Why.
+    pub reason: Refusal,
+}
+
+/// The HTTP server's metrics: its budgets and what it refused. They exist before the broker has
+/// recovered (the server answers from the start), so they live apart from [`Metrics`] and are
+/// encoded with it.
+pub struct HttpMetrics {
+    registry: Registry,
+    /// Requests refused before any handler, by reason.
+    pub requests_refused: Family<RefusalLabel, Counter>,
+    /// Request body bytes being received or held now (`--max-inflight-body-bytes`).
+    pub inflight_body_bytes: Gauge,
+    /// The body budget itself.
+    pub max_inflight_body_bytes: Gauge,
+    /// Requests answered `503` because the body budget was used up.
+    pub body_budget_refusals: Counter,
+    /// Client connections open now.
+    pub connections_open: Gauge,
+    /// Connections refused (`503`) because their address held `--max-connections-per-ip`.
+    pub connections_refused: Counter,
+    /// Connections closed because they sent nothing within `--first-byte-timeout-ms`.
+    pub connections_silent_closed: Counter,
+}
+
+impl HttpMetrics {
+    /// Registers every metric; `max_inflight_body_bytes` is the budget's size.
+    pub fn new(max_inflight_body_bytes: usize) -> Self {
+        let mut registry = Registry::with_prefix("mmmq");
+        let m = Self {
+            requests_refused: Family::default(),
+            inflight_body_bytes: Gauge::default(),
+            max_inflight_body_bytes: Gauge::default(),
+            body_budget_refusals: Counter::default(),
+            connections_open: Gauge::default(),
+            connections_refused: Counter::default(),
+            connections_silent_closed: Counter::default(),
+            registry: Registry::default(),
+        };
+        m.max_inflight_body_bytes
+            .set(max_inflight_body_bytes.min(i64::MAX as usize) as i64);
+        registry.register(
+            "http_requests_refused",
+            "Requests refused before any handler: host (403), site (403), token (401), content_type (415)",
+            m.requests_refused.clone(),
+        );
+        registry.register(
+            "http_inflight_body_bytes",
+            "Request body bytes being received or held now",
+            m.inflight_body_bytes.clone(),
+        );
+        registry.register(
+            "http_max_inflight_body_bytes",
+            "Cap on request body bytes in flight (--max-inflight-body-bytes)",
+            m.max_inflight_body_bytes.clone(),
+        );
+        registry.register(
+            "http_body_budget_refusals",
+            "Requests answered 503 because the body budget was used up",
+            m.body_budget_refusals.clone(),
+        );
+        registry.register(
+            "http_connections_open",
+            "Client connections open now",
+            m.connections_open.clone(),
+        );
+        registry.register(
+            "http_connections_refused",
+            "Connections answered 503 because their address held --max-connections-per-ip",
+            m.connections_refused.clone(),
+        );
+        registry.register(
+            "http_connections_silent_closed",
+            "Connections closed for sending nothing within --first-byte-timeout-ms",
+            m.connections_silent_closed.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// Counts one request refused before any handler.
+    pub fn refused(&self, reason: Refusal) {
+        self.requests_refused
+            .get_or_create(&RefusalLabel { reason })
+            .inc();
     }
 }

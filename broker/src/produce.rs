@@ -11,7 +11,8 @@ pub const MAX_ID_CHARS: usize = 128;
 /// Keys are for partitioning; a key this long is a mistake.
 pub const MAX_KEY_BYTES: usize = 1024;
 
-/// Why a message cannot be produced. Always the producer's fault (`400`).
+/// Why a message cannot be produced. Always the producer's fault (`400`; `413` for content over
+/// the limit).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProduceError {
     /// Not a valid topic name.

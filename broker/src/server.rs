@@ -12,6 +12,7 @@ use crate::config::ServeConfig;
 use crate::dispatch::Targets;
 use crate::http::serve::serve;
 use crate::http::{AppState, router};
+use crate::metrics::HttpMetrics;
 use crate::storage::{OsFs, StorageError, Vfs};
 
 /// Why the broker stopped with an error.
@@ -49,13 +50,14 @@ pub async fn run_on(
     let hup = hangup_signal();
     let mut shutdown = std::pin::pin!(shutdown);
     let stopping = CancellationToken::new();
-    let state = AppState::new(config.max_body_bytes, stopping.clone())
-        .with_auth_token(config.auth_token.clone());
+    let loopback = listener.local_addr()?.ip().is_loopback();
+    let http_metrics = Arc::new(HttpMetrics::new(config.http.max_inflight_body_bytes));
+    let state = AppState::new(&config, loopback, http_metrics.clone(), stopping.clone());
     let app = router(state.clone());
     let limits = config.http.clone();
     let server = tokio::spawn({
         let stop = stopping.clone();
-        async move { serve(listener, app, limits, stop).await }
+        async move { serve(listener, app, limits, http_metrics, stop).await }
     });
     // Health answers 503 until this is done. A shutdown requested meanwhile stops recovery
     // between two topics and ends the process cleanly.

@@ -59,6 +59,11 @@ impl Broker {
         broker
     }
 
+    /// `127.0.0.1:PORT`: where to open raw connections.
+    pub fn addr(&self) -> &str {
+        self.url.trim_start_matches("http://")
+    }
+
     /// Sends `method` with an optional JSON body to a path; returns the status and the JSON
     /// answer (`null` when the answer is not JSON).
     pub async fn request(

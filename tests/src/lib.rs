@@ -106,6 +106,31 @@ pub fn check_per_key_order(got: &[serde_json::Value]) -> usize {
     seen.len()
 }
 
+/// Reads until the server closes the connection (or `limit` passes); returns what it sent and
+/// whether it closed.
+pub async fn read_to_close(stream: &mut tokio::net::TcpStream, limit: Duration) -> (Vec<u8>, bool) {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (got, true),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => return (got, false),
+        }
+    }
+}
+
+/// A connection to `addr` from the loopback address `source` (any of 127.0.0.0/8 on Linux), so
+/// that a test has a client address of its own, apart from the pooled connections of the rest.
+pub async fn connect_from(source: &str, addr: &str) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    socket.connect(addr.parse().unwrap()).await.unwrap()
+}
+
 /// A port nothing listens on (yet).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

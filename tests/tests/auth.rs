@@ -98,23 +98,40 @@ async fn a_token_guards_every_endpoint_but_health_and_the_dashboard_page() {
             }
         }
     }
-    // A method a path does not serve is refused before any handler (`405`, not `401`: the check
-    // guards the routes).
+    // Without the token nothing else is told either: a method a path does not serve and a path
+    // that does not exist answer `401`, with no `Allow` listing the methods; with it, `405`
+    // (with `Allow`) and `404`.
     let paths: std::collections::BTreeSet<&String> = routes.iter().map(|(_, p)| p).collect();
     for path in paths {
         for method in ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"] {
             if routes.iter().any(|(m, p)| m == method && p == path) {
                 continue;
             }
-            let r = http
-                .request(method.parse().unwrap(), url(path))
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status(), 405, "{method} {path}");
+            let send = |token: Option<&str>| {
+                let mut req = http.request(method.parse().unwrap(), url(path)).json(&body);
+                if let Some(t) = token {
+                    req = req.bearer_auth(t);
+                }
+                req.send()
+            };
+            let r = send(None).await.unwrap();
+            let open = ["/", "/healthz"].contains(&path.as_str());
+            assert_eq!(r.status(), if open { 405 } else { 401 }, "{method} {path}");
+            assert_eq!(r.headers().contains_key("allow"), open, "{method} {path}");
+            let r = send(Some("s3cret")).await.unwrap();
+            assert_eq!(r.status(), 405, "{method} {path} with the token");
+            assert!(r.headers().contains_key("allow"), "{method} {path}");
         }
     }
+    let r = http.get(url("/mmmq/nothing")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let r = http
+        .get(url("/mmmq/nothing"))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
     let r = http
         .post(url("/mmmq/messages"))
         .bearer_auth("s3cret")

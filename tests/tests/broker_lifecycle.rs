@@ -439,6 +439,7 @@ async fn serve_takes_its_settings_from_the_environment_and_pull_clamps_its_limit
         .env("MMMQ_LISTEN", format!("127.0.0.1:{port}"))
         .env("MMMQ_SEGMENT_MAX_BYTES", "300")
         .env("MMMQ_MAX_BODY_BYTES", "2000")
+        .env("MMMQ_ALLOWED_HOSTS", "mmmq.internal")
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
@@ -473,6 +474,15 @@ async fn serve_takes_its_settings_from_the_environment_and_pull_clamps_its_limit
         .await
         .unwrap();
     assert_eq!(big.status(), 413, "MMMQ_MAX_BODY_BYTES applies");
+    for (host, status) in [("mmmq.internal", 200), ("other.internal", 403)] {
+        let r = http
+            .get(format!("{url}/healthz"))
+            .header("host", host)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status, "MMMQ_ALLOWED_HOSTS applies: {host}");
+    }
     // The files are under MMMQ_ROOT_DIR, rolled at MMMQ_SEGMENT_MAX_BYTES.
     let segments = std::fs::read_dir(tmp.path().join("topics/env"))
         .unwrap()

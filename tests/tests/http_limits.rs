@@ -5,30 +5,12 @@
 
 use std::time::{Duration, Instant};
 
-use mmmq_tests::{Broker, Consumer, host_dispatcher, write_dispatchers};
+use mmmq_tests::{
+    Broker, Consumer, connect_from, host_dispatcher, read_to_close, write_dispatchers,
+};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-
-fn addr(broker: &Broker) -> String {
-    broker.url.trim_start_matches("http://").to_owned()
-}
-
-/// Reads until the server closes the connection (or `limit` passes); returns what it sent and
-/// whether it closed.
-async fn read_to_close(stream: &mut TcpStream, limit: Duration) -> (Vec<u8>, bool) {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    let deadline = Instant::now() + limit;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, stream.read(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return (got, true),
-            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
-            Err(_) => return (got, false),
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_headers_are_cut_off_while_normal_requests_are_served() {
@@ -36,11 +18,12 @@ async fn slow_headers_are_cut_off_while_normal_requests_are_served() {
     let _ = rlimit::increase_nofile_limit(8192);
     let tmp = tempfile::tempdir().unwrap();
     let broker = Broker::start_with(tmp.path(), &["--header-timeout-ms", "1500"]).await;
-    let addr = addr(&broker);
+    let addr = broker.addr();
     let mut slow = Vec::new();
-    for _ in 0..1000 {
-        let mut s = TcpStream::connect(&addr).await.unwrap();
-        s.write_all(b"POST /mmmq/messages HTTP/1.1\r\nHost: x\r\n")
+    // From four client addresses, each under the default --max-connections-per-ip (256).
+    for n in 0..1000 {
+        let mut s = connect_from(&format!("127.0.0.{}", 2 + n % 4), addr).await;
+        s.write_all(b"POST /mmmq/messages HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             .await
             .unwrap();
         slow.push(s);
@@ -95,19 +78,19 @@ async fn idle_connections_are_closed_and_trickling_bodies_time_out() {
         &["--header-timeout-ms", "500", "--request-timeout-ms", "700"],
     )
     .await;
-    let addr = addr(&broker);
+    let addr = broker.addr();
     // A connection that never sends anything.
-    let mut idle = TcpStream::connect(&addr).await.unwrap();
+    let mut idle = TcpStream::connect(addr).await.unwrap();
     // A kept-alive connection that sends one request and then nothing.
-    let mut kept = TcpStream::connect(&addr).await.unwrap();
-    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    let mut kept = TcpStream::connect(addr).await.unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         .await
         .unwrap();
     // A body that never completes.
-    let mut trickle = TcpStream::connect(&addr).await.unwrap();
+    let mut trickle = TcpStream::connect(addr).await.unwrap();
     trickle
         .write_all(
-            b"POST /mmmq/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"topic\":",
+            b"POST /mmmq/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"topic\":",
         )
         .await
         .unwrap();
@@ -131,9 +114,9 @@ async fn oversized_headers_get_431() {
     // A request head just over the 64 KiB limit, sent whole before the answer is read: the
     // client always gets the 431 (a dropped connection is a failure).
     for attempt in 0..10 {
-        let mut s = TcpStream::connect(addr(&broker)).await.unwrap();
+        let mut s = TcpStream::connect(broker.addr()).await.unwrap();
         let head = format!(
-            "GET /mmmq/topics HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+            "GET /mmmq/topics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: {}\r\n\r\n",
             "a".repeat(65 * 1024)
         );
         s.write_all(head.as_bytes()).await.unwrap();
@@ -155,11 +138,11 @@ async fn past_the_connection_cap_clients_wait_and_nothing_is_lost() {
         &["--max-connections", "8", "--header-timeout-ms", "1000"],
     )
     .await;
-    let addr = addr(&broker);
+    let addr = broker.addr();
     // Eight idle connections take every slot; a request waits until the broker closes them.
     let mut idle = Vec::new();
     for _ in 0..8 {
-        idle.push(TcpStream::connect(&addr).await.unwrap());
+        idle.push(TcpStream::connect(addr).await.unwrap());
     }
     let t = Instant::now();
     let fresh = reqwest::Client::new();

@@ -161,7 +161,8 @@ struct BrokerArg {
     /// The broker's URL.
     #[arg(long = "broker", env = "MMMQ_BROKER", default_value = mmmq_client::DEFAULT_BROKER)]
     url: String,
-    /// Bearer token, when the broker requires one.
+    /// Bearer token, when the broker requires one (prefer the environment variable: a flag's
+    /// value is visible to every local user in /proc/PID/cmdline).
     #[arg(long, env = "MMMQ_AUTH_TOKEN", hide_env_values = true)]
     auth_token: Option<String>,
 }
@@ -193,9 +194,16 @@ struct ServeArgs {
     /// none (no fsync: survives a crash of mmmq, not of the machine).
     #[arg(long, env = "MMMQ_FLUSH", default_value = defaults::FLUSH)]
     flush: FlushMode,
-    /// Require `Authorization: Bearer <token>` on every endpoint but /healthz.
+    /// Require `Authorization: Bearer <token>` on every endpoint but /healthz and the dashboard's
+    /// page. Prefer the environment variable: a flag's value is visible to every local user (in
+    /// /proc/PID/cmdline and `ps`).
     #[arg(long, env = "MMMQ_AUTH_TOKEN", hide_env_values = true)]
     auth_token: Option<String>,
+    /// Host names (comma-separated) the broker answers besides loopback ones; with it, or while
+    /// listening on a loopback address, a request for any other Host is refused (403), so a
+    /// DNS-rebinding web page reads nothing.
+    #[arg(long, env = "MMMQ_ALLOWED_HOSTS", value_delimiter = ',')]
+    allowed_hosts: Vec<String>,
     /// Most topics producers may create; producing to a new topic past it is refused with 403.
     #[arg(long, env = "MMMQ_MAX_TOPICS", default_value_t = defaults::MAX_TOPICS)]
     max_topics: usize,
@@ -212,6 +220,16 @@ struct ServeArgs {
     /// Most concurrent client connections; more wait to be accepted.
     #[arg(long, env = "MMMQ_MAX_CONNECTIONS", default_value_t = defaults::MAX_CONNECTIONS)]
     max_connections: usize,
+    /// Most concurrent connections from one client address; past it a connection gets 503.
+    #[arg(long, env = "MMMQ_MAX_CONNECTIONS_PER_IP", default_value_t = defaults::MAX_CONNECTIONS_PER_IP)]
+    max_connections_per_ip: usize,
+    /// Time a new connection has to send its first byte before it is closed.
+    #[arg(long, env = "MMMQ_FIRST_BYTE_TIMEOUT_MS", default_value_t = defaults::FIRST_BYTE_TIMEOUT_MS)]
+    first_byte_timeout_ms: u64,
+    /// Request body bytes being received or held at once, over all requests (plugin uploads
+    /// included); past it a request gets 503 with Retry-After.
+    #[arg(long, env = "MMMQ_MAX_INFLIGHT_BODY_BYTES", default_value_t = defaults::MAX_INFLIGHT_BODY_BYTES)]
+    max_inflight_body_bytes: usize,
     /// Time a client has to send a request's headers, and to start its next request on a
     /// kept-alive connection (slow or idle connections are closed).
     #[arg(long, env = "MMMQ_HEADER_TIMEOUT_MS", default_value_t = defaults::HEADER_TIMEOUT_MS)]
@@ -408,7 +426,11 @@ impl ServeArgs {
         config.max_produce_ids = self.max_produce_ids;
         config.max_groups = self.max_groups;
         config.max_open_files = self.max_open_files;
+        config.allowed_hosts = self.allowed_hosts.clone();
         config.http.max_connections = self.max_connections;
+        config.http.max_connections_per_ip = self.max_connections_per_ip;
+        config.http.first_byte_timeout = Duration::from_millis(self.first_byte_timeout_ms);
+        config.http.max_inflight_body_bytes = self.max_inflight_body_bytes;
         config.http.header_read_timeout = Duration::from_millis(self.header_timeout_ms);
         config.http.request_timeout = Duration::from_millis(self.request_timeout_ms);
         config.topic_defaults.partitions = self.default_partitions;

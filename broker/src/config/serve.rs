@@ -26,6 +26,14 @@ pub mod defaults {
     pub const MAX_TOPICS: usize = 100_000;
     /// `--max-connections`.
     pub const MAX_CONNECTIONS: usize = 4096;
+    /// `--max-connections-per-ip`: one client host may hold a sixteenth of the default
+    /// `--max-connections`, so a single address cannot take every slot.
+    pub const MAX_CONNECTIONS_PER_IP: usize = 256;
+    /// `--first-byte-timeout-ms`: a new connection that has sent nothing by then is closed.
+    pub const FIRST_BYTE_TIMEOUT_MS: u64 = 2_000;
+    /// `--max-inflight-body-bytes` (256 MiB): request bodies being received or held, over all
+    /// requests.
+    pub const MAX_INFLIGHT_BODY_BYTES: usize = 256 * 1024 * 1024;
     /// `--header-timeout-ms`.
     pub const HEADER_TIMEOUT_MS: u64 = 10_000;
     /// `--request-timeout-ms`.
@@ -65,6 +73,9 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// When set, every endpoint but `/healthz` needs `Authorization: Bearer <token>`.
     pub auth_token: Option<String>,
+    /// `Host` names served besides loopback ones (`--allowed-hosts`); when set, or while the
+    /// broker listens on a loopback address, any other `Host` is refused (DNS rebinding).
+    pub allowed_hosts: Vec<String>,
     /// Cap on the topics producers can create.
     pub max_topics: usize,
     /// Connection and request limits of the HTTP server.
@@ -90,6 +101,14 @@ pub const BATCH_BODY_FACTOR: usize = 32;
 pub struct HttpLimits {
     /// Concurrent connections; more wait in the listen backlog.
     pub max_connections: usize,
+    /// Concurrent connections from one client address; past it a connection is answered `503`
+    /// and closed.
+    pub max_connections_per_ip: usize,
+    /// Time a new connection has to send its first byte (capped by `header_read_timeout`).
+    pub first_byte_timeout: Duration,
+    /// Request body bytes being received or held at once, over all requests; past it a request
+    /// is answered `503` with `Retry-After`.
+    pub max_inflight_body_bytes: usize,
     /// Time to receive a request's headers, and how long a kept-alive connection may sit idle.
     pub header_read_timeout: Duration,
     /// Largest request head (request line and headers); larger gets 431.
@@ -106,6 +125,9 @@ impl Default for HttpLimits {
     fn default() -> Self {
         Self {
             max_connections: defaults::MAX_CONNECTIONS,
+            max_connections_per_ip: defaults::MAX_CONNECTIONS_PER_IP,
+            first_byte_timeout: Duration::from_millis(defaults::FIRST_BYTE_TIMEOUT_MS),
+            max_inflight_body_bytes: defaults::MAX_INFLIGHT_BODY_BYTES,
             header_read_timeout: Duration::from_millis(defaults::HEADER_TIMEOUT_MS),
             max_header_bytes: 64 * 1024,
             max_headers: 100,
@@ -126,6 +148,7 @@ impl ServeConfig {
             max_open_files: None,
             max_body_bytes: defaults::MAX_BODY_BYTES,
             auth_token: None,
+            allowed_hosts: Vec::new(),
             max_topics: defaults::MAX_TOPICS,
             http: HttpLimits::default(),
             topic_defaults: TopicConfig::default(),
@@ -143,6 +166,14 @@ impl ServeConfig {
             ("--segment-max-bytes", self.segment_max_bytes),
             ("--max-body-bytes", self.max_body_bytes as u64),
             ("--max-connections", self.http.max_connections as u64),
+            (
+                "--max-connections-per-ip",
+                self.http.max_connections_per_ip as u64,
+            ),
+            (
+                "--first-byte-timeout-ms",
+                self.http.first_byte_timeout.as_millis() as u64,
+            ),
             (
                 "--header-timeout-ms",
                 self.http.header_read_timeout.as_millis() as u64,
@@ -184,6 +215,20 @@ impl ServeConfig {
                 reason: format!(
                     "must be at most {} (half the largest stored entry)",
                     crate::storage::frame::MAX_PAYLOAD_LEN / 2
+                ),
+            });
+        }
+        // A body the broker accepts must fit in the budget on its own, or it could never pass.
+        let largest = self
+            .max_body_bytes
+            .saturating_mul(BATCH_BODY_FACTOR)
+            .max(crate::plugin::store::MAX_PLUGIN_BYTES);
+        if self.http.max_inflight_body_bytes < largest {
+            return Err(ConfigError::Setting {
+                name: "--max-inflight-body-bytes",
+                reason: format!(
+                    "must be at least {largest}, the largest request body accepted (a batch of \
+                     32 × --max-body-bytes, or a 64 MiB plugin upload)"
                 ),
             });
         }
@@ -267,5 +312,16 @@ mod tests {
         let mut c = ServeConfig::new("/x");
         c.max_body_bytes = 64 << 20;
         assert!(c.validate().unwrap_err().to_string().contains("at most"));
+        // The budget must hold the largest body: a batch of 32 × 16 MiB does not fit in 256 MiB.
+        let mut c = ServeConfig::new("/x");
+        c.max_body_bytes = 16 << 20;
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .starts_with("--max-inflight-body-bytes: must be at least 536870912")
+        );
+        c.http.max_inflight_body_bytes = 512 << 20;
+        assert!(c.validate().is_ok());
     }
 }

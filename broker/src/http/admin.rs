@@ -8,7 +8,7 @@ use axum::response::IntoResponse;
 use mmmq_core::RedriveStatus;
 
 use super::openapi::{BodyErrors, ErrorBody, Errors, Health};
-use super::{ApiError, AppState, parse_json, read_json_body};
+use super::{ApiError, AppState, parse_json};
 use crate::broker::BrokerError;
 use crate::dispatch::redrive::RedriveError;
 use crate::dispatch::{DispatcherStatus, ReloadReport};
@@ -62,7 +62,7 @@ pub(super) async fn redrive(
 ) -> Result<Json<RedriveStatus>, ApiError> {
     let broker = state.broker()?;
     let Path(id) = id.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    let bytes = read_json_body(&headers, body, 64 << 10).await?;
+    let bytes = state.read_body(&headers, body, 64 << 10).await?;
     let req: RedriveRequest = if bytes.iter().all(u8::is_ascii_whitespace) {
         RedriveRequest::default()
     } else {
@@ -92,7 +92,10 @@ pub(super) async fn healthz(State(state): State<AppState>) -> Result<impl IntoRe
 #[utoipa::path(get, path = "/metrics", tag = "meta",
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String), Errors))]
 pub(super) async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
-    let text = state.broker()?.metrics_text().await;
+    let text = state
+        .broker()?
+        .metrics_text(Some(&state.http_metrics))
+        .await;
     Ok((
         [(
             header::CONTENT_TYPE,

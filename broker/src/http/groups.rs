@@ -11,7 +11,7 @@ use mmmq_core::{GroupPoll, GroupStatus};
 use serde::Deserialize;
 
 use super::openapi::{BodyErrors, Committed, ErrorBody, Errors, Left};
-use super::{ApiError, AppState, parse_json, read_json_body};
+use super::{ApiError, AppState, parse_json};
 use crate::broker::MAX_PULL_WAIT;
 use crate::groups::DEFAULT_SESSION_TIMEOUT;
 
@@ -106,7 +106,7 @@ pub(super) async fn commit(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let broker = state.broker()?;
     let group = path(group)?;
-    let bytes = read_json_body(&headers, body, 1 << 20).await?;
+    let bytes = state.read_body(&headers, body, 1 << 20).await?;
     let req: CommitRequest = parse_json(&bytes)?;
     let offsets = req
         .offsets

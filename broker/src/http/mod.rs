@@ -8,14 +8,21 @@
 //! - `admin`: dispatcher status, reload, health, metrics.
 //! - `dashboard`: `GET /`, the page for people.
 //! - `openapi`: `GET /mmmq/openapi.json`, and the schemas of answers the handlers build by hand.
+//! - `guard`: what every request passes first: `Host`, the site it comes from, the token, the
+//!   body's `Content-Type` (README, "What a web page can do").
+//! - `body`: reading bodies within their limit and the broker's in-flight body budget; plugin
+//!   uploads staged on disk.
+//! - `serve`: the accept loop and its connection limits.
 //!
 //! Bodies are read by hand (not with `Json<T>`), so that every rejection — too large, wrong
 //! content type, malformed — is a JSON error the client can read, never axum's plain text.
 
 mod admin;
+mod body;
 mod consume;
 mod dashboard;
 mod groups;
+mod guard;
 mod openapi;
 mod plugins;
 pub mod produce;
@@ -36,7 +43,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::broker::{Broker, BrokerError};
+use crate::config::ServeConfig;
+use crate::metrics::HttpMetrics;
 use crate::storage::StorageError;
+use body::BodyBudget;
+pub use guard::Guarded;
+use guard::{Guard, GuardLayer};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -45,32 +57,46 @@ pub struct AppState {
     max_body_bytes: usize,
     /// Cancelled at shutdown, so long polls answer at once instead of holding the exit.
     stopping: CancellationToken,
-    auth_token: Option<Arc<str>>,
+    /// What every request passes before any route.
+    guard: Arc<Guard>,
+    /// The bytes of request bodies held at once (`--max-inflight-body-bytes`).
+    bodies: Arc<BodyBudget>,
+    /// The HTTP server's own metrics, served with the broker's.
+    http_metrics: Arc<HttpMetrics>,
+    /// Time a request has to send its body and be answered (`--request-timeout-ms`).
+    request_timeout: std::time::Duration,
     /// The API's description (`GET /mmmq/openapi.json`).
     openapi: Arc<serde_json::Value>,
 }
 
 impl AppState {
-    /// State for a broker that is still recovering; [`AppState::ready`] completes it.
-    pub fn new(max_body_bytes: usize, stopping: CancellationToken) -> Self {
+    /// State for a broker that is still recovering; [`AppState::ready`] completes it. `loopback`:
+    /// whether the broker listens on a loopback address (then the `Host` is checked).
+    pub fn new(
+        config: &ServeConfig,
+        loopback: bool,
+        http_metrics: Arc<HttpMetrics>,
+        stopping: CancellationToken,
+    ) -> Self {
         Self {
             broker: Arc::new(OnceCell::new()),
-            max_body_bytes,
+            max_body_bytes: config.max_body_bytes,
             stopping,
-            auth_token: None,
+            guard: Arc::new(Guard::new(
+                loopback,
+                &config.allowed_hosts,
+                config.auth_token.as_deref(),
+                http_metrics.clone(),
+            )),
+            bodies: BodyBudget::new(config.http.max_inflight_body_bytes, http_metrics.clone()),
+            http_metrics,
+            request_timeout: config.http.request_timeout,
             openapi: Arc::new(serde_json::Value::Null),
         }
     }
 
     fn with_openapi(mut self, doc: &utoipa::openapi::OpenApi) -> Self {
         self.openapi = Arc::new(serde_json::to_value(doc).expect("the description serializes"));
-        self
-    }
-
-    /// Requires `Authorization: Bearer <token>` on every endpoint but `/healthz` and the
-    /// dashboard's page `/` (which asks for the token).
-    pub fn with_auth_token(mut self, token: Option<String>) -> Self {
-        self.auth_token = token.map(Into::into);
         self
     }
 
@@ -82,31 +108,56 @@ impl AppState {
     fn broker(&self) -> Result<&Arc<Broker>, ApiError> {
         self.broker.get().ok_or(ApiError::Starting)
     }
+
+    /// Reads a request's body of at most `limit` bytes, within the body budget.
+    async fn read_body(
+        &self,
+        headers: &HeaderMap,
+        body: axum::body::Body,
+        limit: usize,
+    ) -> Result<body::Body, ApiError> {
+        body::read(&self.bodies, headers, body, limit).await
+    }
 }
 
 /// Every route of README, "HTTP API", and its description (`GET /mmmq/openapi.json`): each route
 /// comes from its handler's `#[utoipa::path]`, so what is served and what is described are one
 /// list.
-pub fn router(state: AppState) -> Router {
+///
+/// The checks of `guard` come first, in front of the router as a whole: without the token an
+/// unknown path or method is `401` like the rest. Each request has a deadline (`408` past it),
+/// which covers a body that trickles in.
+pub fn router(state: AppState) -> App {
     let (api, doc) = described_routes().split_for_parts();
     let state = state.with_openapi(&doc);
-    // Without a token the check is not layered at all: a middleware is a boxed future and a
-    // state clone on every request of the produce path.
-    let api = if state.auth_token.is_some() {
-        api.route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            require_token,
-        ))
-    } else {
-        api
-    };
-    Router::new()
+    let guard = GuardLayer(state.guard.clone());
+    let deadline = state.request_timeout;
+    let routes = Router::new()
         .merge(api)
         .route("/healthz", get(admin::healthz))
         .route("/", get(dashboard::page))
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(
+            deadline,
+            request_deadline,
+        ));
+    tower::Layer::layer(&guard, routes)
+}
+
+/// The HTTP API as one service: the router behind its `guard`.
+pub type App = Guarded<Router>;
+
+async fn request_deadline(
+    axum::extract::State(deadline): axum::extract::State<std::time::Duration>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match tokio::time::timeout(deadline, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::Timeout(deadline).into_response(),
+    }
 }
 
 /// The routes behind the token, with their descriptions; `/healthz` and `/` (open) are described
@@ -143,39 +194,30 @@ fn described_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(openapi::document))
 }
 
-/// Checks the bearer token when one is configured, in constant time.
-async fn require_token(
-    axum::extract::State(state): axum::extract::State<AppState>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    if let Some(token) = &state.auth_token {
-        use subtle::ConstantTimeEq;
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
-            return ApiError::Unauthorized.into_response();
-        }
-    }
-    next.run(request).await
-}
-
 /// An error answer.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// The request is wrong.
     #[error("{0}")]
     BadRequest(String),
-    /// The body is larger than allowed.
-    #[error("request body is larger than the {0}-byte limit")]
-    TooLarge(usize),
-    /// The body is not JSON.
-    #[error("Content-Type must be application/json, not {0:?}")]
-    UnsupportedMediaType(String),
+    /// The body, or a part of it, is larger than allowed.
+    #[error("{0}")]
+    TooLarge(String),
+    /// A body without the `Content-Type` the route takes.
+    #[error("Content-Type must be {want} for a request with a body, not {given}")]
+    UnsupportedMediaType {
+        /// The type the route takes.
+        want: &'static str,
+        /// The request's, quoted, or `none`.
+        given: String,
+    },
+    /// Refused before any route: a `Host` not served, a request from another site.
+    #[error("{0}")]
+    Forbidden(String),
+    /// A budget of the broker is spent for now (request bodies in flight, `--max-groups`):
+    /// `503` with `Retry-After`, counted in the metrics rather than logged per request.
+    #[error("{0}")]
+    Busy(String),
     /// No such thing.
     #[error("{0}")]
     NotFound(String),
@@ -195,10 +237,6 @@ pub enum ApiError {
     /// Creating the topic would pass the broker's topic cap.
     #[error("{0}")]
     TopicLimit(String),
-    /// A budget of the broker is spent for now (`--max-groups`): `503` with `Retry-After`,
-    /// not logged as the broker's failure.
-    #[error("{0}")]
-    Busy(String),
     /// Still recovering at boot.
     #[error("starting: recovering topics")]
     Starting,
@@ -227,7 +265,9 @@ impl From<BrokerError> for ApiError {
             | BrokerError::InvalidOptions(_)
             | BrokerError::InvalidSettings(_)
             | BrokerError::NoSuchPartition(_) => Self::BadRequest(e.to_string()),
-            BrokerError::Storage(StorageError::PayloadTooLarge { max, .. }) => Self::TooLarge(max),
+            BrokerError::Storage(e @ StorageError::PayloadTooLarge { .. }) => {
+                Self::TooLarge(e.to_string())
+            }
             BrokerError::Storage(e @ StorageError::TopicLimit { .. }) => {
                 Self::TopicLimit(e.to_string())
             }
@@ -235,6 +275,15 @@ impl From<BrokerError> for ApiError {
             BrokerError::UnknownTopic(_) => Self::NotFound(e.to_string()),
             other => Self::Internal(other.to_string()),
         }
+    }
+}
+
+impl ApiError {
+    /// A body over its `limit` of bytes.
+    fn body_too_large(limit: usize) -> Self {
+        Self::TooLarge(format!(
+            "request body is larger than the {limit}-byte limit"
+        ))
     }
 }
 
@@ -256,7 +305,8 @@ impl IntoResponse for ApiError {
         let status = match &self {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -275,12 +325,14 @@ impl IntoResponse for ApiError {
             }
             _ => serde_json::json!({"error": self.to_string()}),
         };
+        // A spent budget is counted in the metrics, not logged per request.
         if status.is_server_error() && !matches!(self, Self::Starting | Self::Busy(_)) {
             tracing::warn!(%status, error = %self, "request failed");
         }
         let mut response = (status, axum::Json(body)).into_response();
         if status == StatusCode::SERVICE_UNAVAILABLE {
-            // A failed disk is retried by the log after about a second; recovery takes as long.
+            // A failed disk is retried by the log after about a second; recovery takes as long;
+            // the body budget frees as the requests in flight finish.
             response.headers_mut().insert(
                 header::RETRY_AFTER,
                 axum::http::HeaderValue::from_static("1"),
@@ -294,54 +346,6 @@ impl IntoResponse for ApiError {
         }
         response
     }
-}
-
-/// How much of an oversized body is still read (and thrown away) before answering 413: a client
-/// that is still sending when the answer comes and the connection closes sees a reset instead of
-/// the 413, so modestly oversized bodies are drained; beyond this the connection is dropped.
-const DRAIN_OVERSIZED: usize = 16 << 20;
-
-async fn read_limited(body: axum::body::Body, limit: usize) -> Result<Vec<u8>, ApiError> {
-    use futures_util::StreamExt;
-    let mut stream = body.into_data_stream();
-    let mut buf = Vec::new();
-    let mut total = 0usize;
-    while let Some(chunk) = stream.next().await {
-        let chunk =
-            chunk.map_err(|e| ApiError::BadRequest(format!("cannot read the body: {e}")))?;
-        total = total.saturating_add(chunk.len());
-        if total <= limit {
-            buf.extend_from_slice(&chunk);
-        } else if total > limit.saturating_add(DRAIN_OVERSIZED) {
-            break;
-        }
-    }
-    if total > limit {
-        return Err(ApiError::TooLarge(limit));
-    }
-    Ok(buf)
-}
-
-/// Reads the whole body, refusing more than `limit` bytes and anything not declared as JSON
-/// (a missing Content-Type is accepted, as curl users expect).
-async fn read_json_body(
-    headers: &HeaderMap,
-    body: axum::body::Body,
-    limit: usize,
-) -> Result<Vec<u8>, ApiError> {
-    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
-        let ct = ct.to_str().unwrap_or("");
-        let mime = ct
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
-        if mime != "application/json" && !mime.ends_with("+json") {
-            return Err(ApiError::UnsupportedMediaType(ct.to_owned()));
-        }
-    }
-    read_limited(body, limit).await
 }
 
 fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {

@@ -20,11 +20,13 @@ pub(super) struct ErrorBody {
     pub error: String,
 }
 
-/// A message (or part of a batch) that could not be made durable: `503`.
+/// `503`: a message (or part of a batch) that could not be made durable, or the broker cannot
+/// take the request now (booting, too much in flight).
 #[derive(Serialize, ToSchema)]
 pub(super) struct NackBody {
-    /// Always `NACK`.
-    pub ack: Ack,
+    /// `NACK` when a produce was not made durable; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ack: Option<Ack>,
     /// Why.
     pub error: String,
     /// For a batch: per element in request order, `{"topic","partition","offset","ack":"ACK"}`
@@ -43,10 +45,21 @@ pub(super) enum Errors {
     /// `--auth-token` is set and the bearer token is missing or wrong.
     #[response(status = 401)]
     Unauthorized(ErrorBody),
+    /// Refused before any route: a request from another site (`Origin`, `Sec-Fetch-Site`), or,
+    /// while the broker listens on loopback, a `Host` that is neither loopback nor in
+    /// `--allowed-hosts`; when producing or creating a topic, also `--max-topics` reached.
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
     /// No such topic, group, dispatcher, plugin or version.
     #[response(status = 404)]
     NotFound(ErrorBody),
-    /// Booting (recovering topics), or the disk refused (`{"ack":"NACK","error"}`).
+    /// A request with a body whose `Content-Type` is not `application/json` (or
+    /// `application/wasm` for a plugin upload).
+    #[response(status = 415)]
+    UnsupportedMediaType(ErrorBody),
+    /// Booting (recovering topics), the disk refused (`{"ack":"NACK","error"}`), the request body
+    /// budget is used up (`--max-inflight-body-bytes`), or the client's address holds
+    /// `--max-connections-per-ip`; `Retry-After` says when to try again.
     #[response(status = 503)]
     Unavailable(NackBody),
 }
@@ -55,15 +68,9 @@ pub(super) enum Errors {
 #[derive(IntoResponses)]
 #[allow(dead_code)] // described, not built: the answers come from `ApiError`
 pub(super) enum BodyErrors {
-    /// Creating the topic would pass `--max-topics`.
-    #[response(status = 403)]
-    TopicLimit(ErrorBody),
-    /// The body is over the limit.
+    /// The body, or a message's content in it, is over its limit.
     #[response(status = 413)]
     TooLarge(ErrorBody),
-    /// The body is not `application/json`.
-    #[response(status = 415)]
-    NotJson(ErrorBody),
 }
 
 /// `{"deleted": "<topic>"}`.

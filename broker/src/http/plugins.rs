@@ -3,10 +3,11 @@
 use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
+use axum::http::HeaderMap;
 
-use super::openapi::Errors;
-use super::{ApiError, AppState};
-use crate::plugin::store::{Deployed, MAX_PLUGIN_BYTES, StoreError};
+use super::openapi::{ErrorBody, Errors};
+use super::{ApiError, AppState, body};
+use crate::plugin::store::{Deployed, MAX_PLUGIN_BYTES, PluginStore, StoreError};
 use mmmq_core::PluginListing;
 
 impl From<StoreError> for ApiError {
@@ -16,6 +17,7 @@ impl From<StoreError> for ApiError {
                 Self::NotFound(e.to_string())
             }
             StoreError::Io(_) => Self::Internal(e.to_string()),
+            StoreError::TooLarge(_) => Self::TooLarge(e.to_string()),
             _ => Self::BadRequest(e.to_string()),
         }
     }
@@ -23,31 +25,33 @@ impl From<StoreError> for ApiError {
 
 /// `PUT /mmmq/plugins/{name}` with the component's bytes.
 /// Deploys a component as the plugin's new current version; dispatchers naming it switch before
-/// the answer.
+/// the answer. The upload is staged on disk while it arrives (README, "Deploying plugins by API").
 #[utoipa::path(put, path = "/mmmq/plugins/{name}", tag = "plugins",
     params(("name" = String, Path, description = "The plugin")),
     request_body(content = Vec<u8>, content_type = "application/wasm", description = "The component's bytes (at most 64 MiB)"),
-    responses((status = 200, body = Deployed), Errors))]
+    responses((status = 200, body = Deployed),
+        (status = 413, description = "The component is over 64 MiB", body = ErrorBody),
+        Errors))]
 pub(super) async fn deploy(
     State(state): State<AppState>,
     name: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
     body: axum::body::Body,
 ) -> Result<Json<Deployed>, ApiError> {
     let broker = state.broker()?;
     let Path(name) = name.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    let bytes = axum::body::to_bytes(body, MAX_PLUGIN_BYTES)
-        .await
-        .map_err(|_| {
-            ApiError::BadRequest(format!(
-                "the component is over the limit of {MAX_PLUGIN_BYTES} bytes"
-            ))
-        })?;
-    if bytes.is_empty() {
+    // Before 64 MiB arrive for nothing.
+    PluginStore::check_name(&name)?;
+    let staging = broker.config().root_dir.join("plugins").join(".uploads");
+    let upload = body::stage(&state.bodies, &headers, body, MAX_PLUGIN_BYTES, staging).await?;
+    if upload.is_empty() {
         return Err(ApiError::BadRequest(
             "the body must be the component's bytes (Content-Type: application/wasm)".into(),
         ));
     }
-    Ok(Json(broker.deploy_plugin(&name, bytes.to_vec()).await?))
+    // The budget stays held while the bytes are validated and stored.
+    let (bytes, _held) = upload.into_parts();
+    Ok(Json(broker.deploy_plugin(&name, bytes).await?))
 }
 
 /// `GET /mmmq/plugins`.

@@ -8,10 +8,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::openapi::{BodyErrors, Errors};
-use super::{ApiError, AppState, parse_json, read_json_body};
+use super::{ApiError, AppState, parse_json};
 use crate::broker::BrokerError;
 use crate::config::BATCH_BODY_FACTOR;
-use crate::produce::ProduceItem;
+use crate::produce::{ProduceError, ProduceItem};
 
 /// One message to produce.
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -70,7 +70,7 @@ pub(super) struct BatchAck {
 /// targets): what it accepts is exactly what reaches storage.
 pub fn parse_message(body: &[u8], max_content: usize) -> Result<ProduceItem, ApiError> {
     let req: ProduceRequest = parse_json(body)?;
-    validate(req, max_content).map_err(ApiError::BadRequest)
+    validate(req, max_content).map_err(|e| refused(e, ""))
 }
 
 /// Parses and checks the body of `POST /mmmq/messages/batch`: every element or none.
@@ -81,15 +81,22 @@ pub fn parse_batch(body: &[u8], max_content: usize) -> Result<Vec<ProduceItem>, 
     }
     reqs.into_iter()
         .enumerate()
-        .map(|(i, r)| validate(r, max_content).map_err(|e| format!("element {i}: {e}")))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(ApiError::BadRequest)
+        .map(|(i, r)| validate(r, max_content).map_err(|e| refused(e, &format!("element {i}: "))))
+        .collect()
 }
 
-fn validate(req: ProduceRequest, max_content: usize) -> Result<ProduceItem, String> {
+fn validate(req: ProduceRequest, max_content: usize) -> Result<ProduceItem, ProduceError> {
     ProduceItem::new(req.topic, req.key, req.content, max_content)
         .and_then(|item| item.with_partition(req.partition).with_id(req.id))
-        .map_err(|e| e.to_string())
+}
+
+/// `413` for content over the limit (as for any body too large), `400` for the rest.
+fn refused(e: ProduceError, context: &str) -> ApiError {
+    let reason = format!("{context}{e}");
+    match e {
+        ProduceError::ContentTooLarge { .. } => ApiError::TooLarge(reason),
+        _ => ApiError::BadRequest(reason),
+    }
 }
 
 /// Stores one message durably (acknowledged once it survives a power cut).
@@ -103,7 +110,9 @@ pub(super) async fn produce(
     body: axum::body::Body,
 ) -> Result<Json<ProduceAck>, ApiError> {
     let broker = state.broker()?;
-    let bytes = read_json_body(&headers, body, state.max_body_bytes).await?;
+    let bytes = state
+        .read_body(&headers, body, state.max_body_bytes)
+        .await?;
     let item = parse_message(&bytes, state.max_body_bytes)?;
     let topic = item.topic().clone();
     let at = broker.produce(item).await?;
@@ -128,7 +137,7 @@ pub(super) async fn produce_batch(
 ) -> Result<Json<BatchAck>, ApiError> {
     let broker = state.broker()?;
     let limit = state.max_body_bytes.saturating_mul(BATCH_BODY_FACTOR);
-    let bytes = read_json_body(&headers, body, limit).await?;
+    let bytes = state.read_body(&headers, body, limit).await?;
     // All or nothing: every element is checked before anything is appended.
     let items = parse_batch(&bytes, state.max_body_bytes)?;
     let topics: Vec<Topic> = items.iter().map(|i| i.topic().clone()).collect();

@@ -6,36 +6,43 @@
 //! kept-alive connection waits for its next request (so idle connections are closed too), a cap on
 //! header size, and a cap on concurrent connections: at the cap the broker stops accepting, and
 //! new connections wait in the kernel's backlog until one closes — it slows down, it does not fail.
-//! Each request also has a deadline, which covers a body that trickles in.
+//! Each request also has a deadline ([`super::router`]), which covers a body that trickles in.
+//!
+//! Two more limits keep one client from taking every slot: a new connection must send its first
+//! byte within `--first-byte-timeout-ms` (2 s, shorter than the header timeout: a socket opened
+//! and left silent is closed quickly), and one client address holds at most
+//! `--max-connections-per-ip`; past it a connection's request is answered `503` and the
+//! connection closed (it cannot be left waiting: the backlog is shared by every address).
 
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::response::{IntoResponse, Response};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use parking_lot::Mutex;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use super::ApiError;
+use super::{ApiError, App};
 pub use crate::config::HttpLimits;
+use crate::metrics::HttpMetrics;
 
 /// Serves `app` on `listener` until `stop` is cancelled, then stops accepting and waits (up to
 /// [`HttpLimits::shutdown_grace`]) for the connections in flight to finish their requests.
 pub async fn serve(
     listener: TcpListener,
-    app: Router,
+    app: App,
     limits: HttpLimits,
+    metrics: Arc<HttpMetrics>,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
-    let app = app.layer(axum::middleware::from_fn_with_state(
-        limits.request_timeout,
-        request_deadline,
-    ));
     // HTTP/1.1 only: protocol detection for HTTP/2 would read the first bytes of a connection
     // before hyper's header timeout starts, so a connection that sends nothing would never close.
     let mut builder = http1::Builder::new();
@@ -44,7 +51,13 @@ pub async fn serve(
         .header_read_timeout(limits.header_read_timeout)
         .max_header_size(limits.max_header_bytes)
         .max_headers(limits.max_headers);
+    let builder = Arc::new(builder);
+    let first_byte = limits.first_byte_timeout.min(limits.header_read_timeout);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let per_address = Arc::new(PerAddress {
+        cap: limits.max_connections_per_ip,
+        held: Mutex::new(HashMap::new()),
+    });
     let graceful = GracefulShutdown::new();
     loop {
         let slot = tokio::select! {
@@ -65,12 +78,36 @@ pub async fn serve(
             _ = stop.cancelled() => break,
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
-        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        // Taken here, in accept order, so that the count is exact when the next one comes.
+        let share = per_address.take(peer.ip());
+        if share.is_none() {
+            metrics.connections_refused.inc();
+        }
+        let cap = per_address.cap;
+        let (app, builder, metrics, stop) =
+            (app.clone(), builder.clone(), metrics.clone(), stop.clone());
+        let watcher = graceful.watcher();
+        metrics.connections_open.inc();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            if first_byte_arrives(&stream, first_byte, &stop, &metrics).await {
+                let io = TokioIo::new(stream);
+                let served = match share {
+                    Some(_share) => {
+                        let service = TowerToHyperService::new(app);
+                        watcher.watch(builder.serve_connection(io, service)).await
+                    }
+                    None => {
+                        let refuse = hyper::service::service_fn(move |_| {
+                            std::future::ready(Ok::<_, Infallible>(too_many(peer.ip(), cap)))
+                        });
+                        watcher.watch(builder.serve_connection(io, refuse)).await
+                    }
+                };
+                if let Err(e) = served {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
             }
+            metrics.connections_open.dec();
             drop(slot);
         });
     }
@@ -84,13 +121,79 @@ pub async fn serve(
     Ok(())
 }
 
-async fn request_deadline(
-    axum::extract::State(deadline): axum::extract::State<Duration>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    match tokio::time::timeout(deadline, next.run(request)).await {
-        Ok(response) => response,
-        Err(_) => ApiError::Timeout(deadline).into_response(),
+/// Waits for a new connection's first byte; false (and the connection is to be dropped) when it
+/// closes, sends nothing within `timeout`, or the server stops meanwhile.
+async fn first_byte_arrives(
+    stream: &TcpStream,
+    timeout: Duration,
+    stop: &CancellationToken,
+    metrics: &HttpMetrics,
+) -> bool {
+    let mut byte = [0u8; 1];
+    tokio::select! {
+        peeked = tokio::time::timeout(timeout, stream.peek(&mut byte)) => match peeked {
+            Ok(Ok(n)) => n > 0,
+            Ok(Err(_)) => false,
+            Err(_) => {
+                metrics.connections_silent_closed.inc();
+                false
+            }
+        },
+        _ = stop.cancelled() => false,
+    }
+}
+
+/// The answer to every request of a connection past `--max-connections-per-ip`.
+fn too_many(ip: IpAddr, cap: usize) -> Response {
+    let mut response = ApiError::Busy(format!(
+        "too many connections from {ip}: at most {cap} at once (--max-connections-per-ip)"
+    ))
+    .into_response();
+    response.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    response
+}
+
+/// Connections held per client address.
+struct PerAddress {
+    cap: usize,
+    held: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One connection's place in its address's count, given back when dropped.
+struct AddressShare {
+    table: Arc<PerAddress>,
+    ip: IpAddr,
+}
+
+impl PerAddress {
+    /// A place for a connection from `ip`, or `None` when the address holds the cap.
+    fn take(self: &Arc<Self>, ip: IpAddr) -> Option<AddressShare> {
+        // An IPv4 client of a dual-stack listener is `::ffff:a.b.c.d`: counted as `a.b.c.d`.
+        let ip = ip.to_canonical();
+        let mut held = self.held.lock();
+        let n = held.entry(ip).or_insert(0);
+        if *n >= self.cap {
+            return None;
+        }
+        *n += 1;
+        Some(AddressShare {
+            table: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for AddressShare {
+    fn drop(&mut self) {
+        let mut held = self.table.held.lock();
+        if let Some(n) = held.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.ip);
+            }
+        }
     }
 }

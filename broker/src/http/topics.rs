@@ -8,7 +8,7 @@ use axum::http::HeaderMap;
 use mmmq_core::TopicDetail;
 
 use super::openapi::{BodyErrors, Deleted, Errors};
-use super::{ApiError, AppState, read_json_body};
+use super::{ApiError, AppState};
 
 /// The fields of a topic's configuration a `PUT` may set (any subset).
 #[derive(utoipa::ToSchema)]
@@ -61,7 +61,7 @@ pub(super) async fn put(
     let broker = state.broker()?;
     let topic = topic_of(path)?;
     tracing::Span::current().record("topic", topic.as_str());
-    let bytes = read_json_body(&headers, body, MAX_CONFIG_BYTES).await?;
+    let bytes = state.read_body(&headers, body, MAX_CONFIG_BYTES).await?;
     Ok(Json(broker.put_topic(&topic, &bytes).await?))
 }
 

@@ -236,6 +236,7 @@ async fn deploy_to_serving(
         let t = Instant::now();
         let r = client
             .put(format!("{base}/mmmq/plugins/rt"))
+            .header("content-type", "application/wasm")
             .body(bytes)
             .send()
             .await?;
