@@ -47,7 +47,8 @@ pub(super) enum Errors {
     Unauthorized(ErrorBody),
     /// Refused before any route: a request from another site (`Origin`, `Sec-Fetch-Site`), or,
     /// while the broker listens on loopback, a `Host` that is neither loopback nor in
-    /// `--allowed-hosts`; when producing or creating a topic, also `--max-topics` reached.
+    /// `--allowed-hosts`; when producing, creating or growing a topic, also `--max-topics` or
+    /// `--max-partitions` reached.
     #[response(status = 403)]
     Forbidden(ErrorBody),
     /// No such topic, group, dispatcher, plugin or version.
@@ -58,8 +59,9 @@ pub(super) enum Errors {
     #[response(status = 415)]
     UnsupportedMediaType(ErrorBody),
     /// Booting (recovering topics), the disk refused (`{"ack":"NACK","error"}`), the request body
-    /// budget is used up (`--max-inflight-body-bytes`), or the client's address holds
-    /// `--max-connections-per-ip`; `Retry-After` says when to try again.
+    /// budget is used up (`--max-inflight-body-bytes`), the client's address holds
+    /// `--max-connections-per-ip`, or a new group's first poll passes `--max-groups`;
+    /// `Retry-After` says when to try again.
     #[response(status = 503)]
     Unavailable(NackBody),
 }
