@@ -44,7 +44,7 @@ impl Groups {
     }
 
     /// A page of the groups' statuses, by name: up to `limit` groups after `after`, and fewer
-    /// once the page holds [`PAGE_PARTITIONS`] partitions (always at least one group), so that
+    /// once the page holds `PAGE_PARTITIONS` (10,000) partitions (always at least one group), so that
     /// one answer stays small however many partitions the groups consume. The second value says
     /// whether more groups follow.
     pub async fn list(&self, after: Option<&str>, limit: usize) -> (Vec<GroupStatus>, bool) {
