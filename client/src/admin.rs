@@ -118,10 +118,17 @@ impl Admin {
                 None => "/mmmq/groups?limit=1000".to_owned(),
             };
             let page: Vec<GroupStatus> = self.get(&path).await?;
-            if page.is_empty() {
+            // Names come in order; a broker from before paging answers every group each time,
+            // so what is not past the last name is not new.
+            let last = all.last().map(|g| g.group.clone());
+            let before = all.len();
+            all.extend(
+                page.into_iter()
+                    .filter(|g| last.as_ref().is_none_or(|l| g.group > *l)),
+            );
+            if all.len() == before {
                 return Ok(all);
             }
-            all.extend(page);
         }
     }
 

@@ -192,6 +192,8 @@ impl ServeConfig {
                 self.topic_defaults.retention_ms.unwrap_or(1),
             ),
             ("--max-partitions", self.max_partitions as u64),
+            ("--max-produce-ids", self.max_produce_ids as u64),
+            ("--max-groups", self.max_groups as u64),
         ];
         for (name, value) in positive {
             if value == 0 {
@@ -309,6 +311,20 @@ mod tests {
             c.validate().unwrap_err().to_string(),
             "--max-partitions: must be at least 1"
         );
+        for (name, zero) in [
+            (
+                "--max-produce-ids",
+                (|c| c.max_produce_ids = 0) as fn(&mut ServeConfig),
+            ),
+            ("--max-groups", |c| c.max_groups = 0),
+        ] {
+            let mut c = ServeConfig::new("/x");
+            zero(&mut c);
+            assert_eq!(
+                c.validate().unwrap_err().to_string(),
+                format!("{name}: must be at least 1")
+            );
+        }
         let mut c = ServeConfig::new("/x");
         c.max_body_bytes = 64 << 20;
         assert!(c.validate().unwrap_err().to_string().contains("at most"));

@@ -9,9 +9,11 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
+
+use super::id_budget::Account;
+pub use super::id_budget::{IdBudget, MAX_IDS};
 
 /// An id as it is remembered: its 128-bit hash (xxh3 with a seed chosen at start), not its text.
 /// Two different ids of one topic within one window collide with a probability far below a disk
@@ -71,67 +73,6 @@ struct Inner {
     seq: u64,
 }
 
-/// The default of `serve --max-produce-ids`: about 130 bytes an id with the tables' slack
-/// (docs/benchmarks.md, "Produce ids"), so 2,000,000 ids are ~250 MiB.
-pub const MAX_IDS: usize = 2_000_000;
-
-/// The ids every topic of a broker remembers, together (README, "Idempotent produce":
-/// `serve --max-produce-ids`). A claim that would pass it makes its own topic forget its oldest
-/// ids first, before their window ends: the window shrinks for the topic that grows, and a
-/// producer is never refused for it (`mmmq-client` gives every message an id, so refusing would
-/// cap the broker's throughput at the budget over the window). Ids past their window are freed
-/// at the next claim of their shard, and by the retention pass for topics nobody produces to.
-#[derive(Debug)]
-pub struct IdBudget {
-    max: AtomicUsize,
-    used: AtomicUsize,
-    forgotten_early: AtomicU64,
-}
-
-impl IdBudget {
-    /// A budget of `max` ids.
-    pub fn new(max: usize) -> Arc<Self> {
-        Arc::new(Self {
-            max: AtomicUsize::new(max),
-            used: AtomicUsize::new(0),
-            forgotten_early: AtomicU64::new(0),
-        })
-    }
-
-    /// Sets the budget (after boot has remembered the ids found in the logs).
-    pub fn set_max(&self, max: usize) {
-        self.max.store(max, Ordering::Relaxed);
-    }
-
-    /// The budget.
-    pub fn max(&self) -> usize {
-        self.max.load(Ordering::Relaxed)
-    }
-
-    /// Ids remembered now, over every topic.
-    pub fn used(&self) -> usize {
-        self.used.load(Ordering::Relaxed)
-    }
-
-    /// Ids forgotten before their window ended because the budget was full.
-    pub fn forgotten_early(&self) -> u64 {
-        self.forgotten_early.load(Ordering::Relaxed)
-    }
-
-    /// How many ids must go for one more to fit.
-    fn over(&self) -> usize {
-        (self.used() + 1).saturating_sub(self.max())
-    }
-
-    fn add(&self) {
-        self.used.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn remove(&self, n: usize) {
-        self.used.fetch_sub(n, Ordering::Relaxed);
-    }
-}
-
 /// Shards of a topic's ids: claims of different ids rarely wait for each other.
 const SHARDS: usize = 16;
 
@@ -140,22 +81,14 @@ const SHARDS: usize = 16;
 pub struct Dedup {
     shards: Vec<Shard>,
     seed: u64,
-    budget: Arc<IdBudget>,
-    /// Whether the budget made this topic forget ids early (logged once per topic).
-    capped: AtomicBool,
+    /// What it holds of the broker's budget of ids.
+    account: Account,
 }
 
 impl Default for Dedup {
     /// A topic alone with the default budget (tests, benchmarks).
     fn default() -> Self {
         Self::new(IdBudget::new(MAX_IDS))
-    }
-}
-
-impl Drop for Dedup {
-    /// A deleted topic's ids leave the budget with it.
-    fn drop(&mut self) {
-        self.budget.remove(self.len());
     }
 }
 
@@ -166,24 +99,16 @@ impl Dedup {
         Self {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
             seed: std::collections::hash_map::RandomState::new().hash_one(0u64),
-            budget,
-            capped: AtomicBool::new(false),
+            account: Account::new(budget),
         }
     }
 
     /// Forgets the ids past their window (`window_ms` before `now_ms`) in every shard: the
     /// retention pass frees the ids of topics nobody produces to.
     pub fn expire(&self, now_ms: u64, window_ms: u64) {
-        let ctx = self.ctx();
         for s in &self.shards {
-            Shard::expire(&mut s.inner.lock(), now_ms.saturating_sub(window_ms), &ctx);
-        }
-    }
-
-    fn ctx(&self) -> Ctx<'_> {
-        Ctx {
-            budget: &self.budget,
-            capped: &self.capped,
+            let horizon = now_ms.saturating_sub(window_ms);
+            Shard::expire(&mut s.inner.lock(), horizon, &self.account, false);
         }
     }
 
@@ -198,7 +123,7 @@ impl Dedup {
     /// Claims `id` at `now_ms` with a window of `window_ms`.
     pub fn claim(&self, id: &str, now_ms: u64, window_ms: u64) -> Claim {
         let key = self.key(id);
-        self.shard(key).claim(key, now_ms, window_ms, &self.ctx())
+        self.shard(key).claim(key, now_ms, window_ms, &self.account)
     }
 
     /// The append of a new claim stored its message at (`partition`, `offset`).
@@ -208,7 +133,7 @@ impl Dedup {
 
     /// The append of a new claim failed: the id is free again.
     pub fn withdraw(&self, ticket: &Ticket) {
-        self.shard(ticket.key).withdraw(ticket, &self.budget)
+        self.shard(ticket.key).withdraw(ticket, &self.account)
     }
 
     /// Where the message of a pending claim went, once its append is done; `None` if it failed
@@ -221,7 +146,7 @@ impl Dedup {
     pub fn remember(&self, id: &str, at_ms: u64, partition: u32, offset: u64) {
         let key = self.key(id);
         self.shard(key)
-            .remember(key, at_ms, partition, offset, &self.budget)
+            .remember(key, at_ms, partition, offset, &self.account)
     }
 
     /// How many ids are remembered (tests, metrics).
@@ -244,45 +169,37 @@ struct Shard {
     done: tokio::sync::Notify,
 }
 
-/// What a shard's expiry answers to: the broker's budget, and the topic's warned-once flag.
-struct Ctx<'a> {
-    budget: &'a IdBudget,
-    capped: &'a AtomicBool,
-}
-
 impl Shard {
-    /// Forgets the ids claimed before `horizon`, and, while the budget is full, the oldest of
-    /// this shard however young (each one counted as forgotten early).
-    fn expire(inner: &mut Inner, horizon: u64, ctx: &Ctx) {
-        while let Some(&at) = inner.order_at.front() {
+    /// Forgets the ids claimed before `horizon`; with `make_room`, while the topic must make
+    /// room in the budget ([`Account::must_forget`]), also the oldest of this shard however
+    /// young (each counted as forgotten early) — up to the first claim still being appended,
+    /// which its duplicates are waiting on.
+    fn expire(inner: &mut Inner, horizon: u64, account: &Account, make_room: bool) {
+        while let (Some(&at), Some(&key)) = (inner.order_at.front(), inner.order_key.front()) {
+            let current = inner.ids.get(&key).filter(|e| e.at_ms() == at);
             let early = at >= horizon;
-            if early && (ctx.budget.over() == 0 || inner.ids.is_empty()) {
+            if early
+                && (!make_room
+                    || !account.must_forget()
+                    || matches!(current, Some(Entry::Pending { .. })))
+            {
                 break;
             }
             inner.order_at.pop_front();
-            let key = inner
-                .order_key
-                .pop_front()
-                .expect("the queues have one length");
-            if inner.ids.get(&key).is_some_and(|e| e.at_ms() == at) {
+            inner.order_key.pop_front();
+            if current.is_some() {
                 inner.ids.remove(&key);
-                ctx.budget.remove(1);
+                account.remove(1);
                 if early {
-                    ctx.budget.forgotten_early.fetch_add(1, Ordering::Relaxed);
-                    if !ctx.capped.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(
-                            max = ctx.budget.max(),
-                            "more produce ids than the broker remembers (--max-produce-ids): this topic's oldest are forgotten before their window ends"
-                        );
-                    }
+                    account.forgot_early();
                 }
             }
         }
     }
 
-    fn claim(&self, key: Key, now_ms: u64, window_ms: u64, ctx: &Ctx) -> Claim {
+    fn claim(&self, key: Key, now_ms: u64, window_ms: u64, account: &Account) -> Claim {
         let mut inner = self.inner.lock();
-        Self::expire(&mut inner, now_ms.saturating_sub(window_ms), ctx);
+        Self::expire(&mut inner, now_ms.saturating_sub(window_ms), account, true);
         match inner.ids.get(&key) {
             Some(Entry::Pending { seq, .. }) => return Claim::Pending(Ticket { key, seq: *seq }),
             Some(Entry::Stored {
@@ -293,7 +210,7 @@ impl Shard {
         inner.seq += 1;
         let seq = inner.seq;
         inner.ids.insert(key, Entry::Pending { seq, at: now_ms });
-        ctx.budget.add();
+        account.add();
         inner.order_at.push_back(now_ms);
         inner.order_key.push_back(key);
         Claim::New(Ticket { key, seq })
@@ -317,13 +234,13 @@ impl Shard {
     }
 
     /// Frees the id (waiters see the failure and claim it themselves).
-    fn withdraw(&self, ticket: &Ticket, budget: &IdBudget) {
+    fn withdraw(&self, ticket: &Ticket, account: &Account) {
         {
             let mut inner = self.inner.lock();
             if matches!(inner.ids.get(&ticket.key), Some(Entry::Pending { seq, .. }) if *seq == ticket.seq)
             {
                 inner.ids.remove(&ticket.key);
-                budget.remove(1);
+                account.remove(1);
             }
         }
         self.done.notify_waiters();
@@ -346,7 +263,7 @@ impl Shard {
 
     /// Boot keeps every id of the window found in the log, past the budget too (the next claims
     /// trim it).
-    fn remember(&self, key: Key, at_ms: u64, partition: u32, offset: u64, budget: &IdBudget) {
+    fn remember(&self, key: Key, at_ms: u64, partition: u32, offset: u64, account: &Account) {
         let mut inner = self.inner.lock();
         let entry = Entry::Stored {
             partition,
@@ -354,7 +271,7 @@ impl Shard {
             at: at_ms,
         };
         if inner.ids.insert(key, entry).is_none() {
-            budget.add();
+            account.add();
             inner.order_at.push_back(at_ms);
             inner.order_key.push_back(key);
         }
@@ -467,70 +384,92 @@ mod tests {
         assert!(matches!(d.claim("b", 6, 100), Claim::Stored(1, 3)));
     }
 
-    /// The budget (README, "Idempotent produce": `--max-produce-ids`), over the shards of every
-    /// topic: a claim that would pass it first forgets the oldest ids of its own shard, however
-    /// young (counted, and warned once per topic); a shard with nothing to forget admits its
-    /// claim. What a producer sees: a retry of a remembered id appends nothing and answers the
-    /// first's position (`duplicate: true`); a retry of a forgotten one stores a second copy.
-    /// Ids past their window are freed by [`Dedup::expire`], so an idle topic's do not hold the
-    /// budget; a deleted topic's leave it.
+    fn stored_claim(shard: &Shard, key: Key, now: u64, account: &Account) {
+        let Claim::New(t) = shard.claim(key, now, u64::MAX, account) else {
+            panic!("{key} is new")
+        };
+        shard.stored(&t, 0, key as u64);
+    }
+
+    /// The budget (README, "Idempotent produce": `--max-produce-ids`), over every topic: a claim
+    /// that would pass it first forgets the oldest ids of its own shard, however young (counted,
+    /// warned once per topic) — if its topic holds at least its fair share (the budget over the
+    /// topics holding ids); a topic below it is admitted past the budget, which the other's next
+    /// claims take back. What a producer sees: a retry of a remembered id appends nothing and
+    /// answers the first's position (`duplicate: true`); a retry of a forgotten one stores a
+    /// second copy.
     #[test]
-    fn past_the_budget_a_claim_forgets_the_oldest_ids_of_its_shard_first() {
+    fn past_the_budget_a_claim_forgets_the_oldest_ids_of_its_topic_first() {
         let budget = IdBudget::new(4);
-        let (capped, other_capped) = (AtomicBool::new(false), AtomicBool::new(false));
-        let ctx = Ctx {
-            budget: &budget,
-            capped: &capped,
-        };
-        let window = u64::MAX;
+        let (busy, late) = (Account::new(budget.clone()), Account::new(budget.clone()));
         let (shard, other) = (Shard::default(), Shard::default());
-        let store = |shard: &Shard, key: Key, ctx: &Ctx| {
-            let Claim::New(t) = shard.claim(key, key as u64, window, ctx) else {
-                panic!("{key} is new")
-            };
-            shard.stored(&t, 0, key as u64);
-        };
         for key in 0..4 {
-            store(&shard, key, &ctx);
+            stored_claim(&shard, key, key as u64, &busy);
         }
         assert_eq!((budget.used(), budget.forgotten_early()), (4, 0));
-        assert!(!capped.load(Ordering::Relaxed), "nothing forgotten yet");
-        // Full: the next claim forgets the oldest (0) first, and warns.
-        store(&shard, 4, &ctx);
+        // Full: the next claim forgets the oldest (0) first.
+        stored_claim(&shard, 4, 4, &busy);
         assert_eq!((budget.used(), budget.forgotten_early()), (4, 1));
-        assert!(capped.load(Ordering::Relaxed));
         // A retry of a remembered id is a duplicate (and makes room for one: 1 goes).
         assert!(matches!(
-            shard.claim(3, 9, window, &ctx),
+            shard.claim(3, 9, u64::MAX, &busy),
             Claim::Stored(0, 3)
         ));
         assert_eq!((shard.len(), budget.forgotten_early()), (3, 2));
         // A retry of the forgotten 0 stores it again.
-        store(&shard, 0, &ctx);
+        stored_claim(&shard, 0, 10, &busy);
         assert_eq!(budget.used(), 4);
-        // Another topic's shard with nothing to forget admits its claim (one past the budget);
-        // its next claim forgets its own oldest, not the first topic's ids.
-        let other_ctx = Ctx {
-            budget: &budget,
-            capped: &other_capped,
-        };
-        store(&other, 100, &other_ctx);
-        assert_eq!((budget.used(), other.len()), (5, 1));
-        store(&other, 101, &other_ctx);
-        assert_eq!((budget.used(), other.len(), shard.len()), (5, 1, 4));
-        // Expiry by time frees the budget: all of the first shard's ids are older than 50.
-        Shard::expire(&mut shard.inner.lock(), 50, &ctx);
-        assert_eq!((budget.used(), shard.len()), (1, 0));
+        // A topic that starts later holds less than its share (4 / 2): admitted past the budget,
+        // its ids all kept ...
+        stored_claim(&other, 100, 11, &late);
+        stored_claim(&other, 101, 12, &late);
+        assert_eq!((budget.used(), late.held(), busy.held()), (6, 2, 4));
+        // ... and the busy topic's next claim gives back what was passed: it holds 4 ≥ 2.
+        stored_claim(&shard, 5, 13, &busy);
+        assert_eq!((budget.used(), late.held(), busy.held()), (4, 2, 2));
+        // Expiry by time frees the budget, and the sweep never forgets a young id early.
+        Shard::expire(&mut shard.inner.lock(), 10, &busy, false);
+        assert_eq!(
+            (budget.used(), busy.held()),
+            (4, 2),
+            "young: kept by the sweep"
+        );
+        Shard::expire(&mut shard.inner.lock(), 50, &busy, false);
+        assert_eq!((budget.used(), busy.held(), shard.len()), (2, 0, 0));
         // Ids found in the log at boot are kept past the budget until claims trim them.
         for key in 200..210 {
-            shard.remember(key, 60, 0, key as u64, &budget);
+            shard.remember(key, 60, 0, key as u64, &busy);
         }
-        assert_eq!(budget.used(), 11);
-        store(&shard, 300, &ctx);
-        assert_eq!((budget.used(), shard.len()), (4, 3));
+        assert_eq!(budget.used(), 12);
+        stored_claim(&shard, 300, 61, &busy);
+        assert_eq!((budget.used(), shard.len()), (4, 2));
     }
 
-    /// A topic's ids leave the broker's budget when the topic goes (deleted, or closed).
+    /// A claim whose append is in progress is never forgotten early, so a duplicate racing it
+    /// (a retry, the same id later in one batch) waits for its position instead of storing a
+    /// second copy.
+    #[test]
+    fn a_claim_being_appended_is_not_forgotten_to_make_room() {
+        let budget = IdBudget::new(2);
+        let account = Account::new(budget.clone());
+        let shard = Shard::default();
+        let Claim::New(_pending) = shard.claim(1, 1, u64::MAX, &account) else {
+            panic!()
+        };
+        stored_claim(&shard, 2, 2, &account);
+        stored_claim(&shard, 3, 3, &account);
+        assert_eq!(
+            budget.used(),
+            3,
+            "admitted past the budget: the oldest is being appended"
+        );
+        assert!(matches!(
+            shard.claim(1, 4, u64::MAX, &account),
+            Claim::Pending(_)
+        ));
+    }
+
+    /// A topic's ids leave the broker's budget when they expire or the topic goes.
     #[test]
     fn a_dropped_topic_gives_its_ids_back() {
         let budget = IdBudget::new(100);
@@ -547,6 +486,7 @@ mod tests {
         d.expire(1002, 1000);
         assert_eq!(budget.used(), 0, "past it");
         d.remember("x", 2000, 0, 1);
+        assert_eq!(budget.used(), 1);
         drop(d);
         assert_eq!(budget.used(), 0);
     }

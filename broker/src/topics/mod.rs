@@ -12,6 +12,7 @@
 
 mod budget;
 pub mod dedup;
+mod id_budget;
 pub mod incarnation;
 mod open;
 pub mod partition;

@@ -54,7 +54,7 @@ impl Shadow {
             })
             .and_then(|bytes| engine.compile(&bytes).map_err(|e| e.to_string()));
         if let Err(e) = &compiled {
-            tracing::error!(consumer_id, version = spec.version, error = %e, "the shadow version cannot run");
+            tracing::error!(consumer_id, version = spec.version, error = %crate::plugin::escape_controls(&e.to_string()), "the shadow version cannot run");
         }
         Self {
             version: spec.version.clone(),

@@ -254,10 +254,10 @@ impl Shared {
             Err(e) => {
                 match self.current.load().as_ref() {
                     Some(c) => {
-                        tracing::error!(consumer_id = %self.consumer_id, error = %e, serving = %c.version, "plugin reload failed; the old version keeps serving")
+                        tracing::error!(consumer_id = %self.consumer_id, error = %crate::plugin::escape_controls(&e.to_string()), serving = %c.version, "plugin reload failed; the old version keeps serving")
                     }
                     None => {
-                        tracing::error!(consumer_id = %self.consumer_id, error = %e, "plugin cannot be loaded; its messages wait until the file is fixed")
+                        tracing::error!(consumer_id = %self.consumer_id, error = %crate::plugin::escape_controls(&e.to_string()), "plugin cannot be loaded; its messages wait until the file is fixed")
                     }
                 }
                 *self.load_error.lock() = Some(e.clone());
@@ -440,7 +440,7 @@ impl Shared {
             }
             CallResult::Faulted(e) => {
                 let env = &batch[acked].envelope;
-                tracing::warn!(consumer_id = %self.consumer_id, offset = env.offset, topic = %env.topic, error = %e, "plugin call failed; counted as NACK");
+                tracing::warn!(consumer_id = %self.consumer_id, offset = env.offset, topic = %env.topic, error = %crate::plugin::escape_controls(&e.to_string()), "plugin call failed; counted as NACK");
                 Some(Outcome::Nack(format!("plugin {e}")))
             }
             // A fault of the plugin (its start code traps, its initial memory is over the cap),
@@ -449,7 +449,7 @@ impl Shared {
             // the topic on a version that can never run.
             CallResult::NoInstance(e) => {
                 let env = &batch[acked].envelope;
-                tracing::warn!(consumer_id = %self.consumer_id, offset = env.offset, topic = %env.topic, error = %e, "plugin cannot be instantiated; counted as NACK");
+                tracing::warn!(consumer_id = %self.consumer_id, offset = env.offset, topic = %env.topic, error = %crate::plugin::escape_controls(&e.to_string()), "plugin cannot be instantiated; counted as NACK");
                 Some(Outcome::Nack(format!("plugin cannot be instantiated: {e}")))
             }
         };
