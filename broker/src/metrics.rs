@@ -91,7 +91,8 @@ pub struct Metrics {
     pub groups: Gauge,
     /// Their cap (`--max-groups`).
     pub max_groups: Gauge,
-    /// First polls of a new group refused at the cap.
+    /// First polls of a new group refused at `--max-groups`, and new members past a group's
+    /// 1,000.
     pub groups_refused: Counter,
     /// Partitions over all topics now (filled at scrape), against `--max-partitions`.
     pub partitions: Gauge,
@@ -251,7 +252,7 @@ impl Metrics {
         );
         registry.register(
             "groups_refused",
-            "First polls of a new group refused at --max-groups",
+            "First polls refused: a new group past --max-groups, a new member past a group's 1000",
             m.groups_refused.clone(),
         );
         registry.register(

@@ -82,6 +82,36 @@ async fn groups_past_the_cap_are_refused_and_the_list_is_paged() {
     }
 }
 
+/// A group takes at most 1,000 live members: the next new one is `503` (counted with the refused
+/// groups), the members in it poll on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_group_takes_at_most_a_thousand_members() {
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::start(tmp.path()).await;
+    let join = |member: String| {
+        let broker = &broker;
+        async move {
+            broker
+                .get(&format!(
+                    "/mmmq/groups/big/messages?member={member}&pattern=t"
+                ))
+                .await
+        }
+    };
+    for m in 0..1000 {
+        let (status, body) = join(format!("m{m}")).await;
+        assert_eq!(status, 200, "m{m}: {body}");
+    }
+    let (status, body) = join("one-more".into()).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        body["error"],
+        "group \"big\" has 1000 live members, the most a group takes; a new member can join once one leaves or its session times out"
+    );
+    assert_eq!(join("m7".into()).await.0, 200);
+    assert_eq!(broker.metric("mmmq_groups_refused_total").await, 1.0);
+}
+
 /// Past `--max-produce-ids` the topic that claims a new id forgets its oldest first (each one
 /// counted, the log warned): the newest ids stay deduplicated, a forgotten one is stored again,
 /// and the broker holds about the budget (one shard of a topic may pass it by one id).

@@ -35,6 +35,9 @@ mod status;
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most messages one poll answers.
 const MAX_POLL: usize = 1000;
+/// Most live members of one group: each is walked on every poll of the group, and a member
+/// name lives for its session timeout (up to an hour) after its last poll.
+pub const MAX_MEMBERS: usize = 1_000;
 /// How long a group without members stays in memory (and in `GET /mmmq/groups`).
 pub const EMPTY_GROUP_TTL: Duration = Duration::from_secs(600);
 
@@ -67,6 +70,17 @@ pub enum GroupError {
     )]
     Limit {
         /// The group refused.
+        group: String,
+        /// The cap.
+        max: usize,
+    },
+    /// A new member past [`MAX_MEMBERS`] (`503`: members that stop polling leave after their
+    /// session timeout).
+    #[error(
+        "group {group:?} has {max} live members, the most a group takes; a new member can join once one leaves or its session times out"
+    )]
+    Members {
+        /// The group.
         group: String,
         /// The cap.
         max: usize,
@@ -363,6 +377,15 @@ impl Groups {
         let Some(g) = groups.get_mut(group) else {
             return Err(GroupError::Unknown(group.to_owned()));
         };
+        g.members
+            .retain(|_, m| now.duration_since(m.last_poll) <= m.session_timeout);
+        if !g.members.contains_key(member) && g.members.len() >= MAX_MEMBERS {
+            self.metrics.groups_refused.inc();
+            return Err(GroupError::Members {
+                group: group.to_owned(),
+                max: MAX_MEMBERS,
+            });
+        }
         g.members.insert(
             member.to_owned(),
             Member {

@@ -8,7 +8,7 @@ use mmmq_core::{GroupMember, GroupPartition, GroupStatus, Topic};
 
 use super::{GroupError, Groups, store, topic_partition};
 
-/// A page of `GET /mmmq/groups` ends once it holds this many partitions.
+/// A page of `GET /mmmq/groups` ends once it holds this many partitions and members.
 pub const PAGE_PARTITIONS: usize = 10_000;
 use crate::topics::Partition;
 
@@ -65,7 +65,7 @@ impl Groups {
                 return (out, names.len() > i);
             }
             if let Ok(s) = self.status(n).await {
-                rows += s.partitions.len();
+                rows += s.partitions.len() + s.members.len();
                 out.push(s);
             }
         }

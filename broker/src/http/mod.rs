@@ -294,7 +294,7 @@ impl From<crate::groups::GroupError> for ApiError {
             G::Invalid(_) => Self::BadRequest(e.to_string()),
             G::Unknown(_) => Self::NotFound(e.to_string()),
             G::NotOwner { .. } => Self::Conflict(e.to_string()),
-            G::Limit { .. } => Self::Busy(e.to_string()),
+            G::Limit { .. } | G::Members { .. } => Self::Busy(e.to_string()),
             G::Storage(_) => Self::Internal(e.to_string()),
         }
     }
