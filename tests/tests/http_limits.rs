@@ -75,7 +75,8 @@ async fn idle_connections_are_closed_and_trickling_bodies_time_out() {
     let tmp = tempfile::tempdir().unwrap();
     let broker = Broker::start_with(
         tmp.path(),
-        &["--header-timeout-ms", "500", "--request-timeout-ms", "700"],
+        // The request deadline before the header timeout, which also cuts off a stalled body.
+        &["--header-timeout-ms", "1000", "--request-timeout-ms", "700"],
     )
     .await;
     let addr = broker.addr();

@@ -272,35 +272,36 @@ async fn bodies_share_a_budget_and_plugin_uploads_are_staged_on_disk() {
     let broker = Broker::start_with(tmp.path(), &args).await;
     broker.produce("t", json!("warm-up")).await;
     let rss_before = broker.rss_bytes();
-    // An upload of 63 MiB that stops 1 MiB short.
-    let declared = 63usize << 20;
+    // An upload of 64 MiB that stops 1 MiB short.
+    let declared = 64usize << 20;
     let mut upload = tokio::net::TcpStream::connect(broker.addr()).await.unwrap();
     let head = format!(
         "PUT /mmmq/plugins/big HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/wasm\r\nContent-Length: {declared}\r\nConnection: close\r\n\r\n"
     );
     upload.write_all(head.as_bytes()).await.unwrap();
     let mib = vec![0u8; 1 << 20];
-    for _ in 0..62 {
+    for _ in 0..63 {
         upload.write_all(&mib).await.unwrap();
     }
     let pid = broker.pid();
     let staged = eventually_async(
         Duration::from_secs(30),
         "the upload staged on disk",
-        || async { staged_upload_bytes(pid).filter(|&n| n >= 61 << 20) },
+        || async { staged_upload_bytes(pid).filter(|&n| n >= 62 << 20) },
     )
     .await;
-    assert!(staged <= 62 << 20, "{staged}");
+    assert!(staged <= 63 << 20, "{staged}");
     let grown = broker.rss_bytes().saturating_sub(rss_before);
     assert!(
         grown < 16 << 20,
-        "RSS grew by {} MiB for a 62 MiB upload",
+        "RSS grew by {} MiB for a 63 MiB upload",
         grown >> 20
     );
-    assert_eq!(
-        broker.metric("mmmq_http_inflight_body_bytes").await,
-        declared as f64
-    );
+    // What has arrived is counted, not what is declared.
+    eventually_async(Duration::from_secs(10), "63 MiB counted", || async {
+        (broker.metric("mmmq_http_inflight_body_bytes").await == (63 << 20) as f64).then_some(())
+    })
+    .await;
     // 1 MiB of the budget is left: a 2 MiB batch is refused before its body is read, a small
     // produce goes through.
     let batch: Vec<Value> = (0..22)
@@ -441,5 +442,129 @@ async fn silent_connections_close_quickly_and_one_address_cannot_take_every_slot
                 .then_some(())
         },
     )
+    .await;
+}
+
+/// A connection past `--max-connections-per-ip` is answered `503` at once, before it sends a byte,
+/// and holds none of the `--max-connections` slots: one address that keeps its share busy with
+/// connections that sent one byte and went silent, and opens more than the broker's whole cap of
+/// connections on top, leaves another address served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_is_answered_at_once_and_holds_no_slot() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = ["--max-connections", "5", "--max-connections-per-ip", "2"];
+    let broker = Broker::start_with(tmp.path(), &args).await;
+    let addr = broker.addr();
+    let mut share = Vec::new();
+    for _ in 0..2 {
+        let mut s = connect_from("127.0.0.2", addr).await;
+        s.write_all(b"G").await.unwrap();
+        share.push(s);
+    }
+    // More refused connections than the broker has slots, all kept open by the client.
+    let mut refused = Vec::new();
+    for _ in 0..6 {
+        let mut s = connect_from("127.0.0.2", addr).await;
+        // Well under the first-byte (2 s) and header (10 s) timeouts.
+        let (got, closed) = read_to_close(&mut s, Duration::from_secs(1)).await;
+        let got = String::from_utf8_lossy(&got);
+        assert!(closed, "{got}");
+        let (head, body) = got.split_once("\r\n\r\n").expect("a whole response");
+        assert!(
+            head.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+            "{head}"
+        );
+        let head = format!("{}\r\n", head.to_ascii_lowercase());
+        assert!(head.contains("\r\nconnection: close\r\n"), "{head}");
+        assert!(head.contains("\r\nretry-after: 1\r\n"), "{head}");
+        assert!(
+            head.contains("\r\ncontent-type: application/json\r\n"),
+            "{head}"
+        );
+        let body: Value = serde_json::from_str(body).unwrap();
+        assert!(
+            error_of(&body).contains("--max-connections-per-ip"),
+            "{body}"
+        );
+        refused.push(s);
+    }
+    assert_eq!(
+        broker.metric("mmmq_http_connections_refused_total").await,
+        6.0
+    );
+    // Two requests from another address under way at once, while 127.0.0.2 holds its two.
+    let mut other = Vec::new();
+    for _ in 0..2 {
+        let mut s = connect_from("127.0.0.3", addr).await;
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            .await
+            .unwrap();
+        other.push(s);
+    }
+    for s in &mut other {
+        s.write_all(b"Connection: close\r\n\r\n").await.unwrap();
+        let (got, closed) = read_to_close(s, Duration::from_secs(5)).await;
+        let got = String::from_utf8_lossy(&got);
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+        assert!(closed);
+    }
+    drop(share);
+}
+
+/// The body budget is taken as bytes arrive, not on the declared `Content-Length`: a request that
+/// declares the whole budget and sends nothing holds none of it, so others' bodies go through;
+/// what it sends is counted, and given back when the body stalls for the header timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_body_that_does_not_arrive_holds_no_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = [
+        "--max-inflight-body-bytes",
+        "67108864",
+        "--header-timeout-ms",
+        "2000",
+    ];
+    let broker = Broker::start_with(tmp.path(), &args).await;
+    let mut upload = tokio::net::TcpStream::connect(broker.addr()).await.unwrap();
+    upload
+        .write_all(
+            b"PUT /mmmq/plugins/x HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/wasm\r\nContent-Length: 67108864\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    // The handler has the request once its staging file is open.
+    let pid = broker.pid();
+    eventually_async(
+        Duration::from_secs(10),
+        "the upload's staging file",
+        || async { staged_upload_bytes(pid) },
+    )
+    .await;
+    let (status, _, body) = send(
+        &broker,
+        "POST",
+        "/mmmq/messages",
+        &[],
+        Some((MESSAGE, Some("application/json"))),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(broker.metric("mmmq_http_inflight_body_bytes").await, 0.0);
+    upload.write_all(&vec![0u8; 1 << 20]).await.unwrap();
+    eventually_async(
+        Duration::from_secs(10),
+        "the upload's first MiB counted",
+        || async {
+            (broker.metric("mmmq_http_inflight_body_bytes").await == (1 << 20) as f64).then_some(())
+        },
+    )
+    .await;
+    // Then it stops: cut off after the header timeout, not the request deadline.
+    let (got, _) = read_to_close(&mut upload, Duration::from_secs(10)).await;
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(got.contains("--header-timeout-ms"), "{got}");
+    eventually_async(Duration::from_secs(10), "the budget given back", || async {
+        (broker.metric("mmmq_http_inflight_body_bytes").await == 0.0).then_some(())
+    })
     .await;
 }

@@ -2,11 +2,22 @@
 //! one budget of bytes shared by every request in flight (`--max-inflight-body-bytes`), so that
 //! many clients sending large or unfinished bodies cannot make the broker hold unbounded memory.
 //!
-//! A request takes its share of the budget before its body is read: the whole declared
-//! `Content-Length` at once (so a request that does not fit is refused before a byte of it is
-//! read), or chunk by chunk for a chunked body. It gives the share back when the handler is done
-//! with the bytes. When the budget is used up the answer is `503` with `Retry-After` at once:
-//! waiting would hold the connection, and a client's retry is as good.
+//! A request takes its share of the budget as its bytes arrive, chunk by chunk, never on what its
+//! `Content-Length` declares: a request that declares 64 MiB and sends nothing holds nothing, so
+//! a few of them cannot lock everyone else out until the request deadline. The declared length
+//! still refuses at once what cannot succeed: `413` past the route's limit, and `503` when it is
+//! more than the budget has free at that moment (nothing is reserved by that check). When the
+//! budget runs out while a body arrives the answer is `503` with `Retry-After`, and the
+//! connection is closed: waiting would hold the connection, and a client's retry is as good. The
+//! share is given back when the handler is done with the bytes, or when the request ends
+//! otherwise (its future dropped: the client left, the deadline passed).
+//!
+//! A body that stops arriving for the header timeout (`--header-timeout-ms`, 10 s) is answered
+//! `408` and gives its share back then, not at the request deadline (60 s): a client that has
+//! started sending keeps sending, the same bound as for the bytes of its headers.
+//!
+//! In memory a body is a `Vec` whose capacity is what is counted, grown by doubling up to the
+//! declared length (exactly that length at the end) or, for a chunked body, up to the limit.
 //!
 //! A plugin upload (up to 64 MiB) is staged in a temporary file under
 //! `{root-dir}/plugins/.uploads/` while it arrives, not in memory (an unfinished upload costs
@@ -18,6 +29,7 @@
 use std::io::{Read, Seek, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::http::{HeaderMap, header};
 use bytes::Bytes;
@@ -39,26 +51,37 @@ const STAGE_WRITE: usize = 1 << 20;
 pub(crate) struct BodyBudget {
     free: Semaphore,
     size: usize,
+    /// The longest a body may go without a byte (see the module's comment).
+    idle: Duration,
     metrics: Arc<HttpMetrics>,
 }
 
 impl BodyBudget {
-    /// A budget of `size` bytes.
-    pub(crate) fn new(size: usize, metrics: Arc<HttpMetrics>) -> Arc<Self> {
+    /// A budget of `size` bytes, for bodies that never stop for `idle`.
+    pub(crate) fn new(size: usize, idle: Duration, metrics: Arc<HttpMetrics>) -> Arc<Self> {
         Arc::new(Self {
             free: Semaphore::new(size.min(Semaphore::MAX_PERMITS)),
             size,
+            idle,
             metrics,
         })
     }
 
-    fn busy(&self) -> ApiError {
+    fn spent(&self) -> String {
         self.metrics.body_budget_refusals.inc();
-        ApiError::Busy(format!(
+        format!(
             "the broker holds its limit of {} bytes of request bodies (--max-inflight-body-bytes); \
              retry shortly",
             self.size
-        ))
+        )
+    }
+
+    /// Refuses at once a body that declares more than is free now; reserves nothing.
+    fn admit(&self, declared: usize) -> Result<(), ApiError> {
+        if declared > self.free.available_permits() {
+            return Err(ApiError::Busy(self.spent()));
+        }
+        Ok(())
     }
 }
 
@@ -76,15 +99,17 @@ impl Held {
         }
     }
 
-    /// Grows the share to `total` bytes, or refuses (`503`) when the budget does not have them.
+    /// Grows the share to `total` bytes, or refuses (`503`, closing the connection: the body is
+    /// under way) when the budget does not have them.
     fn cover(&mut self, total: usize) -> Result<(), ApiError> {
         let Some(more) = total.checked_sub(self.bytes).filter(|&n| n > 0) else {
             return Ok(());
         };
-        let permits = u32::try_from(more).map_err(|_| self.budget.busy())?;
+        let spent = |budget: &BodyBudget| ApiError::BusyMidBody(budget.spent());
+        let permits = u32::try_from(more).map_err(|_| spent(&self.budget))?;
         match self.budget.free.try_acquire_many(permits) {
             Ok(permit) => permit.forget(),
-            Err(_) => return Err(self.budget.busy()),
+            Err(_) => return Err(spent(&self.budget)),
         }
         self.bytes = total;
         self.budget.metrics.inflight_body_bytes.inc_by(more as i64);
@@ -133,13 +158,15 @@ pub(super) async fn read(
 ) -> Result<Body, ApiError> {
     let declared = declared_len(headers);
     let mut held = Held::new(budget);
-    let mut bytes = Vec::new();
-    if declared <= limit {
-        held.cover(declared)?;
-        bytes.reserve_exact(declared);
-    }
-    receive(body, declared, limit, &mut held, &mut bytes).await?;
-    Ok(Body { bytes, held })
+    let mut memory = InMemory {
+        bytes: Vec::new(),
+        bound: if declared > 0 { declared } else { limit },
+    };
+    receive(body, declared, limit, &mut held, &mut memory).await?;
+    Ok(Body {
+        bytes: memory.bytes,
+        held,
+    })
 }
 
 /// Receives a body of at most `limit` bytes into a temporary file in `dir`, then reads it back
@@ -153,10 +180,12 @@ pub(super) async fn stage(
 ) -> Result<Body, ApiError> {
     let declared = declared_len(headers);
     if declared > limit {
-        return Err(drain_too_large(body.into_data_stream(), 0, limit).await);
+        let bound = limit.saturating_add(DRAIN_OVERSIZED);
+        drain(body.into_data_stream(), bound, budget.idle, 0).await;
+        return Err(ApiError::body_too_large(limit));
     }
+    budget.admit(declared)?;
     let mut held = Held::new(budget);
-    held.cover(declared)?;
     let staging_error = {
         let dir = dir.clone();
         move |e: std::io::Error| {
@@ -189,18 +218,37 @@ fn declared_len(headers: &HeaderMap) -> usize {
 
 /// Where the chunks of a body go.
 trait Sink {
+    /// The bytes to count against the budget once `more` have been put.
+    fn footprint(&self, more: usize) -> usize;
     async fn put(&mut self, chunk: Bytes) -> std::io::Result<()>;
 }
 
-impl Sink for Vec<u8> {
+/// A body in memory: its capacity is what is counted, so it grows only in steps the budget covers
+/// and never past `bound` (the declared length, else the limit) but to hold a chunk.
+struct InMemory {
+    bytes: Vec<u8>,
+    bound: usize,
+}
+
+impl Sink for InMemory {
+    fn footprint(&self, more: usize) -> usize {
+        let need = self.bytes.len() + more;
+        if need <= self.bytes.capacity() {
+            return self.bytes.capacity();
+        }
+        (self.bytes.capacity() * 2).min(self.bound).max(need)
+    }
+
     async fn put(&mut self, chunk: Bytes) -> std::io::Result<()> {
-        self.extend_from_slice(&chunk);
+        let capacity = self.footprint(chunk.len());
+        self.bytes.reserve_exact(capacity - self.bytes.len());
+        self.bytes.extend_from_slice(&chunk);
         Ok(())
     }
 }
 
 /// Reads `body` into `sink`, covering every byte with `held`; past `limit` (declared or
-/// received), answers `413`.
+/// received), answers `413`; a body that stops for the budget's `idle` time, `408`.
 async fn receive(
     body: axum::body::Body,
     declared: usize,
@@ -209,18 +257,27 @@ async fn receive(
     sink: &mut impl Sink,
 ) -> Result<(), ApiError> {
     let mut stream = body.into_data_stream();
+    let idle = held.budget.idle;
     if declared > limit {
-        return Err(drain_too_large(stream, 0, limit).await);
+        drain(stream, limit.saturating_add(DRAIN_OVERSIZED), idle, 0).await;
+        return Err(ApiError::body_too_large(limit));
     }
+    held.budget.admit(declared)?;
     let mut total = 0usize;
-    while let Some(chunk) = stream.next().await {
-        let chunk =
-            chunk.map_err(|e| ApiError::BadRequest(format!("cannot read the body: {e}")))?;
+    while let Some(chunk) = next_chunk(&mut stream, idle).await? {
         total = total.saturating_add(chunk.len());
         if total > limit {
-            return Err(drain_too_large(stream, total, limit).await);
+            let bound = limit.saturating_add(DRAIN_OVERSIZED);
+            drain(stream, bound, idle, total).await;
+            return Err(ApiError::body_too_large(limit));
         }
-        held.cover(total)?;
+        if let Err(spent) = held.cover(sink.footprint(chunk.len())) {
+            // What was held is given back before the rest is thrown away.
+            *held = Held::new(&held.budget);
+            let bound = total.saturating_add(DRAIN_OVERSIZED);
+            drain(stream, bound, idle, total).await;
+            return Err(spent);
+        }
         sink.put(chunk).await.map_err(|e| {
             ApiError::Internal(format!("cannot keep the body while it arrives: {e}"))
         })?;
@@ -228,20 +285,34 @@ async fn receive(
     Ok(())
 }
 
-/// Reads and throws away up to [`DRAIN_OVERSIZED`] past `limit` (`total` already read), so that
-/// the client gets to read the `413`.
-async fn drain_too_large(
+/// The body's next chunk, `None` at its end; `408` when none comes within `idle`.
+async fn next_chunk(
+    stream: &mut axum::body::BodyDataStream,
+    idle: Duration,
+) -> Result<Option<Bytes>, ApiError> {
+    match tokio::time::timeout(idle, stream.next()).await {
+        Err(_) => Err(ApiError::BodyStalled(idle)),
+        Ok(None) => Ok(None),
+        Ok(Some(chunk)) => chunk
+            .map(Some)
+            .map_err(|e| ApiError::BadRequest(format!("cannot read the body: {e}"))),
+    }
+}
+
+/// Reads and throws away what arrives until `total` (counting what was already read) passes
+/// `bound`, the body ends or stalls, so that the client of a refused body gets to read its answer.
+async fn drain(
     mut stream: axum::body::BodyDataStream,
+    bound: usize,
+    idle: Duration,
     mut total: usize,
-    limit: usize,
-) -> ApiError {
-    while total <= limit.saturating_add(DRAIN_OVERSIZED) {
-        match stream.next().await {
-            Some(Ok(chunk)) => total = total.saturating_add(chunk.len()),
-            _ => break,
+) {
+    while total <= bound {
+        match next_chunk(&mut stream, idle).await {
+            Ok(Some(chunk)) => total = total.saturating_add(chunk.len()),
+            Ok(None) | Err(_) => break,
         }
     }
-    ApiError::body_too_large(limit)
 }
 
 /// An upload on its way to a temporary file, written a megabyte at a time off the executor.
@@ -283,6 +354,10 @@ impl Staged {
 }
 
 impl Sink for Staged {
+    fn footprint(&self, more: usize) -> usize {
+        self.len + more
+    }
+
     async fn put(&mut self, chunk: Bytes) -> std::io::Result<()> {
         self.len += chunk.len();
         self.pending.extend_from_slice(&chunk);

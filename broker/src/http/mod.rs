@@ -88,7 +88,11 @@ impl AppState {
                 config.auth_token.as_deref(),
                 http_metrics.clone(),
             )),
-            bodies: BodyBudget::new(config.http.max_inflight_body_bytes, http_metrics.clone()),
+            bodies: BodyBudget::new(
+                config.http.max_inflight_body_bytes,
+                config.http.header_read_timeout,
+                http_metrics.clone(),
+            ),
             http_metrics,
             request_timeout: config.http.request_timeout,
             openapi: Arc::new(serde_json::Value::Null),
@@ -218,6 +222,10 @@ pub enum ApiError {
     /// `503` with `Retry-After`, counted in the metrics rather than logged per request.
     #[error("{0}")]
     Busy(String),
+    /// The body budget ran out while the request's body was arriving: `503` with `Retry-After`
+    /// like [`ApiError::Busy`], and `Connection: close`, since the rest of the body is not read.
+    #[error("{0}")]
+    BusyMidBody(String),
     /// No such thing.
     #[error("{0}")]
     NotFound(String),
@@ -230,6 +238,9 @@ pub enum ApiError {
     /// The request took longer than the per-request deadline (a body that trickles in).
     #[error("request not completed within {} s", .0.as_secs())]
     Timeout(std::time::Duration),
+    /// The body stopped arriving for the header timeout (README, "HTTP API").
+    #[error("no byte of the request body for {} ms (--header-timeout-ms)", .0.as_millis())]
+    BodyStalled(std::time::Duration),
     /// The request contradicts the state it acts on (a commit for a partition the member does
     /// not own).
     #[error("{0}")]
@@ -309,13 +320,15 @@ impl IntoResponse for ApiError {
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::Timeout(_) | Self::BodyStalled(_) => StatusCode::REQUEST_TIMEOUT,
             Self::TopicLimit(_) => StatusCode::FORBIDDEN,
             Self::Conflict(_) => StatusCode::CONFLICT,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::Starting | Self::Busy(_) | Self::NotDurable(_) | Self::PartialBatch { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::Starting
+            | Self::Busy(_)
+            | Self::BusyMidBody(_)
+            | Self::NotDurable(_)
+            | Self::PartialBatch { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let body = match &self {
@@ -326,10 +339,19 @@ impl IntoResponse for ApiError {
             _ => serde_json::json!({"error": self.to_string()}),
         };
         // A spent budget is counted in the metrics, not logged per request.
-        if status.is_server_error() && !matches!(self, Self::Starting | Self::Busy(_)) {
+        if status.is_server_error()
+            && !matches!(self, Self::Starting | Self::Busy(_) | Self::BusyMidBody(_))
+        {
             tracing::warn!(%status, error = %self, "request failed");
         }
+        let close = matches!(self, Self::BusyMidBody(_));
         let mut response = (status, axum::Json(body)).into_response();
+        if close {
+            response.headers_mut().insert(
+                header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
         if status == StatusCode::SERVICE_UNAVAILABLE {
             // A failed disk is retried by the log after about a second; recovery takes as long;
             // the body budget frees as the requests in flight finish.

@@ -11,26 +11,28 @@
 //! Two more limits keep one client from taking every slot: a new connection must send its first
 //! byte within `--first-byte-timeout-ms` (2 s, shorter than the header timeout: a socket opened
 //! and left silent is closed quickly), and one client address holds at most
-//! `--max-connections-per-ip`; past it a connection's request is answered `503` and the
-//! connection closed (it cannot be left waiting: the backlog is shared by every address).
+//! `--max-connections-per-ip`; past it a connection is answered `503` at once, without reading
+//! its request, and closed (it cannot be left waiting: the backlog is shared by every address).
+//! A refused connection gives its `--max-connections` slot back as soon as it is accepted and
+//! never reaches hyper, so it cannot hold a slot through the first-byte and header timeouts: one
+//! address opening connections as fast as it can only costs the broker a short write each.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::response::{IntoResponse, Response};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use super::{ApiError, App};
+use super::App;
 pub use crate::config::HttpLimits;
 use crate::metrics::HttpMetrics;
 
@@ -58,6 +60,7 @@ pub async fn serve(
         cap: limits.max_connections_per_ip,
         held: Mutex::new(HashMap::new()),
     });
+    let refusing = Arc::new(Semaphore::new(limits.max_connections.max(MIN_REFUSALS)));
     let graceful = GracefulShutdown::new();
     loop {
         let slot = tokio::select! {
@@ -79,11 +82,20 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         // Taken here, in accept order, so that the count is exact when the next one comes.
-        let share = per_address.take(peer.ip());
-        if share.is_none() {
+        let Some(share) = per_address.take(peer.ip()) else {
+            drop(slot);
             metrics.connections_refused.inc();
-        }
-        let cap = per_address.cap;
+            // Past `refusing` answers in flight the connection is just closed: refusals cannot
+            // pile up open descriptors either.
+            if let Ok(turn) = refusing.clone().try_acquire_owned() {
+                let answer = too_many(peer.ip(), per_address.cap);
+                tokio::spawn(async move {
+                    refuse(stream, answer).await;
+                    drop(turn);
+                });
+            }
+            continue;
+        };
         let (app, builder, metrics, stop) =
             (app.clone(), builder.clone(), metrics.clone(), stop.clone());
         let watcher = graceful.watcher();
@@ -91,18 +103,9 @@ pub async fn serve(
         tokio::spawn(async move {
             if first_byte_arrives(&stream, first_byte, &stop, &metrics).await {
                 let io = TokioIo::new(stream);
-                let served = match share {
-                    Some(_share) => {
-                        let service = TowerToHyperService::new(app);
-                        watcher.watch(builder.serve_connection(io, service)).await
-                    }
-                    None => {
-                        let refuse = hyper::service::service_fn(move |_| {
-                            std::future::ready(Ok::<_, Infallible>(too_many(peer.ip(), cap)))
-                        });
-                        watcher.watch(builder.serve_connection(io, refuse)).await
-                    }
-                };
+                let service = TowerToHyperService::new(app);
+                let served = watcher.watch(builder.serve_connection(io, service)).await;
+                drop(share);
                 if let Err(e) = served {
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
                 }
@@ -143,17 +146,42 @@ async fn first_byte_arrives(
     }
 }
 
-/// The answer to every request of a connection past `--max-connections-per-ip`.
-fn too_many(ip: IpAddr, cap: usize) -> Response {
-    let mut response = ApiError::Busy(format!(
-        "too many connections from {ip}: at most {cap} at once (--max-connections-per-ip)"
-    ))
-    .into_response();
-    response.headers_mut().insert(
-        axum::http::header::CONNECTION,
-        axum::http::HeaderValue::from_static("close"),
-    );
-    response
+/// Refusals answered at once, at least: as many as `--max-connections` when that is more. Each
+/// lasts at most [`REFUSAL_TIME`].
+const MIN_REFUSALS: usize = 64;
+
+/// How long a refused connection has to take its `503` (and to finish sending, see [`refuse`]).
+const REFUSAL_TIME: Duration = Duration::from_secs(1);
+
+/// The whole answer to a connection past `--max-connections-per-ip`: a `503` with a JSON body
+/// naming the limit, like the API's other `503`s (README, "HTTP API"), and `Connection: close`.
+fn too_many(ip: IpAddr, cap: usize) -> Vec<u8> {
+    let body = serde_json::json!({
+        "error": format!(
+            "too many connections from {ip}: at most {cap} at once (--max-connections-per-ip)"
+        )
+    })
+    .to_string();
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\nRetry-After: 1\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Writes `answer` to a refused connection without reading its request, then reads (and throws
+/// away) what the client sends until it closes: closing with its request unread would reset the
+/// connection, and the client could lose the answer. All within [`REFUSAL_TIME`].
+async fn refuse(mut stream: TcpStream, answer: Vec<u8>) {
+    let _ = tokio::time::timeout(REFUSAL_TIME, async {
+        stream.write_all(&answer).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
 }
 
 /// Connections held per client address.
