@@ -81,6 +81,34 @@ impl Broker {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
+    /// Sends one request with extra headers (`Host` among them overrides the real one) and an
+    /// optional raw body with an optional content type; returns the status, the headers and the
+    /// JSON answer (`null` when it is not JSON).
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<(&str, Option<&str>)>,
+    ) -> (u16, reqwest::header::HeaderMap, Value) {
+        let mut r = self
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", self.url));
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        if let Some((body, content_type)) = body {
+            if let Some(ct) = content_type {
+                r = r.header("content-type", ct);
+            }
+            r = r.body(body.to_owned());
+        }
+        let r = r.send().await.expect("request");
+        let status = r.status().as_u16();
+        let headers = r.headers().clone();
+        (status, headers, r.json().await.unwrap_or(Value::Null))
+    }
+
     /// POSTs JSON to a path; returns the status and the JSON answer.
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         self.request(reqwest::Method::POST, path, Some(body)).await

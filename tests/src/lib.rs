@@ -165,3 +165,10 @@ fn succeeded(out: std::process::Output) -> std::process::Output {
     );
     out
 }
+
+/// The `error` of a JSON error answer (panics when there is none).
+pub fn error_of(body: &serde_json::Value) -> &str {
+    body["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error: {body}"))
+}

@@ -76,10 +76,12 @@ impl BodyBudget {
         )
     }
 
-    /// Refuses at once a body that declares more than is free now; reserves nothing.
+    /// Refuses at once a body that declares more than is free now; reserves nothing. The body is
+    /// left unread, so the connection closes after the answer (a client reusing it would find
+    /// it gone).
     fn admit(&self, declared: usize) -> Result<(), ApiError> {
         if declared > self.free.available_permits() {
-            return Err(ApiError::Busy(self.spent()));
+            return Err(ApiError::BusyMidBody(self.spent()));
         }
         Ok(())
     }

@@ -222,8 +222,9 @@ pub enum ApiError {
     /// `503` with `Retry-After`, counted in the metrics rather than logged per request.
     #[error("{0}")]
     Busy(String),
-    /// The body budget ran out while the request's body was arriving: `503` with `Retry-After`
-    /// like [`ApiError::Busy`], and `Connection: close`, since the rest of the body is not read.
+    /// The body budget cannot take the request's body (before it is read, or while it arrives):
+    /// `503` with `Retry-After` like [`ApiError::Busy`], and `Connection: close`, since the rest
+    /// of the body is not read.
     #[error("{0}")]
     BusyMidBody(String),
     /// No such thing.
