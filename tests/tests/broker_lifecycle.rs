@@ -285,7 +285,14 @@ async fn a_broken_dispatchers_json_stops_serve_with_a_message_naming_the_entry()
 #[test]
 fn serve_refuses_settings_out_of_range() {
     let tmp = tempfile::tempdir().unwrap();
-    for (flag, value) in [("--max-connections", "0"), ("--header-timeout-ms", "0")] {
+    for (flag, value) in [
+        ("--max-connections", "0"),
+        ("--header-timeout-ms", "0"),
+        // It used to start and refuse every topic.
+        ("--max-topics", "0"),
+        ("--max-groups", "0"),
+        ("--max-produce-ids", "0"),
+    ] {
         let out = Command::new(mmmq_bin())
             .args(["serve", "--listen", "127.0.0.1:0", "--root-dir"])
             .arg(tmp.path())

@@ -191,6 +191,7 @@ impl ServeConfig {
                 "--default-retention-ms",
                 self.topic_defaults.retention_ms.unwrap_or(1),
             ),
+            ("--max-topics", self.max_topics as u64),
             ("--max-partitions", self.max_partitions as u64),
             ("--max-produce-ids", self.max_produce_ids as u64),
             ("--max-groups", self.max_groups as u64),
