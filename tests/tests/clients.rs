@@ -369,6 +369,10 @@ async fn cli_produce_from_stdin_then_tail_returns_the_same_messages() {
         Some(&input),
     );
     assert!(ok, "{err}");
+    assert!(
+        err.starts_with("produced 250 messages to cli.t in "),
+        "the total ends the input: {err}"
+    );
     let receipts: Vec<Value> = out
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())

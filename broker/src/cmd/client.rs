@@ -126,12 +126,13 @@ pub async fn produce(
             break;
         }
     }
-    if progress && started.elapsed() > Duration::from_secs(1) {
-        eprintln!(
-            "\rproduced {sent} messages in {:.1} s",
-            started.elapsed().as_secs_f64()
-        );
-    }
+    // The total, always (on stderr, so that stdout stays one receipt per line): a script sees at
+    // once that its whole input went.
+    eprintln!(
+        "{}produced {sent} messages to {topic} in {:.1} s",
+        if progress { "\r" } else { "" },
+        started.elapsed().as_secs_f64()
+    );
     Ok(sent)
 }
 
