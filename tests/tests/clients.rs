@@ -446,6 +446,8 @@ async fn cli_produce_from_stdin_then_tail_returns_the_same_messages() {
         "{out}"
     );
     let row = out.lines().find(|l| l.starts_with("cli.t ")).unwrap();
+    let at = header.find("PARTITIONS").expect("a partitions column");
+    assert_eq!(&row[at..at + 2], "1 ", "aligned:\n{out}");
     assert_eq!(
         row.find("251"),
         header.find("NEXT OFFSET"),
@@ -471,7 +473,9 @@ async fn cli_produce_from_stdin_then_tail_returns_the_same_messages() {
     assert_eq!(status[0]["consumerId"], "svc");
     let (ok, out, _) = mmmq(&broker, &["dispatchers"], None);
     assert!(ok);
-    assert!(out.lines().next().unwrap().starts_with("CONSUMER"), "{out}");
+    let header = out.lines().next().unwrap();
+    assert!(header.starts_with("CONSUMER"), "{out}");
+    assert!(header.contains(" DROPPED "), "{out}");
     assert!(
         out.contains("svc") && out.contains(&format!("127.0.0.1:{}", consumer.port)),
         "{out}"

@@ -9,6 +9,9 @@ use mmmq_client::{
 };
 use serde_json::value::RawValue;
 
+use super::table::{first_line, retention};
+pub use super::table::{print_json, table};
+
 /// Why a client command failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
@@ -213,32 +216,6 @@ pub async fn tail_with(
     }
 }
 
-/// Prints rows as columns aligned under their headers.
-pub fn table(headers: &[&str], rows: &[Vec<String>], out: &mut dyn Write) -> std::io::Result<()> {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>, out: &mut dyn Write| {
-        let mut s = String::new();
-        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
-            if i + 1 == cells.len() {
-                s.push_str(cell);
-            } else {
-                s.push_str(&format!("{cell:<w$}  "));
-            }
-        }
-        writeln!(out, "{}", s.trim_end())
-    };
-    line(headers.to_vec(), out)?;
-    for row in rows {
-        line(row.iter().map(String::as_str).collect(), out)?;
-    }
-    Ok(())
-}
-
 /// `mmmq topics`.
 pub async fn topics(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
     let topics = broker.admin()?.topics().await?;
@@ -250,6 +227,7 @@ pub async fn topics(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<()
         .map(|t| {
             vec![
                 t.name.clone(),
+                t.partition_count.to_string(),
                 t.first_offset.to_string(),
                 t.next_offset.to_string(),
                 t.segments.to_string(),
@@ -261,6 +239,7 @@ pub async fn topics(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<()
     table(
         &[
             "TOPIC",
+            "PARTITIONS",
             "FIRST OFFSET",
             "NEXT OFFSET",
             "SEGMENTS",
@@ -271,21 +250,6 @@ pub async fn topics(broker: &Conn, json: bool, out: &mut dyn Write) -> Result<()
         out,
     )?;
     Ok(())
-}
-
-/// A topic's retention as people say it: `14d`, `90s`, `forever`, `1000000 B`, or both.
-fn retention(ms: Option<u64>, bytes: Option<u64>) -> String {
-    let time = match ms {
-        None => "forever".to_owned(),
-        Some(ms) if ms % 86_400_000 == 0 => format!("{}d", ms / 86_400_000),
-        Some(ms) if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
-        Some(ms) if ms % 1000 == 0 => format!("{}s", ms / 1000),
-        Some(ms) => format!("{ms}ms"),
-    };
-    match bytes {
-        None => time,
-        Some(b) => format!("{time}, {b} B"),
-    }
 }
 
 /// What `mmmq topic` does.
@@ -363,18 +327,6 @@ fn show_topic(d: &TopicDetail, out: &mut dyn Write) -> Result<(), CliError> {
         out,
     )?;
     Ok(())
-}
-
-/// With `--json`, prints `value` as one line and says so (the caller prints nothing else).
-pub fn print_json<T: serde::Serialize>(
-    json: bool,
-    value: &T,
-    out: &mut dyn Write,
-) -> Result<bool, CliError> {
-    if json {
-        writeln!(out, "{}", serde_json::to_string(value).expect("encodes"))?;
-    }
-    Ok(json)
 }
 
 /// `mmmq reload`: what changed, one line per kind of change that happened.
@@ -483,8 +435,12 @@ pub async fn dispatchers(broker: &Conn, json: bool, out: &mut dyn Write) -> Resu
                 d.delivered.to_string(),
                 d.nacked.to_string(),
                 d.dead_lettered.to_string(),
+                d.dropped.to_string(),
                 d.lag.to_string(),
-                d.last_error.clone().unwrap_or_else(|| "-".into()),
+                // The first line: a table row is one line (`--json` has the whole reason).
+                d.last_error
+                    .as_deref()
+                    .map_or_else(|| "-".into(), first_line),
             ]
         })
         .collect();
@@ -496,6 +452,7 @@ pub async fn dispatchers(broker: &Conn, json: bool, out: &mut dyn Write) -> Resu
             "DELIVERED",
             "NACKED",
             "DEAD-LETTERED",
+            "DROPPED",
             "LAG",
             "LAST ERROR",
         ],

@@ -6,6 +6,7 @@
 //! - `client`: `produce`, `tail`, `topics`, `dispatchers`, over `mmmq-client`.
 //! - `plugin`: `mmmq plugin …` (`deploy`: the commands on deployed plugins; `replay`).
 //! - `shell`: `completions` and `man`, generated from [`Cli`].
+//! - `table`: how tables and `--json` lines are printed (used by `client`, `deploy`, `dlq`).
 //! - `bench`: `mmmq bench`, one file per benchmark.
 
 mod bench;
@@ -15,6 +16,7 @@ mod dlq;
 mod plugin;
 mod replay;
 mod shell;
+mod table;
 mod topic;
 
 use std::path::PathBuf;
