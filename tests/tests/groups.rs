@@ -266,3 +266,36 @@ async fn group_consumers_from_the_client_crate_share_a_topic_and_commit() {
         "{text}"
     );
 }
+
+/// A poll answers up to `max` messages over the member's partitions: what idle partitions leave
+/// is filled from a busy one (it used to get `max` ÷ partitions from each).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_poll_fills_max_from_the_partitions_that_have_messages() {
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::start(tmp.path()).await;
+    let (status, body) = broker
+        .put("/mmmq/topics/busy", &json!({"partitions": 4}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let batch: Vec<Value> = (0..30)
+        .map(|n| json!({"topic": "busy", "partition": 1, "content": n}))
+        .collect();
+    let (status, body) = broker.post("/mmmq/messages/batch", &json!(batch)).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = broker
+        .get("/mmmq/groups/g/messages?member=only&pattern=busy&max=20")
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let got: Vec<u64> = body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["offset"].as_u64().unwrap())
+        .collect();
+    assert_eq!(got, (0..20).collect::<Vec<_>>(), "{body}");
+    let (_, body) = broker
+        .get("/mmmq/groups/g/messages?member=only&pattern=busy&max=20")
+        .await;
+    assert_eq!(body["messages"].as_array().unwrap().len(), 10, "{body}");
+    assert_eq!(body["messages"][0]["offset"], 20, "{body}");
+}

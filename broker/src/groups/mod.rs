@@ -19,9 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mmmq_core::{
-    ConsumerId, Envelope, GroupPoll, StoredMessage, Topic, TopicId, TopicPartition, TopicPattern,
-};
+use mmmq_core::{ConsumerId, GroupPoll, Topic, TopicId, TopicPartition, TopicPattern};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -29,7 +27,10 @@ use crate::metrics::{DispatchLabel, Metrics};
 use crate::storage::{Checkpoints, StorageError};
 use crate::topics::{Partition, Registry};
 
+mod read;
 mod status;
+
+use read::read_owned;
 
 /// Default `sessionTimeoutMs`.
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -522,43 +523,4 @@ impl Groups {
         self.rebalance(g, Instant::now());
         Ok(())
     }
-}
-
-/// Reads up to `max` messages over the owned partitions, from each one's position, taking turns
-/// so that one busy partition does not starve the others.
-#[allow(clippy::type_complexity)]
-async fn read_owned(
-    owned: &[(Key, Arc<Partition>, u64)],
-    max: usize,
-) -> Result<(Vec<Envelope>, Vec<(Key, u64)>), GroupError> {
-    let per = (max / owned.len().max(1)).max(1);
-    let mut out = Vec::new();
-    let mut read_to = Vec::new();
-    for (key, p, at) in owned {
-        if out.len() >= max {
-            break;
-        }
-        let (log, at, want) = (p.log.clone(), *at, per.min(max - out.len()));
-        let read = tokio::task::spawn_blocking(move || log.read_from(at, want, 8 << 20))
-            .await
-            .expect("read task panicked");
-        let entries = match read {
-            Ok(entries) => entries,
-            // Retention deleted what was being read: nothing from this partition now; the next
-            // poll goes on from the first offset still stored and counts the skip.
-            Err(_) if p.log.first_offset() > at => continue,
-            Err(e) => return Err(e.into()),
-        };
-        if let Some(last) = entries.last() {
-            read_to.push((key.clone(), last.offset + 1));
-        }
-        // A corrupt entry is left out (the gap in offsets shows it), and passed.
-        for e in entries {
-            let Ok(bytes) = e.payload else { continue };
-            if let Ok(m) = StoredMessage::from_payload(&bytes) {
-                out.push(m.into_envelope(key.0.clone(), key.1, key.2, e.offset));
-            }
-        }
-    }
-    Ok((out, read_to))
 }

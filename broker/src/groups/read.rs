@@ -1,0 +1,71 @@
+//! What a member's poll reads from the partitions it owns (README, "Consumer groups").
+
+use std::sync::Arc;
+
+use mmmq_core::{Envelope, StoredMessage};
+
+use super::{GroupError, Key};
+use crate::topics::Partition;
+
+/// Reads up to `max` messages over the owned partitions, from each one's position: in rounds
+/// that share what is left of `max` over the partitions that still have messages, so that one
+/// busy partition neither starves the others nor is held to their share when they are idle.
+#[allow(clippy::type_complexity)]
+pub(super) async fn read_owned(
+    owned: &[(Key, Arc<Partition>, u64)],
+    max: usize,
+) -> Result<(Vec<Envelope>, Vec<(Key, u64)>), GroupError> {
+    let mut out = Vec::new();
+    // Where each partition is read next, while it may have more; and where its reading ended.
+    let mut next: Vec<Option<u64>> = owned.iter().map(|(_, _, at)| Some(*at)).collect();
+    let mut ends: Vec<Option<u64>> = vec![None; owned.len()];
+    // Rounds: what is left of `max` shared over the partitions that still have messages, so one
+    // busy partition fills what idle ones leave (README, "Consumer groups").
+    while out.len() < max {
+        let active = next.iter().filter(|n| n.is_some()).count();
+        if active == 0 {
+            break;
+        }
+        let per = ((max - out.len()) / active).max(1);
+        for (i, (key, p, _)) in owned.iter().enumerate() {
+            let Some(from) = next[i] else { continue };
+            if out.len() >= max {
+                break;
+            }
+            let (log, want) = (p.log.clone(), per.min(max - out.len()));
+            let read = tokio::task::spawn_blocking(move || log.read_from(from, want, 8 << 20))
+                .await
+                .expect("read task panicked");
+            let entries = match read {
+                Ok(entries) => entries,
+                // Retention deleted what was being read: nothing from this partition now; the
+                // next poll goes on from the first offset still stored and counts the skip.
+                Err(_) if p.log.first_offset() > from => {
+                    next[i] = None;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            // Fewer than asked: the partition's end (or its byte cap) for this poll.
+            let full = entries.len() >= want;
+            next[i] = None;
+            if let Some(last) = entries.last() {
+                ends[i] = Some(last.offset + 1);
+                next[i] = full.then_some(last.offset + 1);
+            }
+            // A corrupt entry is left out (the gap in offsets shows it), and passed.
+            for e in entries {
+                let Ok(bytes) = e.payload else { continue };
+                if let Ok(m) = StoredMessage::from_payload(&bytes) {
+                    out.push(m.into_envelope(key.0.clone(), key.1, key.2, e.offset));
+                }
+            }
+        }
+    }
+    let read_to = owned
+        .iter()
+        .zip(ends)
+        .filter_map(|((key, _, _), end)| Some((key.clone(), end?)))
+        .collect();
+    Ok((out, read_to))
+}
