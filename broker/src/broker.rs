@@ -292,26 +292,20 @@ impl Broker {
     /// (lag, open segment files) refreshed first, and the HTTP server's when given.
     pub async fn metrics_text(&self, http: Option<&crate::metrics::HttpMetrics>) -> String {
         self.dispatch.status().await;
-        let files = &self.files;
-        self.metrics
-            .open_segment_files
-            .set(files.open_files().min(i64::MAX as usize) as i64);
-        self.metrics
-            .max_open_segment_files
-            .set(files.capacity().min(i64::MAX as usize) as i64);
-        let ids = self.registry.produce_ids();
+        let (m, files) = (&self.metrics, &self.files);
         let gauge = |n: usize| n.min(i64::MAX as usize) as i64;
-        self.metrics.produce_ids.set(gauge(ids.used()));
-        self.metrics.max_produce_ids.set(gauge(ids.max()));
-        let forgotten = &self.metrics.produce_ids_forgotten_early;
+        m.open_segment_files.set(gauge(files.open_files()));
+        m.max_open_segment_files.set(gauge(files.capacity()));
+        let ids = self.registry.produce_ids();
+        m.produce_ids.set(gauge(ids.used()));
+        m.max_produce_ids.set(gauge(ids.max()));
+        let forgotten = &m.produce_ids_forgotten_early;
         forgotten.inc_by(ids.forgotten_early().saturating_sub(forgotten.get()));
-        self.metrics.groups.set(gauge(self.groups.len()));
-        self.metrics.max_groups.set(gauge(self.groups.max()));
+        m.groups.set(gauge(self.groups.len()));
+        m.max_groups.set(gauge(self.groups.max()));
         let (partitions, max_partitions) = self.registry.partition_usage();
-        self.metrics.partitions.set(partitions as i64);
-        self.metrics
-            .max_partitions
-            .set(max_partitions.min(i64::MAX as usize) as i64);
+        m.partitions.set(gauge(partitions));
+        m.max_partitions.set(gauge(max_partitions));
         self.metrics.encode(http)
     }
 

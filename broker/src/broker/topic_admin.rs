@@ -124,6 +124,8 @@ pub(super) fn spawn_retention(
                     return;
                 }
                 let config = registry.config_of(&t);
+                // Ids past their window leave the budget, also in a topic nobody produces to.
+                t.dedup.expire(now_ms(), config.dedup_window_ms);
                 for p in t.partitions() {
                     let floor = if config.keep_undelivered {
                         let mut held = dispatch.protected_positions(&t.topic, &p).await;
@@ -148,7 +150,6 @@ pub(super) fn spawn_retention(
                     }
                 }
             }
-            registry.expire_produce_ids();
             metrics.retention_passes.inc();
             tokio::select! {
                 _ = stop.cancelled() => return,

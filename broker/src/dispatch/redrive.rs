@@ -200,8 +200,9 @@ impl Dispatch {
             .get(&dlq)
             .map(|t| t.partitions())
             .unwrap_or_default();
-        // The range is bounded by what exists now: the dead letters this redrive writes go to
-        // the end of the same topic, and a range reaching past it would take them in turn.
+        // A range past the end is `400` (README, "Dead-letter redrive"): what the client asked
+        // for is not there. (The starts and ends below are clamped to what exists as well, so
+        // that a redrive never reaches the dead letters it writes itself.)
         let end = partitions
             .iter()
             .map(|p| p.log.next_offset())

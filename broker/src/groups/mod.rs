@@ -127,6 +127,14 @@ struct Group {
     empty_since: Option<Instant>,
 }
 
+impl Group {
+    /// Drops the members that have not polled within their session timeout.
+    fn drop_expired(&mut self, now: Instant) {
+        self.members
+            .retain(|_, m| now.duration_since(m.last_poll) <= m.session_timeout);
+    }
+}
+
 /// Every group of a broker.
 pub struct Groups {
     registry: Arc<Registry>,
@@ -233,8 +241,7 @@ impl Groups {
     /// offset. What the group held of partitions that are gone (a deleted topic's old
     /// incarnation) is dropped.
     fn rebalance(&self, g: &mut Group, now: Instant) {
-        g.members
-            .retain(|_, m| now.duration_since(m.last_poll) <= m.session_timeout);
+        g.drop_expired(now);
         if g.members.is_empty() {
             g.empty_since.get_or_insert(now);
         } else {
@@ -267,8 +274,7 @@ impl Groups {
     /// rebalanced by nobody).
     fn forget_empty(groups: &mut BTreeMap<String, Group>, now: Instant) {
         for g in groups.values_mut() {
-            g.members
-                .retain(|_, m| now.duration_since(m.last_poll) <= m.session_timeout);
+            g.drop_expired(now);
             if g.members.is_empty() {
                 g.empty_since.get_or_insert(now);
             }
@@ -378,8 +384,7 @@ impl Groups {
         let Some(g) = groups.get_mut(group) else {
             return Err(GroupError::Unknown(group.to_owned()));
         };
-        g.members
-            .retain(|_, m| now.duration_since(m.last_poll) <= m.session_timeout);
+        g.drop_expired(now);
         if !g.members.contains_key(member) && g.members.len() >= MAX_MEMBERS {
             self.metrics.groups_refused.inc();
             return Err(GroupError::Members {

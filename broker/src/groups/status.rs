@@ -7,10 +7,10 @@ use std::time::Instant;
 use mmmq_core::{GroupMember, GroupPartition, GroupStatus, Topic};
 
 use super::{GroupError, Groups, store, topic_partition};
+use crate::topics::Partition;
 
 /// A page of `GET /mmmq/groups` ends once it holds this many partitions and members.
 pub const PAGE_PARTITIONS: usize = 10_000;
-use crate::topics::Partition;
 
 impl Groups {
     /// The positions `keepUndelivered` protects in `partition` of `topic` (README, "Retention"):

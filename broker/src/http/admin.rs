@@ -3,7 +3,7 @@
 use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, header};
+use axum::http::header;
 use axum::response::IntoResponse;
 use mmmq_core::RedriveStatus;
 
@@ -57,12 +57,11 @@ pub(super) struct RedriveRequest {
 pub(super) async fn redrive(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
     body: axum::body::Body,
 ) -> Result<Json<RedriveStatus>, ApiError> {
     let broker = state.broker()?;
     let Path(id) = id.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    let bytes = state.read_body(&headers, body, 64 << 10).await?;
+    let bytes = state.read_body(body, 64 << 10).await?;
     let req: RedriveRequest = if bytes.iter().all(u8::is_ascii_whitespace) {
         RedriveRequest::default()
     } else {

@@ -31,7 +31,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::{HeaderMap, header};
+use axum::body::BodyDataStream;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::sync::Semaphore;
@@ -154,17 +154,17 @@ impl std::ops::Deref for Body {
 /// Reads a body of at most `limit` bytes into memory (`Content-Type` was checked by the guard).
 pub(super) async fn read(
     budget: &Arc<BodyBudget>,
-    headers: &HeaderMap,
     body: axum::body::Body,
     limit: usize,
 ) -> Result<Body, ApiError> {
-    let declared = declared_len(headers);
+    let declared = declared_len(&body);
+    let stream = precheck(budget, body, declared, limit).await?;
     let mut held = Held::new(budget);
     let mut memory = InMemory {
         bytes: Vec::new(),
         bound: if declared > 0 { declared } else { limit },
     };
-    receive(body, declared, limit, &mut held, &mut memory).await?;
+    receive(stream, limit, &mut held, &mut memory).await?;
     Ok(Body {
         bytes: memory.bytes,
         held,
@@ -175,18 +175,12 @@ pub(super) async fn read(
 /// (see the module's comment).
 pub(super) async fn stage(
     budget: &Arc<BodyBudget>,
-    headers: &HeaderMap,
     body: axum::body::Body,
     limit: usize,
     dir: PathBuf,
 ) -> Result<Body, ApiError> {
-    let declared = declared_len(headers);
-    if declared > limit {
-        let bound = limit.saturating_add(DRAIN_OVERSIZED);
-        drain(body.into_data_stream(), bound, budget.idle, 0).await;
-        return Err(ApiError::body_too_large(limit));
-    }
-    budget.admit(declared)?;
+    let declared = declared_len(&body);
+    let stream = precheck(budget, body, declared, limit).await?;
     let mut held = Held::new(budget);
     let staging_error = {
         let dir = dir.clone();
@@ -205,17 +199,42 @@ pub(super) async fn stage(
         pending: Vec::new(),
         len: 0,
     };
-    receive(body, declared, limit, &mut held, &mut staged).await?;
+    receive(stream, limit, &mut held, &mut staged).await?;
     let bytes = staged.read_back().await.map_err(staging_error)?;
     Ok(Body { bytes, held })
 }
 
-/// The declared `Content-Length`, 0 without one (a chunked body is covered as it arrives).
-fn declared_len(headers: &HeaderMap) -> usize {
-    headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
-        .unwrap_or(0)
+/// The declared `Content-Length` (hyper's exact size hint), 0 without one (a chunked body is
+/// covered as it arrives).
+fn declared_len(body: &axum::body::Body) -> usize {
+    use axum::body::HttpBody;
+    body.size_hint()
+        .exact()
+        .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+/// Refuses a body at once, before any of it is read: `413` (drained, so that the client sees the
+/// answer) when it declares more than `limit`, `503` when it declares more than the budget has
+/// free. Otherwise hands back its stream, reserving nothing.
+async fn precheck(
+    budget: &BodyBudget,
+    body: axum::body::Body,
+    declared: usize,
+    limit: usize,
+) -> Result<BodyDataStream, ApiError> {
+    let stream = body.into_data_stream();
+    if declared > limit {
+        drain(
+            stream,
+            limit.saturating_add(DRAIN_OVERSIZED),
+            budget.idle,
+            0,
+        )
+        .await;
+        return Err(ApiError::body_too_large(limit));
+    }
+    budget.admit(declared)?;
+    Ok(stream)
 }
 
 /// Where the chunks of a body go.
@@ -252,19 +271,12 @@ impl Sink for InMemory {
 /// Reads `body` into `sink`, covering every byte with `held`; past `limit` (declared or
 /// received), answers `413`; a body that stops for the budget's `idle` time, `408`.
 async fn receive(
-    body: axum::body::Body,
-    declared: usize,
+    mut stream: BodyDataStream,
     limit: usize,
     held: &mut Held,
     sink: &mut impl Sink,
 ) -> Result<(), ApiError> {
-    let mut stream = body.into_data_stream();
     let idle = held.budget.idle;
-    if declared > limit {
-        drain(stream, limit.saturating_add(DRAIN_OVERSIZED), idle, 0).await;
-        return Err(ApiError::body_too_large(limit));
-    }
-    held.budget.admit(declared)?;
     let mut total = 0usize;
     while let Some(chunk) = next_chunk(&mut stream, idle).await? {
         total = total.saturating_add(chunk.len());

@@ -6,7 +6,6 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::HeaderMap;
 use mmmq_core::{GroupPoll, GroupStatus};
 use serde::Deserialize;
 
@@ -101,12 +100,11 @@ pub(super) struct CommitOffset {
 pub(super) async fn commit(
     State(state): State<AppState>,
     group: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
     body: axum::body::Body,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let broker = state.broker()?;
     let group = path(group)?;
-    let bytes = state.read_body(&headers, body, 1 << 20).await?;
+    let bytes = state.read_body(body, 1 << 20).await?;
     let req: CommitRequest = parse_json(&bytes)?;
     let offsets = req
         .offsets

@@ -32,7 +32,7 @@ mod topics;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::de::DeserializeOwned;
@@ -116,11 +116,10 @@ impl AppState {
     /// Reads a request's body of at most `limit` bytes, within the body budget.
     async fn read_body(
         &self,
-        headers: &HeaderMap,
         body: axum::body::Body,
         limit: usize,
     ) -> Result<body::Body, ApiError> {
-        body::read(&self.bodies, headers, body, limit).await
+        body::read(&self.bodies, body, limit).await
     }
 }
 

@@ -3,7 +3,6 @@
 use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
 
 use super::openapi::{ErrorBody, Errors};
 use super::{ApiError, AppState, body};
@@ -35,7 +34,6 @@ impl From<StoreError> for ApiError {
 pub(super) async fn deploy(
     State(state): State<AppState>,
     name: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
     body: axum::body::Body,
 ) -> Result<Json<Deployed>, ApiError> {
     let broker = state.broker()?;
@@ -43,7 +41,7 @@ pub(super) async fn deploy(
     // Before 64 MiB arrive for nothing.
     PluginStore::check_name(&name)?;
     let staging = broker.config().root_dir.join("plugins").join(".uploads");
-    let upload = body::stage(&state.bodies, &headers, body, MAX_PLUGIN_BYTES, staging).await?;
+    let upload = body::stage(&state.bodies, body, MAX_PLUGIN_BYTES, staging).await?;
     if upload.is_empty() {
         return Err(ApiError::BadRequest(
             "the body must be the component's bytes (Content-Type: application/wasm)".into(),

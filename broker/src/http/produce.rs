@@ -2,7 +2,6 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use mmmq_core::{Ack, Topic};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -106,13 +105,10 @@ fn refused(e: ProduceError, context: &str) -> ApiError {
 #[tracing::instrument(level = "debug", skip_all)]
 pub(super) async fn produce(
     State(state): State<AppState>,
-    headers: HeaderMap,
     body: axum::body::Body,
 ) -> Result<Json<ProduceAck>, ApiError> {
     let broker = state.broker()?;
-    let bytes = state
-        .read_body(&headers, body, state.max_body_bytes)
-        .await?;
+    let bytes = state.read_body(body, state.max_body_bytes).await?;
     let item = parse_message(&bytes, state.max_body_bytes)?;
     let topic = item.topic().clone();
     let at = broker.produce(item).await?;
@@ -132,12 +128,11 @@ pub(super) async fn produce(
 #[tracing::instrument(level = "debug", skip_all)]
 pub(super) async fn produce_batch(
     State(state): State<AppState>,
-    headers: HeaderMap,
     body: axum::body::Body,
 ) -> Result<Json<BatchAck>, ApiError> {
     let broker = state.broker()?;
     let limit = state.max_body_bytes.saturating_mul(BATCH_BODY_FACTOR);
-    let bytes = state.read_body(&headers, body, limit).await?;
+    let bytes = state.read_body(body, limit).await?;
     // All or nothing: every element is checked before anything is appended.
     let items = parse_batch(&bytes, state.max_body_bytes)?;
     let topics: Vec<Topic> = items.iter().map(|i| i.topic().clone()).collect();

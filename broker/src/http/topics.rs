@@ -4,7 +4,6 @@
 use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
 use mmmq_core::TopicDetail;
 
 use super::openapi::{BodyErrors, Deleted, Errors};
@@ -55,13 +54,12 @@ pub(super) async fn show(
 pub(super) async fn put(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
     body: axum::body::Body,
 ) -> Result<Json<TopicDetail>, ApiError> {
     let broker = state.broker()?;
     let topic = topic_of(path)?;
     tracing::Span::current().record("topic", topic.as_str());
-    let bytes = state.read_body(&headers, body, MAX_CONFIG_BYTES).await?;
+    let bytes = state.read_body(body, MAX_CONFIG_BYTES).await?;
     Ok(Json(broker.put_topic(&topic, &bytes).await?))
 }
 

@@ -121,7 +121,6 @@ impl Account {
     }
 
     /// Ids this topic holds.
-    #[cfg(test)]
     pub(super) fn held(&self) -> usize {
         self.held.load(Ordering::Relaxed)
     }

@@ -165,16 +165,6 @@ impl Registry {
         &self.ids
     }
 
-    /// Frees the produce ids past their topic's window in every topic (the retention pass):
-    /// a topic nobody produces to would otherwise hold its ids, and the budget, until its next
-    /// produce.
-    pub fn expire_produce_ids(&self) {
-        let now = mmmq_core::now_ms();
-        for t in self.all() {
-            t.dedup.expire(now, self.config_of(&t).dedup_window_ms);
-        }
-    }
-
     /// Caps the topics producers can create; topics restored from disk are kept even past it.
     pub fn with_max_topics(mut self, max: usize) -> Self {
         self.max_topics = max;
