@@ -3,7 +3,7 @@
 //! acknowledgement. One JSON line per run.
 //!
 //! `e2e` measures the same producers with a consumer attached: a no-op HTTP consumer that mmmq
-//! pushes to (batched delivery, README, "Dispatchers"), a Redis consumer group (`XREADGROUP` + `XACK`), a
+//! pushes to (batched delivery, docs/dispatchers.md, "Dispatchers"), a Redis consumer group (`XREADGROUP` + `XACK`), a
 //! JetStream pull consumer with explicit acks, a RabbitMQ consumer with manual acks. Latency is
 //! from send to receipt by the consumer. Through a WebAssembly plugin (`mmmq-plugin`) it reports
 //! whether the plugin kept up instead.

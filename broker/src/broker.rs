@@ -80,7 +80,7 @@ pub struct HandlerOptions {
     /// Lanes: concurrent calls per partition, each key one at a time (default 1).
     pub max_in_flight: usize,
     /// At-least-once (the default) or at-most-once: the handler is never called twice for a
-    /// message, an `Err` dead-letters it at once (README, "Delivery modes").
+    /// message, an `Err` dead-letters it at once (docs/delivery.md, "Delivery modes").
     pub delivery: config::DeliveryMode,
 }
 
@@ -314,7 +314,7 @@ impl Broker {
         self.dispatch.status().await
     }
 
-    /// Starts delivering `consumer_id`'s dead letters again to its own target (README,
+    /// Starts delivering `consumer_id`'s dead letters again to its own target (docs/delivery.md,
     /// "Dead-letter redrive"): offsets `from`…`to`−1 of `__dlq.<consumerId>`, by default from
     /// where the last redrive stopped to the end. Progress is in the dispatcher's status.
     pub async fn redrive(
@@ -394,10 +394,10 @@ impl Broker {
             .await
     }
 
-    /// As [`Broker::handle`], with chosen NACK resends, `maxInFlight` lanes (README,
+    /// As [`Broker::handle`], with chosen NACK resends, `maxInFlight` lanes (docs/dispatchers.md,
     /// "Dispatchers": with more than one lane the handler is called concurrently, each key's
-    /// messages still one at a time, in offset order) and delivery mode (README, "Delivery
-    /// modes").
+    /// messages still one at a time, in offset order) and delivery mode (docs/delivery.md,
+    /// "Delivery modes").
     pub async fn handle_with<T, F, Fut, E>(
         &self,
         consumer_id: &str,

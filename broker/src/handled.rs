@@ -1,4 +1,4 @@
-//! Which plugin version handled which message (README, "Replay"): what `mmmq plugin replay`
+//! Which plugin version handled which message (docs/plugins.md, "Replay"): what `mmmq plugin replay`
 //! reads to run the exact version that handled a message.
 //!
 //! A plugin dispatcher keeps, beside its checkpoint in each partition it reads,

@@ -296,7 +296,7 @@ impl Metrics {
     }
 }
 
-/// Why the HTTP server refused a request before any handler (README, "What a web page can do").
+/// Why the HTTP server refused a request before any handler (docs/http-api.md, "What a web page can do").
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Refusal {
     /// A `Host` that is neither loopback nor allowed (DNS rebinding): `403`.

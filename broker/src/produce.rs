@@ -1,11 +1,11 @@
-//! What a produce may carry, checked in one place (README, "HTTP API"): the HTTP endpoints, the
+//! What a produce may carry, checked in one place (docs/http-api.md, "HTTP API"): the HTTP endpoints, the
 //! embedded API and the benchmarks all build a [`ProduceItem`] through [`ProduceItem::new`], so
 //! none of them stores what another would refuse.
 
 use mmmq_core::{MAX_CONTENT_DEPTH, NameError, Topic};
 use serde_json::value::RawValue;
 
-/// The longest produce `id` (README, "Idempotent produce").
+/// The longest produce `id` (docs/delivery.md, "Idempotent produce").
 pub const MAX_ID_CHARS: usize = 128;
 
 /// Keys are for partitioning; a key this long is a mistake.

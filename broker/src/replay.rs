@@ -1,4 +1,4 @@
-//! `mmmq plugin replay` (README, "Replay"): runs a plugin dispatcher's plugin on one stored
+//! `mmmq plugin replay` (docs/plugins.md, "Replay"): runs a plugin dispatcher's plugin on one stored
 //! message, offline, as the dispatcher ran it, and says what happened.
 //!
 //! - The message is read from the partition's files without changing a byte

@@ -166,8 +166,8 @@ impl Admin {
         self.call(reqwest::Method::POST, &path, Some(body)).await
     }
 
-    /// Deploys a component as the new current version of the plugin `name` (README,
-    /// "Deploying plugins"); dispatchers naming it switch before this returns.
+    /// Deploys a component as the new current version of the plugin `name` (docs/plugins.md,
+    /// "Deploying plugins by API"); dispatchers naming it switch before this returns.
     pub async fn deploy_plugin(
         &self,
         name: &str,

@@ -19,7 +19,7 @@ fn parse_envelopes(body: &[u8]) -> Result<Vec<Envelope>, serde_json::Error> {
     }
 }
 
-/// The consumer side of the README's "Dispatchers": an HTTP server that the broker's
+/// The consumer side of the docs/dispatchers.md, "Dispatchers": an HTTP server that the broker's
 /// dispatchers POST to.
 ///
 /// Each handler is registered with a topic pattern and a content type. For every message, every
@@ -73,7 +73,7 @@ impl Consumer {
         Ok(self)
     }
 
-    /// Exactly-once processing (README, "Exactly-once consumers"): a message `store` has as
+    /// Exactly-once processing (docs/delivery.md, "Exactly-once consumers"): a message `store` has as
     /// finished is acknowledged without running the handlers again, and one the handlers finish
     /// (all `Ok`) is recorded durably before the ACK. A redelivery that arrives while the first
     /// delivery is still being handled waits for it. With several handlers on one topic, a NACK

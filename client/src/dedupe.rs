@@ -1,10 +1,10 @@
-//! Exactly-once processing for Rust consumers (README, "Exactly-once consumers"): a durable record
+//! Exactly-once processing for Rust consumers (docs/delivery.md, "Exactly-once consumers"): a durable record
 //! of the messages a handler has finished, so that a message the broker delivers again — after a
 //! crash, a lost commit, a member that lost its partitions — is acknowledged without running the
 //! handler a second time.
 //!
 //! A message is named by (topic, partition, offset) within one incarnation of its topic: a topic
-//! deleted and created again starts at offset 0 (README, "Topics"), so the store keeps, per
+//! deleted and created again starts at offset 0 (docs/topics-and-groups.md, "Topics"), so the store keeps, per
 //! partition, the topic id its ranges belong to (from the envelope's `topicId`), and a message of
 //! another incarnation starts that partition's record afresh instead of being taken as finished.
 //! (A store written before topic ids adopts the first id it sees.) Per partition the store keeps the finished offsets as sorted, disjoint ranges: in-order
@@ -376,7 +376,7 @@ mod tests {
         );
     }
 
-    /// A topic deleted and created again starts at offset 0 under a new id (README, "Topics"):
+    /// A topic deleted and created again starts at offset 0 under a new id (docs/topics-and-groups.md, "Topics"):
     /// its messages are not the old incarnation's, which the store used to skip as finished.
     #[tokio::test]
     async fn a_new_incarnation_of_a_topic_is_not_taken_for_the_old_one() {

@@ -89,7 +89,7 @@ impl GroupConsumer {
         self
     }
 
-    /// Exactly-once processing (README, "Exactly-once consumers"): each poll first records the
+    /// Exactly-once processing (docs/delivery.md, "Exactly-once consumers"): each poll first records the
     /// messages the previous poll returned as processed (durably, before committing them), and
     /// leaves out of its answer every message `store` has as processed — what the group delivers
     /// again after a broker restart, a lost commit or a rebalance.

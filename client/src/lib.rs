@@ -1,4 +1,4 @@
-//! Rust clients for an mmmq broker, over its HTTP API (README, "HTTP API" and "Dispatchers").
+//! Rust clients for an mmmq broker, over its HTTP API (docs/http-api.md, "HTTP API" and "Dispatchers").
 //!
 //! - [`Producer`]: produce one message or a batch with typed content; retries on NACK (503) and on
 //!   connection failures with backoff; keep-alive connection pool; errors you can match on.
@@ -49,5 +49,5 @@ pub use mmmq_core::{
 pub use producer::{Producer, Receipt, Record};
 pub use pull::PullConsumer;
 
-/// Where a broker is when nothing says otherwise (README, "Command-line client").
+/// Where a broker is when nothing says otherwise (docs/operations.md, "Command-line client").
 pub const DEFAULT_BROKER: &str = "http://127.0.0.1:8080";

@@ -84,7 +84,7 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// The payload of one log entry: the UTF-8 JSON of this struct (README, "Storage").
+/// The payload of one log entry: the UTF-8 JSON of this struct (docs/storage.md, "Storage").
 ///
 /// The topic and the offset are not stored: the directory and the position in the log say them.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -100,7 +100,7 @@ pub struct StoredMessage {
     /// older payloads read the same).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    /// Where a plugin's emitted message came from (README, "Plugins, version 2"); absent from
+    /// Where a plugin's emitted message came from (docs/plugins.md, "WebAssembly handlers"); absent from
     /// produced messages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<Origin>,
@@ -124,7 +124,7 @@ pub struct Origin {
     pub offset: u64,
     /// Which of the call's emits, from 0.
     pub index: u32,
-    /// The id of the source topic's incarnation (README, "Topics"): a topic deleted and created
+    /// The id of the source topic's incarnation (docs/topics-and-groups.md, "Topics"): a topic deleted and created
     /// again reuses (topic, partition, offset) for other messages. Absent from emits stored
     /// before topic ids, whose source is the incarnation with its name's legacy id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -189,7 +189,7 @@ pub struct Envelope {
     /// Where a plugin's emitted message came from; absent from produced messages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<Origin>,
-    /// The id of the topic's incarnation (README, "Topics"): (topic, partition, offset) names one
+    /// The id of the topic's incarnation (docs/topics-and-groups.md, "Topics"): (topic, partition, offset) names one
     /// message only together with it, since a topic deleted and created again starts at offset 0.
     /// Absent from a broker that predates topic ids.
     #[serde(rename = "topicId", default, skip_serializing_if = "Option::is_none")]

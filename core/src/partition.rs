@@ -1,9 +1,9 @@
-//! Routing a message to a partition the way Kafka's default partitioner does (README, "Topics"):
+//! Routing a message to a partition the way Kafka's default partitioner does (docs/topics-and-groups.md, "Topics"):
 //! an explicit partition wins; otherwise a keyed message goes to
 //! `toPositive(murmur2(utf8(key))) % partitions`, so a key lands on the partition a Kafka producer
 //! would choose; a message without a key goes to any partition (the caller's round robin).
 
-/// Most partitions a topic may have (README, "Topics").
+/// Most partitions a topic may have (docs/topics-and-groups.md, "Topics").
 pub const MAX_PARTITIONS: u32 = 1024;
 
 /// Kafka's `Utils.murmur2`: 32-bit MurmurHash2 with Kafka's seed, over little-endian 4-byte words.

@@ -1,4 +1,4 @@
-//! Deployed plugins as the API shows them (README, "Deploying plugins").
+//! Deployed plugins as the API shows them (docs/plugins.md, "Deploying plugins by API").
 
 use serde::{Deserialize, Serialize};
 

@@ -13,7 +13,7 @@ use crate::Envelope;
 pub struct TopicInfo {
     /// The name.
     pub name: String,
-    /// The id of this incarnation of the topic (README, "Topics"); absent from a broker that
+    /// The id of this incarnation of the topic (docs/topics-and-groups.md, "Topics"); absent from a broker that
     /// predates topic ids.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topic_id: Option<crate::TopicId>,
@@ -108,7 +108,7 @@ pub struct TopicDetail {
     /// The name.
     pub name: String,
     /// The id of this incarnation of the topic: a topic deleted and created again gets a new
-    /// one (README, "Topics").
+    /// one (docs/topics-and-groups.md, "Topics").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topic_id: Option<crate::TopicId>,
     /// Every configuration field.
@@ -142,7 +142,7 @@ pub struct HostHealth {
     pub failures: u64,
 }
 
-/// A shadow version run after the current one on every message (README, "Deploying plugins").
+/// A shadow version run after the current one on every message (docs/plugins.md, "Deploying plugins by API").
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
@@ -371,7 +371,7 @@ pub struct TopicPartition {
     pub topic: String,
     /// The partition.
     pub partition: u32,
-    /// The incarnation of the topic (README, "Topics"); a commit that names it is refused
+    /// The incarnation of the topic (docs/topics-and-groups.md, "Topics"); a commit that names it is refused
     /// (`409`) once the topic was deleted and created again.
     #[serde(rename = "topicId", default, skip_serializing_if = "Option::is_none")]
     pub topic_id: Option<crate::TopicId>,
@@ -424,7 +424,7 @@ pub struct GroupMember {
 pub struct GroupPartition {
     /// The topic.
     pub topic: String,
-    /// The incarnation of the topic (README, "Topics").
+    /// The incarnation of the topic (docs/topics-and-groups.md, "Topics").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topic_id: Option<crate::TopicId>,
     /// The partition.
@@ -437,7 +437,7 @@ pub struct GroupPartition {
     pub next_offset: u64,
     /// `nextOffset − committed`.
     pub lag: u64,
-    /// Messages retention deleted before the group read them (README, "Retention"), since
+    /// Messages retention deleted before the group read them (docs/topics-and-groups.md, "Retention"), since
     /// the group was last loaded.
     #[serde(default)]
     pub skipped: u64,

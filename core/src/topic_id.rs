@@ -1,4 +1,4 @@
-//! The id of one incarnation of a topic (README, "Topics": topic ids), as Kafka has topic ids.
+//! The id of one incarnation of a topic (docs/topics-and-groups.md, "Topics": topic ids), as Kafka has topic ids.
 //!
 //! A topic deleted and produced to again starts anew at offset 0, so (topic, partition, offset)
 //! names different messages before and after the delete. Whatever keeps state about a topic's

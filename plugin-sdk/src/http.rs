@@ -1,4 +1,4 @@
-//! HTTP requests from a handler (README, "Plugins, version 2"), through the standard `wasi:http`
+//! HTTP requests from a handler (docs/plugins.md, "WebAssembly handlers"), through the standard `wasi:http`
 //! outgoing handler: the broker sends them only to the origins in the dispatcher's
 //! `plugin.allowedHosts` (anything else fails with an error), and counts them in `timeoutMs`.
 //!

@@ -254,8 +254,8 @@ pub fn config(key: &str) -> Option<String> {
     __private::config(key)
 }
 
-/// Produces a message to another topic, as part of handling this one (README, "Plugins,
-/// version 2"). It is appended only if the handler answers [`Verdict::Ack`], before the broker
+/// Produces a message to another topic, as part of handling this one (docs/plugins.md,
+/// "WebAssembly handlers"). It is appended only if the handler answers [`Verdict::Ack`], before the broker
 /// moves past the message, and exactly once, even across a crash and a re-run of the message.
 /// A keyed message goes to its key's partition, as a producer's would.
 ///

@@ -1,4 +1,4 @@
-//! Real HTTP consumers (README, "Dispatchers") that record what they receive.
+//! Real HTTP consumers (docs/dispatchers.md, "Dispatchers") that record what they receive.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,7 +21,7 @@ pub enum Answer {
 
 type Policy = dyn Fn(&Value) -> Answer + Send + Sync;
 
-/// A real HTTP consumer (README, "Dispatchers") that records every envelope it receives, in order.
+/// A real HTTP consumer (docs/dispatchers.md, "Dispatchers") that records every envelope it receives, in order.
 pub struct Consumer {
     /// Its port.
     pub port: u16,

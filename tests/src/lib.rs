@@ -4,6 +4,7 @@
 
 mod broker;
 mod consumer;
+pub mod doc_run;
 mod setup;
 
 use std::path::{Path, PathBuf};

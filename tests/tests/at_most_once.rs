@@ -1,4 +1,4 @@
-//! `"delivery": "at-most-once"` end to end (README, "Delivery modes"): the position is durable
+//! `"delivery": "at-most-once"` end to end (docs/delivery.md, "Delivery modes"): the position is durable
 //! before a message is sent, a NACK dead-letters at once, a communication failure drops the
 //! message (counted), and nothing is ever sent twice, through clean restarts and SIGKILLs.
 

@@ -1,4 +1,4 @@
-//! The dashboard (README, "Dashboard") in a real browser: Debian's Chromium, headless, driven
+//! The dashboard (docs/operations.md, "Dashboard") in a real browser: Debian's Chromium, headless, driven
 //! through chromedriver (WebDriver, `fantoccini`) against the real broker. `./scripts/test`
 //! installs both when they are missing. Screenshots of each view go to
 //! `target/dashboard-screenshots/`.

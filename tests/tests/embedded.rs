@@ -337,7 +337,7 @@ async fn a_dropped_produce_still_resolves_its_id() {
     broker.shutdown().await;
 }
 
-/// Pulls and group polls racing retention (README, "Retention": behind the horizon) answer from
+/// Pulls and group polls racing retention (docs/topics-and-groups.md, "Retention": behind the horizon) answer from
 /// the first offset still stored; they answered an error (a `500`) when a segment they had found
 /// was deleted before they read it.
 #[tokio::test(flavor = "multi_thread")]

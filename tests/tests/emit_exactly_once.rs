@@ -1,4 +1,4 @@
-//! Emit exactly once (README, "Plugins, version 2"): the router example plugin moves every message
+//! Emit exactly once (docs/plugins.md, "WebAssembly handlers"): the router example plugin moves every message
 //! of a partitioned topic to `routed.<type>` while the real broker is SIGKILLed at random moments
 //! and restarted, many times. The dispatcher checkpoints only every 2 s, so nearly every kill
 //! leaves routed messages stored past the checkpoint, whose inputs are handled again after the
@@ -245,7 +245,7 @@ async fn a_recreated_source_topic_emits_once_through_a_crash() {
 }
 
 /// The checkpoint file's next offset (its first 8 bytes), or 0.
-/// A redrive's emits (README, "Dead-letter redrive"): dead letters redriven to a plugin that now
+/// A redrive's emits (docs/delivery.md, "Dead-letter redrive"): dead letters redriven to a plugin that now
 /// ACKs them, the broker SIGKILLed in the middle of the redrive and the redrive continued after
 /// each restart. Every dead letter's emits are stored once, with the dead letter as their origin:
 /// a re-run finds what the killed redrive stored, and the redrive's position never passed emits

@@ -1,5 +1,5 @@
-//! Emits across the life of a dispatcher and of its source topic (README, "Plugins, version
-//! 2"): emits the disk refuses are retried while the checkpoint waits; a stop while they are
+//! Emits across the life of a dispatcher and of its source topic (docs/plugins.md,
+//! "WebAssembly handlers"): emits the disk refuses are retried while the checkpoint waits; a stop while they are
 //! refused is bounded and stores each once after the restart; a clean stop under load repeats
 //! and loses nothing; a deleted source topic's emit state goes with it.
 

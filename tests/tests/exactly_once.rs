@@ -1,4 +1,4 @@
-//! Exactly-once processing in `mmmq-client` (README, "Exactly-once consumers"): with a
+//! Exactly-once processing in `mmmq-client` (docs/delivery.md, "Exactly-once consumers"): with a
 //! `DedupeStore`, the push `Consumer` and the `GroupConsumer` run their handling once per message
 //! while the broker is SIGKILLed mid-stream again and again and delivers the last messages again.
 

@@ -1,4 +1,4 @@
-//! Fleets (`hosts`, README, "Dispatchers") end to end: a dispatcher's lanes served by several
+//! Fleets (`hosts`, docs/dispatchers.md, "Dispatchers") end to end: a dispatcher's lanes served by several
 //! consumers, moved off a host that fails and given back once it answers.
 
 use std::collections::{BTreeMap, HashSet};

@@ -1,4 +1,4 @@
-//! Pull consumer groups end to end (README, "Consumer groups"): balanced ownership, positions,
+//! Pull consumer groups end to end (docs/topics-and-groups.md, "Consumer groups"): balanced ownership, positions,
 //! commits, session timeouts and `409` for a member that lost its partitions.
 
 use std::collections::{BTreeMap, BTreeSet};

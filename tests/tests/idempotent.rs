@@ -1,4 +1,4 @@
-//! Idempotent produce (README, "Idempotent produce"): an `id` produced again within the topic's
+//! Idempotent produce (docs/delivery.md, "Idempotent produce"): an `id` produced again within the topic's
 //! `dedupWindowMs` stores nothing and answers the first one's position — across partitions, inside
 //! a batch, across a restart and a SIGKILL — and is forgotten after the window.
 

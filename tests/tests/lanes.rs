@@ -1,4 +1,4 @@
-//! `maxInFlight` lanes end to end (README, "Dispatchers"): many requests in flight per partition,
+//! `maxInFlight` lanes end to end (docs/dispatchers.md, "Dispatchers"): many requests in flight per partition,
 //! same-key messages one at a time in offset order, a NACK holding back only its lane, and
 //! nothing delivered again after a clean restart.
 

@@ -1,4 +1,4 @@
-//! The API description (README, "HTTP API"): `GET /mmmq/openapi.json` is OpenAPI 3.1, describes
+//! The API description (docs/http-api.md, "HTTP API"): `GET /mmmq/openapi.json` is OpenAPI 3.1, describes
 //! exactly the endpoints the README lists and the broker serves, and the real broker's answers to
 //! a tour of every endpoint validate against the schemas it gives for them.
 
@@ -36,9 +36,10 @@ async fn the_description_lists_every_endpoint_the_readme_lists_and_the_broker_se
     assert_eq!(doc["openapi"], "3.1.0");
     let ops = operations(&doc);
 
-    // The README names the same endpoints.
+    // The HTTP API's document names the same endpoints.
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/http-api.md"))
+            .unwrap();
     let mut listed = BTreeSet::new();
     for method in ["GET", "POST", "PUT", "DELETE"] {
         for (i, _) in readme.match_indices(&format!("`{method} /")) {
@@ -50,13 +51,13 @@ async fn the_description_lists_every_endpoint_the_readme_lists_and_the_broker_se
     for (m, p) in &listed {
         assert!(
             ops.iter().any(|(om, op)| om == m && fits(op, p)),
-            "the README lists {m} {p}, the description does not"
+            "docs/http-api.md lists {m} {p}, the description does not"
         );
     }
     for (m, p) in &ops {
         assert!(
             listed.contains(&(m.clone(), p.clone())),
-            "the description has {m} {p}, the README does not list it"
+            "the description has {m} {p}, docs/http-api.md does not list it"
         );
     }
 

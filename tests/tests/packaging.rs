@@ -202,8 +202,11 @@ fn the_tests_the_documents_cite_exist() {
         .collect();
     let mut checked = 0;
     let mut missing = Vec::new();
-    for doc in ["README.md", "docs/guarantees.md", "docs/benchmarks.md"] {
-        let text = read(&root.join(doc));
+    let mut docs = vec![root.join("README.md")];
+    docs.extend(markdown_files(&root.join("docs")));
+    for path in docs {
+        let text = read(&path);
+        let doc = path.strip_prefix(&root).unwrap().display().to_string();
         for cited in text.split('`').skip(1).step_by(2) {
             let path = cited.trim_end_matches('…');
             let segments: Vec<&str> = path.split("::").collect();
@@ -253,5 +256,16 @@ fn rust_files(dir: &Path) -> Vec<std::path::PathBuf> {
             files.push(p);
         }
     }
+    files
+}
+
+/// The `.md` files directly in `dir`.
+fn markdown_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    files.sort();
     files
 }

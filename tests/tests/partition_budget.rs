@@ -1,5 +1,5 @@
 //! What partitions may cost (issue 28): the disk a barely used partition takes while the broker
-//! runs, and the cap on partitions over all topics (`serve --max-partitions`, README
+//! runs, and the cap on partitions over all topics (`serve --max-partitions`, docs/operations.md,
 //! "`mmmq serve`"), against the real binary.
 
 use std::os::unix::fs::MetadataExt;

@@ -1,4 +1,4 @@
-//! Partitions end to end (README, "Topics"): routing by key as Kafka does, explicit partitions,
+//! Partitions end to end (docs/topics-and-groups.md, "Topics"): routing by key as Kafka does, explicit partitions,
 //! round robin, pull per partition, growing a topic, the layout on disk, and delivery of every
 //! partition in order, through the real binary.
 

@@ -1,4 +1,4 @@
-//! Deploying plugins (README, "Deploying plugins"): `PUT /mmmq/plugins/{name}`, list, rollback and
+//! Deploying plugins (docs/plugins.md, "Deploying plugins by API"): `PUT /mmmq/plugins/{name}`, list, rollback and
 //! activate, a dispatcher naming the plugin following its current version under continuous
 //! produce (every message handled once, in order, by one version), bad deploys refused with the
 //! reason while the current version keeps serving, and at least 10 versions kept.

@@ -1,4 +1,4 @@
-//! The bound on a plugin dispatcher's idle instances (README, "WebAssembly handlers",
+//! The bound on a plugin dispatcher's idle instances (docs/plugins.md, "WebAssembly handlers",
 //! "Instances"): at most 64 are kept between calls, the least recently used dropped past that.
 //! The testbed plugin logs how many messages its instance has handled (`seen`), so a reused
 //! instance and a fresh one are told apart.

@@ -1,4 +1,4 @@
-//! Replay (README, "Replay"): `mmmq plugin replay` runs the version of a plugin that handled a
+//! Replay (docs/plugins.md, "Replay"): `mmmq plugin replay` runs the version of a plugin that handled a
 //! stored message on it, offline, with the dispatcher's config, and prints the verdict, the emits,
 //! the log lines and a fault's WebAssembly backtrace — the version found from the record the
 //! dispatcher keeps, across a deploy and a restart, while the broker runs on the same directory,
@@ -162,7 +162,7 @@ async fn replay_runs_the_version_that_handled_a_message_and_reproduces_a_trap() 
 }
 
 /// A `plugin.path` dispatcher keeps every version it loads before the version handles anything
-/// (README, "Replay"): once its file is replaced (a hot reload), a message the old file handled is
+/// (docs/plugins.md, "Replay"): once its file is replaced (a hot reload), a message the old file handled is
 /// still replayed on the old version, from `plugins/.path/{consumerId}/`.
 #[tokio::test(flavor = "multi_thread")]
 async fn replay_of_a_path_plugin_runs_the_old_version_after_the_file_was_replaced() {

@@ -1,5 +1,5 @@
-//! What a plugin, or a `plugin` entry of `dispatchers.json`, must not reach (README, "WebAssembly
-//! handlers" and "Dispatchers"): a plugin's log text cannot forge or recolour the broker's own log
+//! What a plugin, or a `plugin` entry of `dispatchers.json`, must not reach (docs/plugins.md,
+//! "WebAssembly handlers" and "Dispatchers"): a plugin's log text cannot forge or recolour the broker's own log
 //! lines, and `plugin.path` cannot name a file outside the root dir.
 
 use std::time::Duration;

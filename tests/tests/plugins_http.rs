@@ -1,4 +1,4 @@
-//! Outbound HTTP from plugins (README, "Plugins, version 2"): requests through `wasi:http` reach
+//! Outbound HTTP from plugins (docs/plugins.md, "WebAssembly handlers"): requests through `wasi:http` reach
 //! the origins of `plugin.allowedHosts` and no others, a plugin without it has no network, and a
 //! request counts against `timeoutMs`. The enricher example enriches through a local API.
 

@@ -1,4 +1,4 @@
-//! The `mmmq:plugin@0.2.0` world end to end (README, "WebAssembly handlers"): a 0.1.0 component
+//! The `mmmq:plugin@0.2.0` world end to end (docs/plugins.md, "WebAssembly handlers"): a 0.1.0 component
 //! keeps working next to a 0.2.0 one; `retry-after` and `dead-letter` verdicts; the message's
 //! attempt; `plugin.config` through `get-config`.
 

@@ -1,4 +1,4 @@
-//! Dead-letter redrive end to end (README, "Dead-letter redrive"): `POST
+//! Dead-letter redrive end to end (docs/delivery.md, "Dead-letter redrive"): `POST
 //! /mmmq/dispatchers/{consumerId}/redrive` delivers the original envelopes again to that
 //! dispatcher only, in order; a message that fails again is dead-lettered again with its history;
 //! `mmmq dlq list|redrive`.

@@ -1,5 +1,5 @@
-//! `mmmq plugin new` as a plugin author without this checkout gets it (README, "Write, deploy and
-//! change a handler"): the scaffold depends on the SDK by version, so here the SDK is the crate
+//! `mmmq plugin new` as a plugin author without this checkout gets it (docs/plugins.md,
+//! "Write, deploy and change a handler"): the scaffold depends on the SDK by version, so here the SDK is the crate
 //! `cargo package` makes of this workspace's `plugin-sdk/` (unpacked, and patched in for
 //! crates.io's), never the workspace directory. The crate is made in an empty directory, its own
 //! test runs natively, it builds, passes `mmmq plugin check` and is deployed to a running broker.

@@ -1,4 +1,4 @@
-//! The edges of a topic's life (README, "Topics"), against the real binary: concurrent
+//! The edges of a topic's life (docs/topics-and-groups.md, "Topics"), against the real binary: concurrent
 //! administration, a delete whose request goes away, topic ids across a delete, what
 //! `keepUndelivered` holds for groups and for dispatchers being replaced, and the topic cap.
 
@@ -170,7 +170,7 @@ async fn a_delete_whose_request_is_dropped_still_finishes() {
     assert_eq!(all[0]["content"], json!({"new": 0}));
 }
 
-/// Each incarnation of a topic has its own id (README, "Topics"), shown in its detail, the list
+/// Each incarnation of a topic has its own id (docs/topics-and-groups.md, "Topics"), shown in its detail, the list
 /// and every envelope; a group that read the old incarnation starts the new one at offset 0
 /// (it kept the old committed offset and position: the new messages were never delivered and
 /// its lag showed 0), and a commit naming the old id is refused.

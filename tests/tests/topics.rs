@@ -1,4 +1,4 @@
-//! The topic API and retention end to end (README, "Topics"), against the real binary.
+//! The topic API and retention end to end (docs/topics-and-groups.md, "Topics"), against the real binary.
 
 use std::time::Duration;
 

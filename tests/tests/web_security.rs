@@ -1,4 +1,4 @@
-//! What a web page can do to a broker (README, "What a web page can do"), against the real
+//! What a web page can do to a broker (docs/http-api.md, "What a web page can do"), against the real
 //! binary: bodies must say what they are (no CORS-free cross-site writes), requests from other
 //! sites are refused, a DNS-rebinding `Host` reads nothing, and the dashboard's page cannot be
 //! framed or run code it does not ship. The budgets a client cannot pass are in `http_budgets.rs`.

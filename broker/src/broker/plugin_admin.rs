@@ -1,4 +1,4 @@
-//! Deployed plugins (README, "Deploying plugins"): deploy, list, rollback and activate, each
+//! Deployed plugins (docs/plugins.md, "Deploying plugins by API"): deploy, list, rollback and activate, each
 //! switching the dispatchers that name the plugin before it answers.
 
 use mmmq_core::PluginListing;

@@ -1,4 +1,4 @@
-//! Plugin log lines into `__logs.<consumerId>` (README, "WebAssembly handlers"): what a plugin
+//! Plugin log lines into `__logs.<consumerId>` (docs/plugins.md, "WebAssembly handlers"): what a plugin
 //! logs (past the rate limit) is appended to that internal topic, a batch per consumer at a time,
 //! so it can be pulled, tailed and kept by retention like any topic.
 

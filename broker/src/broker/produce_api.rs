@@ -1,4 +1,4 @@
-//! Producing (README, "HTTP API", "Topics", "Idempotent produce"): routing to partitions,
+//! Producing (docs/http-api.md, "HTTP API", "Topics", "Idempotent produce"): routing to partitions,
 //! produce ids, and batches appended a partition's share per commit.
 
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use crate::topics::dedup::Claim;
 use crate::topics::{Partition, TopicLog};
 
 impl Broker {
-    /// Appends one message to the partition it routes to (README, "Topics"); resolves with
+    /// Appends one message to the partition it routes to (docs/topics-and-groups.md, "Topics"); resolves with
     /// where it went once it is durable.
     ///
     /// A message with an id is claimed and appended in a task of its own, which resolves the

@@ -1,4 +1,4 @@
-//! Pulling (README, "HTTP API": `GET /mmmq/topics/{topic}/messages`): a page of one partition
+//! Pulling (docs/http-api.md, "HTTP API": `GET /mmmq/topics/{topic}/messages`): a page of one partition
 //! from an offset, long-polling when there is nothing yet, and going on from `firstOffset` when
 //! retention deletes what it was reading.
 
@@ -54,7 +54,7 @@ impl Broker {
             match read {
                 Ok(entries) => break entries,
                 // Retention deleted what was being read: answer from the first offset still
-                // stored, as for a `from` below it (README, "Retention").
+                // stored, as for a `from` below it (docs/topics-and-groups.md, "Retention").
                 Err(_) if p.log.first_offset() > from => from = p.log.first_offset(),
                 Err(e) => return Err(BrokerError::Read(e)),
             }

@@ -1,4 +1,4 @@
-//! The topic API (README, "Topics"): create or configure, show and delete a topic, and the
+//! The topic API (docs/topics-and-groups.md, "Topics"): create or configure, show and delete a topic, and the
 //! retention task. Here because it composes the registry with the dispatchers: a deleted topic's
 //! workers stop before its files go, and `keepUndelivered` asks the dispatchers where they are.
 

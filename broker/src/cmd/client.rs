@@ -1,4 +1,4 @@
-//! The client commands of the binary (README, "Command-line client"): `produce`, `tail`, `topics`, `dispatchers`,
+//! The client commands of the binary (docs/operations.md, "Command-line client"): `produce`, `tail`, `topics`, `dispatchers`,
 //! built on the `mmmq-client` crate.
 
 use std::io::{BufRead, IsTerminal, Write};

@@ -1,4 +1,4 @@
-//! `mmmq plugin deploy|list|rollback|activate` (README, "Deploying plugins"): deployed plugins
+//! `mmmq plugin deploy|list|rollback|activate` (docs/plugins.md, "Deploying plugins by API"): deployed plugins
 //! and their versions on a running broker.
 
 use std::io::Write;

@@ -1,4 +1,4 @@
-//! `mmmq dlq list|redrive CONSUMER` (README, "Dead-letter redrive"): a dispatcher's dead letters,
+//! `mmmq dlq list|redrive CONSUMER` (docs/delivery.md, "Dead-letter redrive"): a dispatcher's dead letters,
 //! and delivering them again to it.
 
 use std::io::Write;

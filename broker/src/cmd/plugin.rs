@@ -1,4 +1,4 @@
-//! `mmmq plugin …`: tools for WebAssembly handlers (README, "WebAssembly handlers").
+//! `mmmq plugin …`: tools for WebAssembly handlers (docs/plugins.md, "WebAssembly handlers").
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,4 +1,4 @@
-//! `mmmq plugin replay` (README, "Replay"): the command line over [`mmmq::replay`].
+//! `mmmq plugin replay` (docs/plugins.md, "Replay"): the command line over [`mmmq::replay`].
 
 use std::io::Write;
 use std::path::PathBuf;

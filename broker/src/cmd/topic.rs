@@ -1,4 +1,4 @@
-//! `mmmq topic create|set|show|delete` (README, "Command-line client"), and the retention values
+//! `mmmq topic create|set|show|delete` (docs/operations.md, "Command-line client"), and the retention values
 //! the command line takes.
 
 use std::process::ExitCode;

@@ -1,4 +1,4 @@
-//! `plugin.allowedHosts` (README, "Plugins, version 2"): the origins a plugin may send HTTP
+//! `plugin.allowedHosts` (docs/plugins.md, "WebAssembly handlers"): the origins a plugin may send HTTP
 //! requests to through `wasi:http`. Anything else is refused, and without the field there is no
 //! network at all.
 

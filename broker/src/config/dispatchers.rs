@@ -1,4 +1,4 @@
-//! `dispatchers.json` (README, "Dispatchers"): the specs of the configured dispatchers.
+//! `dispatchers.json` (docs/dispatchers.md, "Dispatchers"): the specs of the configured dispatchers.
 //!
 //! The file is validated strictly and as a whole: any problem refuses the file, and the
 //! error names the entry (its position and consumerId) and the field. A broker that starts with a
@@ -20,11 +20,11 @@ use super::{ConfigError, positive_ms};
 /// Where a dispatcher delivers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TargetSpec {
-    /// A remote HTTP consumer (README, "Dispatchers").
+    /// A remote HTTP consumer (docs/dispatchers.md, "Dispatchers").
     Host(HostSpec),
     /// A fleet of remote HTTP consumers serving one dispatcher: lanes are spread over them.
     Hosts(Vec<HostSpec>),
-    /// A local WebAssembly component (README, "WebAssembly handlers").
+    /// A local WebAssembly component (docs/plugins.md, "WebAssembly handlers").
     Plugin(PluginSpec),
     /// A Rust handler registered in-process by an application embedding the broker (never from
     /// `dispatchers.json`).
@@ -59,7 +59,7 @@ impl HostSpec {
     }
 }
 
-/// What a dispatcher promises about repeats and losses (`delivery`, README, "Delivery modes").
+/// What a dispatcher promises about repeats and losses (`delivery`, docs/delivery.md, "Delivery modes").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DeliveryMode {
     /// The position moves after the answer: a crash may deliver a message again, nothing is lost.
@@ -95,7 +95,7 @@ pub struct DispatcherSpec {
     /// Messages per delivery (host targets).
     pub batch_max_messages: usize,
     /// Requests in flight per (topic, partition): messages go to this many lanes by key, each
-    /// lane one request at a time in offset order (`maxInFlight`, README, "Dispatchers").
+    /// lane one request at a time in offset order (`maxInFlight`, docs/dispatchers.md, "Dispatchers").
     pub max_in_flight: usize,
     /// Positions ACKed within this long of a checkpoint write go out together in the next one:
     /// the redelivery window after a crash, traded against fsyncs (`checkpointIntervalMs`).
@@ -129,7 +129,7 @@ struct RawHost {
     auth_token: Option<String>,
 }
 
-/// Defaults of `dispatchers.json` (README, "Dispatchers").
+/// Defaults of `dispatchers.json` (docs/dispatchers.md, "Dispatchers").
 pub const DEFAULT_HOST_TIMEOUT_MS: u64 = 30_000;
 /// Default NACK resends.
 pub const DEFAULT_MAX_NACK_RETRIES: u32 = 3;

@@ -1,4 +1,4 @@
-//! Configuration: the `serve` settings (README, "`mmmq serve`") and `dispatchers.json` (README,
+//! Configuration: the `serve` settings (docs/operations.md, "`mmmq serve`") and `dispatchers.json` (docs/dispatchers.md,
 //! "Dispatchers").
 //!
 //! # Layout

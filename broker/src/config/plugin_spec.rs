@@ -1,4 +1,4 @@
-//! The `plugin` of a `dispatchers.json` entry (README, "Dispatchers" and "Deploying plugins by
+//! The `plugin` of a `dispatchers.json` entry (docs/dispatchers.md, "Dispatchers" and "Deploying plugins by
 //! API"): a component by `path` or a deployed plugin by `name`, its shadow version, limits,
 //! config and allowed origins. [`super::dispatchers`] parses the rest of the entry.
 
@@ -16,7 +16,7 @@ pub struct PluginSpec {
     /// The component file, resolved against the root dir (for a named plugin, its
     /// `current.wasm`).
     pub path: PathBuf,
-    /// `plugin.name`: a deployed plugin (README, "Deploying plugins") whose current version it
+    /// `plugin.name`: a deployed plugin (docs/plugins.md, "Deploying plugins by API") whose current version it
     /// follows; `None` for `plugin.path`.
     pub name: Option<String>,
     /// `plugin.shadow`: a kept version of the named plugin run after the current one on every
@@ -32,7 +32,7 @@ pub struct PluginSpec {
     pub allowed_hosts: std::sync::Arc<Vec<AllowedOrigin>>,
 }
 
-/// A shadow version (README, "Deploying plugins").
+/// A shadow version (docs/plugins.md, "Deploying plugins by API").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShadowSpec {
     /// The version.
@@ -59,7 +59,7 @@ pub(super) struct RawPlugin {
 }
 
 /// `plugin.path` resolved against the root dir, which it must not leave: no absolute path, no
-/// `..` (README, "Dispatchers"). The file is the broker's to read and to show errors about, and
+/// `..` (docs/dispatchers.md, "Dispatchers"). The file is the broker's to read and to show errors about, and
 /// the contract makes the path relative to the root dir; what lies outside is the operator's to
 /// bring in (a copy, or a symbolic link they make inside the root dir). Checked on the text, so
 /// it holds for a file that does not exist yet.

@@ -9,7 +9,7 @@ use mmmq_core::TopicConfig;
 use super::ConfigError;
 use crate::storage::{FileCache, FlushMode, LogConfig};
 
-/// Defaults of `mmmq serve` (README, "`mmmq serve`"): the flags point at these, and
+/// Defaults of `mmmq serve` (docs/operations.md, "`mmmq serve`"): the flags point at these, and
 /// [`ServeConfig::new`] uses them, so the two cannot disagree.
 pub mod defaults {
     /// `--root-dir`.
@@ -138,7 +138,7 @@ impl Default for HttpLimits {
 }
 
 impl ServeConfig {
-    /// Defaults (README, "`mmmq serve`"), rooted at `root_dir`.
+    /// Defaults (docs/operations.md, "`mmmq serve`"), rooted at `root_dir`.
     pub fn new(root_dir: impl Into<PathBuf>) -> Self {
         Self {
             root_dir: root_dir.into(),

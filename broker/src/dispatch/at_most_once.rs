@@ -1,4 +1,4 @@
-//! At-most-once delivery (`"delivery": "at-most-once"`, README, "Delivery modes"): nothing is
+//! At-most-once delivery (`"delivery": "at-most-once"`, docs/delivery.md, "Delivery modes"): nothing is
 //! ever sent twice, at the price of losing what a failure or a crash catches in flight.
 //!
 //! Two rules make it so. (1) Before a message is sent, a position past it is durable: the worker

@@ -1,4 +1,4 @@
-//! At-most-once delivery against the scripted target (README, "Delivery modes"): nothing is sent
+//! At-most-once delivery against the scripted target (docs/delivery.md, "Delivery modes"): nothing is sent
 //! before its claim is durable, each message is sent once whatever the answer, and a clean stop
 //! leaves the true position.
 

@@ -1,4 +1,4 @@
-//! The retry schedule while a consumer or the disk is down (README, "Dispatchers"): 1 s, doubling,
+//! The retry schedule while a consumer or the disk is down (docs/dispatchers.md, "Dispatchers"): 1 s, doubling,
 //! at most 60 s, forever. One type for every loop that waits this way, so they cannot drift apart.
 
 use std::time::Duration;

@@ -38,7 +38,7 @@ pub(super) type Fence = Arc<dyn Fn() -> BoxFuture<'static, bool> + Send + Sync>;
 /// what was ACKed in the last interval plus one write (at-least-once; a clean stop writes the
 /// final position at once). An interval of 0 writes after every delivery round again.
 ///
-/// At-most-once (`delivery`, README, "Delivery modes") turns this around: the positions set while
+/// At-most-once (`delivery`, docs/delivery.md, "Delivery modes") turns this around: the positions set while
 /// delivering are only kept in memory, and what reaches the disk while running is a *claim*
 /// ([`CheckpointSaver::claim`], [`super::claims`]): a position past messages not sent yet, written
 /// and synced before any of them is sent. A crash then resumes after the claim (what was claimed and not sent is

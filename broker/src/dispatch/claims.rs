@@ -1,4 +1,4 @@
-//! At-most-once claims (README, "Delivery modes"): before a message is sent, a position past it
+//! At-most-once claims (docs/delivery.md, "Delivery modes"): before a message is sent, a position past it
 //! is durable, so that a crash resumes after it and never sends it again.
 //!
 //! A claim write is two fsyncs. Writing one before each message would halve a fast consumer's

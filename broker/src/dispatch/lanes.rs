@@ -1,4 +1,4 @@
-//! Parallel lanes (README, "Dispatchers", `maxInFlight`): up to N requests in flight per (topic,
+//! Parallel lanes (docs/dispatchers.md, "Dispatchers", `maxInFlight`): up to N requests in flight per (topic,
 //! partition), while messages with the same key are still delivered one at a time, in offset
 //! order.
 //!
@@ -90,14 +90,14 @@ pub fn lane_of(key: Option<&str>, offset: u64, n: usize) -> usize {
 }
 
 /// How keys are spread over lanes. Lane numbers outlive a process — the handlers record
-/// (README, "Replay") says which version each lane ran — so the function is fixed for good and
+/// (docs/plugins.md, "Replay") says which version each lane ran — so the function is fixed for good and
 /// named in each session of that record; the checkpoint keeps done offsets, not lanes, so a
 /// change of function only moves keys between lanes at a restart, each key still in order.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LaneHash {
     /// Kafka's partitioner over N, as lanes were first spread (a record that names no
-    /// function). It is the partitioner's own hash, `murmur2(key) % P` (README, "Topics"): the
+    /// function). It is the partitioner's own hash, `murmur2(key) % P` (docs/topics-and-groups.md, "Topics"): the
     /// keys of one partition took only N / gcd(N, P) lanes, a single one when N = P.
     #[default]
     Murmur2,

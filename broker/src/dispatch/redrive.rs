@@ -1,4 +1,4 @@
-//! Dead-letter redrive (README, "Dead-letter redrive"): the dead letters of `__dlq.<consumerId>`
+//! Dead-letter redrive (docs/delivery.md, "Dead-letter redrive"): the dead letters of `__dlq.<consumerId>`
 //! delivered again to that dispatcher's own target, in order, with its usual retries.
 //!
 //! A redrive is a drain worker per partition of the dead-letter topic that reads the dead letters
@@ -200,7 +200,7 @@ impl Dispatch {
             .get(&dlq)
             .map(|t| t.partitions())
             .unwrap_or_default();
-        // A range past the end is `400` (README, "Dead-letter redrive"): what the client asked
+        // A range past the end is `400` (docs/delivery.md, "Dead-letter redrive"): what the client asked
         // for is not there. (The starts and ends below are clamped to what exists as well, so
         // that a redrive never reaches the dead letters it writes itself.)
         let end = partitions

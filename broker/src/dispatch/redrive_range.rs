@@ -1,4 +1,4 @@
-//! What a redrive worker covers of a dead-letter partition (README, "Dead-letter redrive"): the
+//! What a redrive worker covers of a dead-letter partition (docs/delivery.md, "Dead-letter redrive"): the
 //! worker stops at its end, and `redrive` starts workers with one. Its own module, below both, so
 //! that `redrive` depends on `worker` and not the other way round.
 

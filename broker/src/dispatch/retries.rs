@@ -1,4 +1,4 @@
-//! At-least-once sending (README, "Dispatchers"): a run of messages delivered as one batch or
+//! At-least-once sending (docs/dispatchers.md, "Dispatchers"): a run of messages delivered as one batch or
 //! one by one, a NACK resent up to `maxNackRetries` times and then dead-lettered, a communication
 //! failure retried with backoff (1 s doubling to 60 s) forever, because the consumer will come back
 //! and the message must not be skipped. The reading, ordering and positions are in `worker`;
@@ -104,8 +104,8 @@ impl Worker {
         }
         let wait = match why {
             // A plugin with no version that loads answers from memory: asking again often costs
-            // nothing, and a deploy or a fixed file then serves at once (README, "Deploying
-            // plugins": a switch within 2 s), not after a backoff grown while it was missing.
+            // nothing, and a deploy or a fixed file then serves at once (docs/plugins.md,
+            // "Deploying plugins by API": a switch within 2 s), not after a backoff grown while it was missing.
             TargetError::NotLoaded(_) => backoff.failed().min(NOT_LOADED_RETRY),
             _ => backoff.failed(),
         };

@@ -1,5 +1,5 @@
 //! What the dispatchers owe the topics: a deleted topic's workers stopped and its state
-//! dropped, and the positions `keepUndelivered` retention must not pass (README, "Topics").
+//! dropped, and the positions `keepUndelivered` retention must not pass (docs/topics-and-groups.md, "Topics").
 
 use std::sync::Arc;
 
@@ -50,7 +50,7 @@ impl Dispatch {
         }
     }
 
-    /// The positions `keepUndelivered` protects in `partition` of `topic` (README,
+    /// The positions `keepUndelivered` protects in `partition` of `topic` (docs/topics-and-groups.md,
     /// "Retention"): every configured dispatcher whose pattern matches — running, being replaced
     /// by a reload, or with its worker down — at its durable checkpoint (0 when it has none
     /// yet; a checkpoint that cannot be read holds everything too).

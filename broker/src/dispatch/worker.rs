@@ -81,7 +81,7 @@ pub(super) struct Worker {
     /// Where its position is stored in the partition's checkpoints: the consumerId, `__redrive`
     /// for a redrive that continues the last one, none for a redrive of an explicit range.
     pub checkpoint_id: Option<ConsumerId>,
-    /// Set when this worker redrives a dead-letter partition (README, "Dead-letter redrive").
+    /// Set when this worker redrives a dead-letter partition (docs/delivery.md, "Dead-letter redrive").
     pub redrive: Option<super::redrive_range::Range>,
 }
 
@@ -132,7 +132,7 @@ impl Worker {
         saver.finish().await;
     }
 
-    /// One request in flight, in offset order (README, "Dispatchers"). Offsets a checkpoint
+    /// One request in flight, in offset order (docs/dispatchers.md, "Dispatchers"). Offsets a checkpoint
     /// written by parallel lanes says are done are skipped.
     async fn drain_in_order(&self, start: Position, saver: &CheckpointSaver) {
         let mut next = start.next;

@@ -1,5 +1,5 @@
 //! The durable bounds of a dispatcher's emits from one source partition:
-//! `checkpoints/{consumerId}.emits` beside its checkpoint (README, "Storage").
+//! `checkpoints/{consumerId}.emits` beside its checkpoint (docs/storage.md, "Storage").
 //!
 //! `{"bounds":[{"topic":"orders.eu","partition":0,"offset":1200},…]}`: every message the
 //! dispatcher's plugin emitted for a source message at or past the durable checkpoint lies in one

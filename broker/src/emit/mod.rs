@@ -1,4 +1,4 @@
-//! Emit exactly once (README, "Plugins, version 2"; docs/guarantees.md, "Emit exactly once").
+//! Emit exactly once (docs/plugins.md, "WebAssembly handlers"; docs/guarantees.md, "Isolation").
 //!
 //! What the `ack`ed calls of a 0.2.0 plugin's run emitted is handed, when the run answers, to the
 //! commit task of its source partition ([`pipeline`]), which appends it while the plugin handles
@@ -20,7 +20,7 @@
 //!
 //! - A redriven dead letter's source is the dead-letter partition: its emits' origin is the dead
 //!   letter, and the redrive's position (`__redrive`) plays the checkpoint's part, bounds and all
-//!   (README, "Dead-letter redrive").
+//!   (docs/delivery.md, "Dead-letter redrive").
 //!
 //! No time window decides: a message's outputs are found by their origin, not by when they were
 //! stored.

@@ -1,4 +1,4 @@
-//! Pull consumer groups (README, "Consumer groups"; seed 004's consumer groups over HTTP): members
+//! Pull consumer groups (docs/topics-and-groups.md, "Consumer groups"; seed 004's consumer groups over HTTP): members
 //! join by polling, share the partitions of the topics a pattern matches — each partition owned
 //! by one member at a time, balanced over the live members — and the broker keeps the group's
 //! committed offsets, durably, next to the partition's dispatcher checkpoints
@@ -8,7 +8,7 @@
 //! others, which start at the group's committed offset: delivery within a group is
 //! at-least-once. A commit for a partition the member no longer owns is refused (`409`).
 //!
-//! Everything a group holds about a partition is keyed by its topic's incarnation (README,
+//! Everything a group holds about a partition is keyed by its topic's incarnation (docs/topics-and-groups.md,
 //! "Topics": topic ids) as well as its name: a topic deleted and created again is new to the
 //! group, which starts it at offset 0 (the committed offsets went with the old one's files), and
 //! a commit that names the old incarnation's id is refused. Committed offsets are read from disk
@@ -120,7 +120,7 @@ struct Group {
     position: HashMap<Key, u64>,
     /// Committed next offsets (loaded from disk on first use).
     committed: HashMap<Key, u64>,
-    /// Messages retention deleted before the group read them, per partition (README,
+    /// Messages retention deleted before the group read them, per partition (docs/topics-and-groups.md,
     /// "Retention": behind the horizon).
     skipped: HashMap<Key, u64>,
     /// Since when it has had no members.
@@ -411,7 +411,7 @@ impl Groups {
             let position = g.position.get(k).copied().unwrap_or(0);
             let first = p.log.first_offset();
             if position < first {
-                // Behind the horizon (README, "Retention"): go on at the first offset still
+                // Behind the horizon (docs/topics-and-groups.md, "Retention"): go on at the first offset still
                 // stored, and say what was skipped.
                 let skipped = first - position;
                 *g.skipped.entry(k.clone()).or_default() += skipped;

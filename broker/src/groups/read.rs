@@ -1,4 +1,4 @@
-//! What a member's poll reads from the partitions it owns (README, "Consumer groups").
+//! What a member's poll reads from the partitions it owns (docs/topics-and-groups.md, "Consumer groups").
 
 use std::sync::Arc;
 
@@ -20,7 +20,7 @@ pub(super) async fn read_owned(
     let mut next: Vec<Option<u64>> = owned.iter().map(|(_, _, at)| Some(*at)).collect();
     let mut ends: Vec<Option<u64>> = vec![None; owned.len()];
     // Rounds: what is left of `max` shared over the partitions that still have messages, so one
-    // busy partition fills what idle ones leave (README, "Consumer groups").
+    // busy partition fills what idle ones leave (docs/topics-and-groups.md, "Consumer groups").
     while out.len() < max {
         let active = next.iter().filter(|n| n.is_some()).count();
         if active == 0 {

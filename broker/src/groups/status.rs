@@ -13,7 +13,7 @@ use crate::topics::Partition;
 pub const PAGE_PARTITIONS: usize = 10_000;
 
 impl Groups {
-    /// The positions `keepUndelivered` protects in `partition` of `topic` (README, "Retention"):
+    /// The positions `keepUndelivered` protects in `partition` of `topic` (docs/topics-and-groups.md, "Retention"):
     /// every group's committed offset there — of the groups on disk, polling or not, and of
     /// those in memory whose pattern matches (0 when they have committed nothing yet).
     pub async fn protected_positions(&self, topic: &Topic, partition: &Arc<Partition>) -> Vec<u64> {

@@ -1,4 +1,4 @@
-//! Request bodies (README, "HTTP API"): read up to a limit (`413` past it), and counted against
+//! Request bodies (docs/http-api.md, "HTTP API"): read up to a limit (`413` past it), and counted against
 //! one budget of bytes shared by every request in flight (`--max-inflight-body-bytes`), so that
 //! many clients sending large or unfinished bodies cannot make the broker hold unbounded memory.
 //!

@@ -1,4 +1,4 @@
-//! `GET /` (README, "Dashboard"): the dashboard, one page embedded in the binary
+//! `GET /` (docs/operations.md, "Dashboard"): the dashboard, one page embedded in the binary
 //! (`dashboard.html`, no build step, nothing fetched from elsewhere). It is a client of the HTTP
 //! API like any other: the page itself needs no token and holds no data; its calls carry the
 //! token the user gives when the broker asks for one (`--auth-token`).

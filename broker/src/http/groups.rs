@@ -1,4 +1,4 @@
-//! Pull consumer groups over HTTP (README, "Consumer groups"): thin skins over
+//! Pull consumer groups over HTTP (docs/topics-and-groups.md, "Consumer groups"): thin skins over
 //! [`crate::groups::Groups`].
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! What every request passes before any route (README, "What a web page can do"), in this order:
+//! What every request passes before any route (docs/http-api.md, "What a web page can do"), in this order:
 //!
 //! 1. **Host.** While the broker listens on a loopback address (or `--allowed-hosts` is given),
 //!    the `Host` must be a loopback name or address (`localhost`, `*.localhost`, `127.x.x.x`,
@@ -266,7 +266,7 @@ impl<S> tower::Layer<S> for GuardLayer {
     }
 }
 
-/// A service (the router) behind the checks of README, "What a web page can do". It wraps the
+/// A service (the router) behind the checks of docs/http-api.md, "What a web page can do". It wraps the
 /// router as a whole: `Router::layer` would wrap each route, after routing, and a method a path
 /// does not serve would then still answer with the `Allow` header listing the others.
 #[derive(Clone)]

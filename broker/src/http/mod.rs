@@ -1,4 +1,4 @@
-//! The HTTP API (README, "HTTP API"), on axum. Every answer is JSON, errors included: `{"error": "…"}`
+//! The HTTP API (docs/http-api.md, "HTTP API"), on axum. Every answer is JSON, errors included: `{"error": "…"}`
 //! with 4xx for the client's fault and 5xx for the broker's.
 //!
 //! # Layout
@@ -9,7 +9,7 @@
 //! - `dashboard`: `GET /`, the page for people.
 //! - `openapi`: `GET /mmmq/openapi.json`, and the schemas of answers the handlers build by hand.
 //! - `guard`: what every request passes first: `Host`, the site it comes from, the token, the
-//!   body's `Content-Type` (README, "What a web page can do").
+//!   body's `Content-Type` (docs/http-api.md, "What a web page can do").
 //! - `body`: reading bodies within their limit and the broker's in-flight body budget; plugin
 //!   uploads staged on disk.
 //! - `serve`: the accept loop and its connection limits.
@@ -123,7 +123,7 @@ impl AppState {
     }
 }
 
-/// Every route of README, "HTTP API", and its description (`GET /mmmq/openapi.json`): each route
+/// Every route of docs/http-api.md, "HTTP API", and its description (`GET /mmmq/openapi.json`): each route
 /// comes from its handler's `#[utoipa::path]`, so what is served and what is described are one
 /// list.
 ///
@@ -238,7 +238,7 @@ pub enum ApiError {
     /// The request took longer than the per-request deadline (a body that trickles in).
     #[error("request not completed within {} s", .0.as_secs())]
     Timeout(std::time::Duration),
-    /// The body stopped arriving for the header timeout (README, "HTTP API").
+    /// The body stopped arriving for the header timeout (docs/http-api.md, "HTTP API").
     #[error("no byte of the request body for {} ms (--header-timeout-ms)", .0.as_millis())]
     BodyStalled(std::time::Duration),
     /// The request contradicts the state it acts on (a commit for a partition the member does

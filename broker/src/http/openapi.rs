@@ -1,4 +1,4 @@
-//! `GET /mmmq/openapi.json` (README, "HTTP API"): the OpenAPI 3.1 description of every endpoint,
+//! `GET /mmmq/openapi.json` (docs/http-api.md, "HTTP API"): the OpenAPI 3.1 description of every endpoint,
 //! generated from the handlers' own annotations and types. The router itself is built from the
 //! same annotated handlers ([`super::router`] uses `utoipa_axum`), so a route cannot be served
 //! without being described.

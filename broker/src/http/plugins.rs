@@ -1,4 +1,4 @@
-//! Deploying plugins over HTTP (README, "Deploying plugins").
+//! Deploying plugins over HTTP (docs/plugins.md, "Deploying plugins by API").
 
 use axum::Json;
 use axum::extract::rejection::PathRejection;
@@ -24,7 +24,7 @@ impl From<StoreError> for ApiError {
 
 /// `PUT /mmmq/plugins/{name}` with the component's bytes.
 /// Deploys a component as the plugin's new current version; dispatchers naming it switch before
-/// the answer. The upload is staged on disk while it arrives (README, "Deploying plugins by API").
+/// the answer. The upload is staged on disk while it arrives (docs/plugins.md, "Deploying plugins by API").
 #[utoipa::path(put, path = "/mmmq/plugins/{name}", tag = "plugins",
     params(("name" = String, Path, description = "The plugin")),
     request_body(content = Vec<u8>, content_type = "application/wasm", description = "The component's bytes (at most 64 MiB)"),

@@ -154,7 +154,7 @@ const MIN_REFUSALS: usize = 64;
 const REFUSAL_TIME: Duration = Duration::from_secs(1);
 
 /// The whole answer to a connection past `--max-connections-per-ip`: a `503` with a JSON body
-/// naming the limit, like the API's other `503`s (README, "HTTP API"), and `Connection: close`.
+/// naming the limit, like the API's other `503`s (docs/http-api.md, "HTTP API"), and `Connection: close`.
 fn too_many(ip: IpAddr, cap: usize) -> Vec<u8> {
     let body = serde_json::json!({
         "error": format!(

@@ -1,4 +1,4 @@
-//! What one call of a 0.2.0 plugin emits (README, "Plugins, version 2"), checked as the guest
+//! What one call of a 0.2.0 plugin emits (docs/plugins.md, "WebAssembly handlers"), checked as the guest
 //! emits it and held until the call's verdict is known: the caller appends it only after an
 //! `ack` (through [`crate::emit`]), and drops it after anything else, so nothing a call that
 //! nacks, traps or times out emitted is ever visible.

@@ -2,7 +2,7 @@
 //! tagged with the dispatcher's consumerId, through a token bucket so that a guest that logs in a
 //! loop cannot flood the broker's log (what is dropped is counted and reported). Lines that pass
 //! the bucket also go, as `{"level","message","topic","partition","offset","version"}`, to a sink
-//! the broker appends to the topic `__logs.<consumerId>` (README, "WebAssembly handlers").
+//! the broker appends to the topic `__logs.<consumerId>` (docs/plugins.md, "WebAssembly handlers").
 //!
 //! A line is the guest's text, so in the broker's log its control characters are escaped
 //! ([`escape_controls`]): a newline in it would otherwise start what reads as a line of the

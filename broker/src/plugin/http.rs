@@ -1,4 +1,4 @@
-//! Outbound HTTP for plugins (README, "Plugins, version 2"): the standard `wasi:http` outgoing
+//! Outbound HTTP for plugins (docs/plugins.md, "WebAssembly handlers"): the standard `wasi:http` outgoing
 //! handler, limited to the dispatcher's `plugin.allowedHosts` and to the time left in the call.
 //!
 //! A request to any other origin is refused with `HTTP-request-denied` (and a line in the

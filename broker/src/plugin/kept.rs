@@ -1,7 +1,7 @@
 //! A directory of kept versions of a component, content-addressed, with an index: what a deployed
 //! plugin keeps in `{root-dir}/plugins/{name}/` ([`super::store`]) and what a `plugin.path`
 //! dispatcher keeps of every version it loaded in `{root-dir}/plugins/.path/{consumerId}/`
-//! ([`keep_loaded`]), so that `mmmq plugin replay` (README, "Replay") runs the exact version that
+//! ([`keep_loaded`]), so that `mmmq plugin replay` (docs/plugins.md, "Replay") runs the exact version that
 //! handled a message whichever kind of plugin the dispatcher names.
 //!
 //! ```text

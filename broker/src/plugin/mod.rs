@@ -1,4 +1,4 @@
-//! WebAssembly handlers (README, "WebAssembly handlers").
+//! WebAssembly handlers (docs/plugins.md, "WebAssembly handlers").
 //!
 //! # Layout
 //! - [`runtime`]: the engine, compilation, the instance and its time limit.

@@ -1,4 +1,4 @@
-//! `mmmq plugin new NAME` (README, "Write, deploy and change a handler"): a plugin crate that
+//! `mmmq plugin new NAME` (docs/plugins.md, "Write, deploy and change a handler"): a plugin crate that
 //! builds as it is, anywhere — it depends on the SDK published with the version of this binary,
 //! or on a checkout's `plugin-sdk/` with `--sdk-path`.
 

@@ -1,4 +1,4 @@
-//! Deployed plugins and their versions (README, "Deploying plugins"):
+//! Deployed plugins and their versions (docs/plugins.md, "Deploying plugins by API"):
 //! `{root-dir}/plugins/{name}/`.
 //!
 //! ```text
@@ -11,7 +11,7 @@
 //! dispatchers, which keep what they load in `{root-dir}/plugins/.path/{consumerId}/`.)
 //!
 //! A dispatcher whose plugin names `name` runs `current.wasm`, so a deploy, a rollback or an
-//! activation is one atomic replace of that file, and the plugin target's hot reload (README,
+//! activation is one atomic replace of that file, and the plugin target's hot reload (docs/plugins.md,
 //! "WebAssembly handlers") switches versions between two messages, with no loss, no repeat, in
 //! order. Every file is written aside, synced and renamed, and every directory is made durably;
 //! `versions.json` decides what is current, and `current.wasm` is repaired from it at open if a

@@ -1,5 +1,5 @@
-//! Every wait a guest can make in the host ends at its call's deadline (README, "WebAssembly
-//! handlers": each call interrupted after `timeoutMs`).
+//! Every wait a guest can make in the host ends at its call's deadline (docs/plugins.md,
+//! "WebAssembly handlers": each call interrupted after `timeoutMs`).
 //!
 //! WebAssembly's own time limit (epochs, `runtime`) interrupts guest code only: a guest blocked in
 //! a host call — `std::thread::sleep` is a `wasi:clocks` pollable waited on with `wasi:io/poll`,

@@ -1,4 +1,4 @@
-//! The two plugin worlds the host serves (README, "WebAssembly handlers"): `mmmq:plugin@0.1.0`
+//! The two plugin worlds the host serves (docs/plugins.md, "WebAssembly handlers"): `mmmq:plugin@0.1.0`
 //! (`wit/plugin.wit`) and `mmmq:plugin@0.2.0` (`wit/0.2.0/plugin.wit`). A component is checked
 //! against 0.2.0 first, then 0.1.0; either way the rest of the broker sees one [`Call`] in and one
 //! [`Verdict`] out, so a 0.1.0 component keeps working unchanged.

@@ -20,7 +20,7 @@ pub const CHECKPOINT_EXT: &str = "checkpoint";
 /// A dispatcher's position in one log: the next offset to deliver (everything below it is done)
 /// and, when messages are delivered in parallel lanes, the ranges above it that are done too.
 ///
-/// On disk (README, "Storage"): the first 8 bytes are always `next`, a big-endian u64 (MMMQ's
+/// On disk (docs/storage.md, "Storage"): the first 8 bytes are always `next`, a big-endian u64 (MMMQ's
 /// checkpoint); each done range follows as two big-endian u64s, start and end (exclusive).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Position {

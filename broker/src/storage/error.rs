@@ -99,7 +99,7 @@ pub enum StorageError {
     },
 }
 
-/// A cap on what topics may cost the broker (README, "`mmmq serve`").
+/// A cap on what topics may cost the broker (docs/operations.md, "`mmmq serve`").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Limit {
     /// `--max-topics`: each topic costs a directory, files and descriptors.

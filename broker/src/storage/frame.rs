@@ -1,5 +1,5 @@
 //! The framing of one entry in a segment's data file: `[u32 length][u32 CRC32C][payload]`, both
-//! integers big-endian (README, "Storage"). Pure functions over bytes, so they are easy to test at the byte
+//! integers big-endian (docs/storage.md, "Storage"). Pure functions over bytes, so they are easy to test at the byte
 //! level and to fuzz.
 
 /// Bytes in front of every payload: the length and the checksum.

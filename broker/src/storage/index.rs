@@ -1,4 +1,4 @@
-//! The offset index of a segment (README, "Storage"): one big-endian u64 per entry, the entry's
+//! The offset index of a segment (docs/storage.md, "Storage"): one big-endian u64 per entry, the entry's
 //! start position in the segment's data file. Pure functions over bytes, tested at the byte level.
 
 /// Bytes per index entry.

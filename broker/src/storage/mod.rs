@@ -1,4 +1,4 @@
-//! The durable segment store (README, "Storage").
+//! The durable segment store (docs/storage.md, "Storage").
 //!
 //! # Layout
 //! - [`frame`]: `[u32 length][u32 CRC32C][payload]`, pure encode/decode.

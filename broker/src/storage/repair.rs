@@ -1,4 +1,4 @@
-//! Reconciling the tail segment's index with its data frames at recovery (README, "Storage"):
+//! Reconciling the tail segment's index with its data frames at recovery (docs/storage.md, "Storage"):
 //! the data fsync is the commit point, so every acknowledged entry has a complete, CRC-valid frame,
 //! while the index may lag behind the data (it is written after the commit and synced lazily) or be
 //! damaged. The frames decide.

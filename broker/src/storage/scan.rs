@@ -257,7 +257,7 @@ fn reconcile_tail(vfs: &dyn Vfs, scan: &mut SegmentScan) -> Result<(), StorageEr
     Ok(())
 }
 
-/// Reads one segment's index and checks it against its data file, trusting the index (README,
+/// Reads one segment's index and checks it against its data file, trusting the index (docs/storage.md,
 /// "Storage"): only the last entry's header is read from the data, and with `whole == false` only
 /// the index's first and last entries (the positions are then left empty).
 pub fn scan_segment(

@@ -1,6 +1,6 @@
 //! One segment: a data file of framed entries and its offset index.
 //!
-//! Memory is bounded by open segments, not by stored messages (README, "Storage"): only the tail
+//! Memory is bounded by open segments, not by stored messages (docs/storage.md, "Storage"): only the tail
 //! segment keeps its entries' positions in memory (a read of it costs one `pread` and never waits
 //! for the writer); a sealed segment keeps its count and size, and a read of it first reads the
 //! positions it needs from its index file.
@@ -79,7 +79,7 @@ pub(crate) const MIN_PREALLOCATION: u64 = 4 * 1024;
 /// almost nothing extra on disk (a thousand partitions of one message each are a few MiB, not a
 /// thousand times `max`), while a busy tail's file grows geometrically: about twenty size changes
 /// until the zeros reach `max`, then one per `max / 2` written, so its commits' `fdatasync` still
-/// seldom has a file size to write (README, "Storage").
+/// seldom has a file size to write (docs/storage.md, "Storage").
 pub(crate) fn preallocation(end: u64, max: u64) -> u64 {
     end.max(MIN_PREALLOCATION).min(max)
 }
@@ -276,7 +276,7 @@ impl Segment {
     /// The index is cut and synced before the data is cut: a failed batch that sealed this
     /// segment on its way synced index entries for its own frames, and a power cut between the
     /// two cuts must not leave them pointing past the data (recovery refuses such an index,
-    /// README "Storage"). Cut in this order, a power cut leaves at worst the failed batch's
+    /// docs/storage.md, "Storage"). Cut in this order, a power cut leaves at worst the failed batch's
     /// frames past the index, which recovery re-indexes or cuts like any unindexed tail.
     pub fn cut_uncommitted(&self) -> Result<(), StorageError> {
         let committed = self.committed.read();

@@ -1,4 +1,4 @@
-//! The cap on partitions over all topics (`serve --max-partitions`, README "`mmmq serve`").
+//! The cap on partitions over all topics (`serve --max-partitions`, docs/operations.md, "`mmmq serve`").
 //!
 //! `--max-topics` counts topics, but a topic may have up to 1,024 partitions and each partition
 //! is a log: its files, its tail's positions in memory, a writer thread while it writes, a worker

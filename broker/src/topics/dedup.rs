@@ -1,4 +1,4 @@
-//! Idempotent produce (README, "Idempotent produce"): the ids a topic has seen within its
+//! Idempotent produce (docs/delivery.md, "Idempotent produce"): the ids a topic has seen within its
 //! `dedupWindowMs`, per topic (a keyless retry may be routed to another partition), rebuilt from
 //! the log at boot.
 //!
@@ -392,7 +392,7 @@ mod tests {
         shard.stored(&t, 0, key as u64);
     }
 
-    /// The budget (README, "Idempotent produce": `--max-produce-ids`), over every topic: a claim
+    /// The budget (docs/delivery.md, "Idempotent produce": `--max-produce-ids`), over every topic: a claim
     /// that would pass it first forgets the oldest ids of its own shard, however young (counted,
     /// warned once per topic) — if its topic holds at least its fair share (the budget over the
     /// topics holding ids); a topic below it is admitted past the budget, which the other's next

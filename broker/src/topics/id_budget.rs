@@ -1,4 +1,4 @@
-//! The produce ids every topic of a broker remembers, together (README, "Idempotent produce":
+//! The produce ids every topic of a broker remembers, together (docs/delivery.md, "Idempotent produce":
 //! `serve --max-produce-ids`), and each topic's account with that budget.
 //!
 //! A claim that would pass the budget makes its own topic forget its oldest ids first, before

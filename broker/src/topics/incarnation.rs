@@ -1,4 +1,4 @@
-//! Topic ids (README, "Topics"): each incarnation of a topic has its own, so that what outlives
+//! Topic ids (docs/topics-and-groups.md, "Topics"): each incarnation of a topic has its own, so that what outlives
 //! a delete — a group's offsets in memory, a plugin's emit origins, a consumer's exactly-once
 //! record — is never taken for the new topic's, which starts again at offset 0.
 //!

@@ -372,7 +372,7 @@ impl Registry {
             would_be += 1;
         }
         // A dead-letter topic has one partition, so its offsets are the order in which messages
-        // failed and a redrive's `from`/`to` name them (README, "Dead-letter redrive"); the topic
+        // failed and a redrive's `from`/`to` name them (docs/delivery.md, "Dead-letter redrive"); the topic
         // API can still grow it.
         let partitions = |t: &Topic| match creator {
             Creator::Api(n) => n,

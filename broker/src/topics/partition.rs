@@ -1,4 +1,4 @@
-//! A topic's partitions (README, "Topics"): each is its own log with its own group commit and its
+//! A topic's partitions (docs/topics-and-groups.md, "Topics"): each is its own log with its own group commit and its
 //! own checkpoints. Partition 0 keeps the MMMQ layout in `topics/{topic}/`, byte for byte;
 //! partition `p ≥ 1` lives in `topics/{topic}/partitions/{p}/` with the same files. Nothing below
 //! this module knows that partitions belong to a topic.
@@ -20,7 +20,7 @@ pub const PARTITIONS_DIR: &str = "partitions";
 pub struct Partition {
     /// Its number, from 0.
     pub number: u32,
-    /// The id of its topic's incarnation (README, "Topics").
+    /// The id of its topic's incarnation (docs/topics-and-groups.md, "Topics").
     pub topic_id: TopicId,
     /// Its messages.
     pub log: Log,
@@ -71,7 +71,7 @@ pub fn partitions_on_disk(vfs: &dyn Vfs, topic_dir: &Path) -> u32 {
 pub struct TopicLog {
     /// The topic.
     pub topic: Topic,
-    /// This incarnation's id (README, "Topics"; [`super::incarnation`]).
+    /// This incarnation's id (docs/topics-and-groups.md, "Topics"; [`super::incarnation`]).
     pub id: TopicId,
     /// Its directory (partition 0's).
     pub dir: PathBuf,

@@ -1,4 +1,4 @@
-//! Retention (README, "Topics"): whole sealed segments are deleted when their newest message is
+//! Retention (docs/topics-and-groups.md, "Topics"): whole sealed segments are deleted when their newest message is
 //! older than `retentionMs`, and the oldest while a partition holds more than `retentionBytes`; a
 //! tail that outlived `retentionMs` is sealed first so that it can go; `keepUndelivered` holds
 //! back whatever a dispatcher has not passed yet.

@@ -1,4 +1,4 @@
-//! A topic's configuration (README, "Topics"): the body of `PUT /mmmq/topics/{topic}`, validated
+//! A topic's configuration (docs/topics-and-groups.md, "Topics"): the body of `PUT /mmmq/topics/{topic}`, validated
 //! field by field so that a bad value is answered with a `400` that names the field, and
 //! `topics/{topic}/topic.json`, where it is kept (absent: the broker's defaults).
 

@@ -1,5 +1,5 @@
 //! `mmmq bench consume`: delivery through a slow consumer with `maxInFlight` lanes, and pull
-//! consumer groups of 1 and 3 members (README, "Dispatchers", "Consumer groups").
+//! consumer groups of 1 and 3 members (docs/dispatchers.md, "Dispatchers", "Consumer groups").
 
 use std::io::Write;
 use std::path::PathBuf;

@@ -1,5 +1,5 @@
-//! `mmmq bench dedup`: the memory and CPU of idempotent produce's id window (README, "Idempotent
-//! produce") at a given id rate over a window, measured on the broker's own structure with a
+//! `mmmq bench dedup`: the memory and CPU of idempotent produce's id window (docs/delivery.md,
+//! "Idempotent produce") at a given id rate over a window, measured on the broker's own structure with a
 //! simulated clock (so a two-minute window takes seconds), with ids shaped like `mmmq-client`'s.
 
 use std::io::Write;

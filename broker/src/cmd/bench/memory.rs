@@ -1,5 +1,5 @@
 //! `mmmq bench memory`: resident memory of a broker holding many stored messages, after boot and
-//! while reading the oldest of them, next to an empty broker's (README, "Storage": memory is
+//! while reading the oldest of them, next to an empty broker's (docs/storage.md, "Storage": memory is
 //! bounded by open segments, not by stored messages).
 //!
 //! The log is written directly in the on-disk format (frames and index, many small segments) so

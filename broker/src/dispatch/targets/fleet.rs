@@ -1,4 +1,4 @@
-//! `hosts`: a fleet of HTTP consumers serving one dispatcher (README, "Dispatchers"). Each lane
+//! `hosts`: a fleet of HTTP consumers serving one dispatcher (docs/dispatchers.md, "Dispatchers"). Each lane
 //! has a home host (lane modulo the fleet); a host that fails to answer (a communication failure)
 //! rests, and its lanes go to the next healthy hosts until it answers again. A lane is one request
 //! at a time whichever host serves it, so per-key order holds across a move.

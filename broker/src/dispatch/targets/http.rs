@@ -1,4 +1,4 @@
-//! The remote HTTP consumer target (README, "Dispatchers"): POST the envelope (or, with
+//! The remote HTTP consumer target (docs/dispatchers.md, "Dispatchers"): POST the envelope (or, with
 //! `batchMaxMessages` > 1, an array of them) and read `{"ack":"ACK"|"NACK"}`.
 
 use std::time::Duration;
@@ -19,8 +19,8 @@ pub struct HttpTarget {
     client: reqwest::Client,
     url: String,
     auth_token: Option<String>,
-    /// `batchMaxMessages` > 1: every body is a JSON array, even of one envelope (README, "Remote
-    /// HTTP consumers"), so a consumer that was told to expect batches never sees a bare envelope.
+    /// `batchMaxMessages` > 1: every body is a JSON array, even of one envelope (docs/dispatchers.md,
+    /// "Remote consumers"), so a consumer that was told to expect batches never sees a bare envelope.
     arrays: bool,
 }
 

@@ -1,4 +1,4 @@
-//! Shadow runs (README, "Deploying plugins"): `plugin.shadow` names a kept version of the
+//! Shadow runs (docs/plugins.md, "Deploying plugins by API"): `plugin.shadow` names a kept version of the
 //! dispatcher's plugin, run on every message after the current version has handled it, side-effect
 //! free — its emits are dropped, it has no network, its log lines go to the broker's log only —
 //! and its verdicts compared with the current version's. Its answer never changes what happens to

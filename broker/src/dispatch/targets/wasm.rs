@@ -183,7 +183,7 @@ impl Shared {
     /// Reads and, if it changed, compiles the file. `Ok(true)` when a new version now serves.
     ///
     /// A `plugin.path` dispatcher first keeps the new version where `mmmq plugin replay` finds it
-    /// once the file has changed again (README, "Replay"), durably: a version it cannot keep does
+    /// once the file has changed again (docs/plugins.md, "Replay"), durably: a version it cannot keep does
     /// not serve (as a version whose handling cannot be recorded handles nothing).
     async fn reload(self: &Arc<Self>) -> Result<bool, String> {
         let _one_at_a_time = self.reloading.lock().await;
@@ -199,7 +199,7 @@ impl Shared {
         let result = tokio::task::spawn_blocking(move || {
             let bytes = match std::fs::read(&path) {
                 Ok(bytes) => bytes,
-                // A named plugin's `current.wasm` appears with its first deploy (README,
+                // A named plugin's `current.wasm` appears with its first deploy (docs/plugins.md,
                 // "Deploying plugins by API"); until then there is nothing wrong to report.
                 Err(e)
                     if e.kind() == std::io::ErrorKind::NotFound && named && serving.is_none() =>
@@ -444,7 +444,7 @@ impl Shared {
                 Some(Outcome::Nack(format!("plugin {e}")))
             }
             // A fault of the plugin (its start code traps, its initial memory is over the cap),
-            // like a trap in `handle`: NACKed with the reason, then dead-lettered (README,
+            // like a trap in `handle`: NACKed with the reason, then dead-lettered (docs/plugins.md,
             // "WebAssembly handlers"). Retrying it forever as if a consumer were down would stall
             // the topic on a version that can never run.
             CallResult::NoInstance(e) => {

@@ -1,4 +1,4 @@
-//! The hot reload's file watch (README, "WebAssembly handlers"): a debounced watcher on the plugin
+//! The hot reload's file watch (docs/plugins.md, "WebAssembly handlers"): a debounced watcher on the plugin
 //! file's directory, so in-place writes, a rename over the file and an editor's temporary files
 //! are all seen, and only the plugin's own name counts.
 

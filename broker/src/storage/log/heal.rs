@@ -52,7 +52,7 @@ impl Inner {
     /// Removes the files of every segment after the one starting at `tail`: segments a failed
     /// batch rotated into, and any half-created by a rotation that failed between its two files.
     /// None holds a committed entry, but a power cut at any point must leave a log that opens,
-    /// so each step leaves a shape recovery accepts (README, "Storage"):
+    /// so each step leaves a shape recovery accepts (docs/storage.md, "Storage"):
     /// - newest first, each removal made durable before the next: what a cut leaves is always a
     ///   run of whole segments that follows the tail without a gap;
     /// - the index emptied and synced before either file goes: a segment the failed batch sealed

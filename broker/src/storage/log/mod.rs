@@ -4,7 +4,7 @@
 //! # Group commit, one fsync
 //! Appends queue up in the writer. Its one stage takes everything queued, gives it consecutive
 //! offsets, writes it to the tail segment's data file (rotating as needed) and fsyncs the data —
-//! the commit point (README, "Storage") — then makes the entries visible to readers, answers the
+//! the commit point (docs/storage.md, "Storage") — then makes the entries visible to readers, answers the
 //! waiting appends, and writes their index entries without syncing. While one batch is being
 //! synced the next one queues, so a closed loop of appenders shares each fsync. The index lags
 //! the data: it is synced at most every [`LogConfig::index_sync_interval`], at rotation and at
@@ -105,7 +105,7 @@ impl std::fmt::Debug for Log {
 }
 
 impl Log {
-    /// Opens (or creates) the log in `dir`, recovering it as the README's "Storage" says: the tail
+    /// Opens (or creates) the log in `dir`, recovering it as the docs/storage.md, "Storage" says: the tail
     /// is reconciled with its CRC-valid frames (entries past its index re-indexed, a torn write
     /// cut), sealed segments are trusted as their index says, and an index that points past its
     /// data is an error.
@@ -302,7 +302,7 @@ impl Log {
                 Ok(got) => got,
                 // Retention deleted the segment under the read (its files went after it was
                 // found): what was read before it is answered. A read that found nothing yet
-                // fails, and its caller goes on from the first offset still stored (README,
+                // fails, and its caller goes on from the first offset still stored (docs/topics-and-groups.md,
                 // "Retention": behind the horizon), counting what it skipped.
                 Err(_) if !out.is_empty() && self.first_offset() > at => break,
                 Err(e) => return Err(e),

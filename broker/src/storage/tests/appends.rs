@@ -176,7 +176,7 @@ async fn waiting_for_an_offset_wakes_on_commit() {
     assert_eq!(log.read(2).unwrap(), None, "nothing past the commit point");
 }
 
-/// Retention deleting segments under readers (README, "Retention"): a read that had found
+/// Retention deleting segments under readers (docs/topics-and-groups.md, "Retention"): a read that had found
 /// entries before a segment went away answers them (consecutive, from where it was asked); one
 /// that found nothing fails, and only when the log's first offset has moved past it, so its
 /// caller goes on from there (as pulls, group polls and dispatchers do). A read never answers a

@@ -1,4 +1,4 @@
-//! Storage tests at the byte level: recovery of every damaged shape the README's "Storage" names
+//! Storage tests at the byte level: recovery of every damaged shape the docs/storage.md, "Storage" names
 //! (`recovery`), rotation, concurrency and flush modes (`appends`), I/O faults, checkpoints and
 //! the open-file cache (`faults`); this module holds the layout tests and the shared helpers.
 

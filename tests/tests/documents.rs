@@ -1,0 +1,206 @@
+//! The documents hold together: every section a comment or a document cites
+//! (`docs/plugins.md, "Replay"`) exists in that document, and every relative link of the README
+//! and `docs/` leads to a file that exists and, with a `#fragment`, to one of its headings. A
+//! document reorganised without its citations fails here, not in a reader's hands.
+
+use std::path::{Path, PathBuf};
+
+use mmmq_tests::workspace_root;
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Every file under `dir` (not `target/`, not hidden) whose name ends in one of `exts`.
+fn files(dir: &Path, exts: &[&str], out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with('.') || name == "target" {
+            continue;
+        }
+        if p.is_dir() {
+            files(&p, exts, out);
+        } else if exts.iter().any(|x| name.ends_with(x)) {
+            out.push(p);
+        }
+    }
+}
+
+/// The headings of a Markdown document, and its bold run-in terms (`**Checkpoints**:`), which
+/// comments cite as sections too. Code blocks are skipped.
+fn sections(markdown: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut fence = false;
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            fence = !fence;
+            continue;
+        }
+        if fence {
+            continue;
+        }
+        if let Some(h) = line.strip_prefix('#') {
+            found.push(h.trim_start_matches('#').trim().to_owned());
+        }
+        let mut rest = line;
+        while let Some(start) = rest.find("**") {
+            let Some(len) = rest[start + 2..].find("**") else {
+                break;
+            };
+            let term = &rest[start + 2..start + 2 + len];
+            found.push(term.trim_end_matches(['.', ':']).to_owned());
+            rest = &rest[start + 2 + len + 2..];
+        }
+    }
+    found
+}
+
+/// GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens.
+fn anchor(heading: &str) -> String {
+    heading
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// Each cited document and section in `text` (the form `docs/plugins.md, "Replay"`), with the comment markers of a line break inside removed.
+fn citations(text: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for (at, _) in text.match_indices(".md,") {
+        let start = text[..at]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || "/_-".contains(c)))
+            .map_or(0, |i| i + 1);
+        let file = &text[start..at + 3];
+        let rest = text[at + 4..].trim_start_matches([' ', '\n', '/', '!']);
+        let Some(quoted) = rest.strip_prefix('"') else {
+            continue;
+        };
+        let Some(end) = quoted.find('"') else {
+            continue;
+        };
+        let section = quoted[..end]
+            .split('\n')
+            .map(|l| l.trim().trim_start_matches(['/', '!']).trim())
+            .collect::<Vec<_>>()
+            .join(" ");
+        found.push((file.to_owned(), section));
+    }
+    found
+}
+
+#[test]
+fn the_sections_the_code_and_documents_cite_exist() {
+    let root = workspace_root();
+    let mut sources = Vec::new();
+    for dir in [
+        "broker",
+        "core",
+        "client",
+        "plugin-sdk",
+        "plugins",
+        "tests",
+        "docs",
+        "scripts",
+    ] {
+        files(
+            &root.join(dir),
+            &[".rs", ".md", ".txt", ".html", ""],
+            &mut sources,
+        );
+    }
+    sources.push(root.join("README.md"));
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for source in &sources {
+        let Ok(text) = std::fs::read_to_string(source) else {
+            continue;
+        };
+        for (file, section) in citations(&text) {
+            // `docs/x.md` from anywhere; `x.md` from inside docs/.
+            let doc = [root.join(&file), root.join("docs").join(&file)]
+                .into_iter()
+                .find(|p| p.is_file());
+            let Some(doc) = doc else {
+                if file.starts_with("docs/") {
+                    missing.push(format!("{}: {file} does not exist", source.display()));
+                }
+                continue;
+            };
+            checked += 1;
+            // A short citation of a long heading names its beginning ("Router" for "Router:
+            // plugins that do real work").
+            let cited = |h: &String| {
+                h.strip_prefix(section.as_str())
+                    .is_some_and(|rest| !rest.starts_with(char::is_alphanumeric))
+            };
+            if !sections(&read(&doc)).iter().any(cited) {
+                missing.push(format!(
+                    "{}: {file}, \"{section}\" is no section of it",
+                    source.display()
+                ));
+            }
+        }
+    }
+    assert!(checked > 100, "only {checked} citations found");
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
+
+#[test]
+fn the_documents_links_lead_somewhere() {
+    let root = workspace_root();
+    let mut docs = vec![root.join("README.md")];
+    files(&root.join("docs"), &[".md"], &mut docs);
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for doc in &docs {
+        let text = read(doc);
+        for (at, _) in text.match_indices("](") {
+            let link = &text[at + 2..];
+            let link = &link[..link.find(')').unwrap()];
+            if link.starts_with("http") || link.starts_with('<') {
+                continue;
+            }
+            let (path, fragment) = link.split_once('#').unwrap_or((link, ""));
+            let target = if path.is_empty() {
+                doc.clone()
+            } else {
+                doc.parent().unwrap().join(path)
+            };
+            checked += 1;
+            if !target.exists() {
+                broken.push(format!("{}: {link}: no such file", doc.display()));
+            } else if !fragment.is_empty() {
+                let headings: Vec<String> =
+                    sections(&read(&target)).iter().map(|h| anchor(h)).collect();
+                if !headings.iter().any(|h| h == fragment) {
+                    broken.push(format!("{}: {link}: no such heading", doc.display()));
+                }
+            }
+        }
+    }
+    assert!(checked > 20, "only {checked} links found");
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+#[test]
+fn anchors_and_citations_are_read_as_github_and_comments_write_them() {
+    assert_eq!(anchor("`mmmq serve`"), "mmmq-serve");
+    assert_eq!(
+        anchor("Write, deploy and change a handler"),
+        "write-deploy-and-change-a-handler"
+    );
+    assert_eq!(
+        citations("x (docs/plugins.md,\n    /// \"Deploying plugins\n    /// by API\") y"),
+        vec![(
+            "docs/plugins.md".to_owned(),
+            "Deploying plugins by API".to_owned()
+        )]
+    );
+    assert_eq!(
+        sections("# A\n```\n# not\n```\n- **Checkpoints**: x **Emit.** y\n"),
+        vec!["A", "Checkpoints", "Emit"]
+    );
+}
