@@ -204,3 +204,72 @@ fn anchors_and_citations_are_read_as_github_and_comments_write_them() {
         vec!["A", "Checkpoints", "Emit"]
     );
 }
+
+/// The `rust` blocks of a Markdown document.
+fn rust_blocks(markdown: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in markdown.lines() {
+        match &mut current {
+            None if line.trim() == "```rust" => current = Some(String::new()),
+            Some(_) if line.trim() == "```" => blocks.push(current.take().unwrap()),
+            Some(block) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            None => {}
+        }
+    }
+    blocks
+}
+
+/// The regions of `tests/examples/doc_snippets.rs`, without their indentation.
+fn compiled_snippets(source: &str) -> Vec<String> {
+    let mut snippets = Vec::new();
+    let mut current: Option<String> = None;
+    for line in source.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with("// snippet: ") {
+            current = Some(String::new());
+        } else if trimmed == "// end snippet" {
+            snippets.extend(current.take());
+        } else if let Some(block) = &mut current {
+            block.push_str(line.strip_prefix("    ").unwrap_or(line));
+            block.push('\n');
+        }
+    }
+    snippets
+}
+
+/// Every Rust snippet a reader may copy compiles: those of the client and embedding documents are
+/// regions of an example that `cargo test` builds; the plugin snippets (README, docs/plugins.md)
+/// are built in a fresh scaffold by `readme::the_readme_tour_runs_as_written` and
+/// `scaffold::the_plugin_guides_snippets_build_in_a_fresh_scaffold`.
+#[test]
+fn the_rust_snippets_of_the_documents_compile() {
+    let root = workspace_root();
+    let compiled = compiled_snippets(&read(&root.join("tests/examples/doc_snippets.rs")));
+    let mut docs = vec![root.join("README.md")];
+    files(&root.join("docs"), &[".md"], &mut docs);
+    let mut checked = 0;
+    for doc in docs {
+        let name = doc.strip_prefix(&root).unwrap().display().to_string();
+        let built_in_a_scaffold = name == "README.md" || name == "docs/plugins.md";
+        for block in rust_blocks(&read(&doc)) {
+            if built_in_a_scaffold {
+                assert!(
+                    block.contains("mmmq_plugin_sdk::export!"),
+                    "{name}: a rust block that is not a whole plugin is compiled by nothing:\n{block}"
+                );
+                continue;
+            }
+            checked += 1;
+            assert!(
+                compiled.contains(&block),
+                "{name}: this rust block is not a region of tests/examples/doc_snippets.rs \
+                 (copy it there, between `// snippet: NAME` and `// end snippet`):\n{block}"
+            );
+        }
+    }
+    assert_eq!(checked, 3, "the client, embedding and group snippets");
+}
