@@ -311,7 +311,7 @@ impl Broker {
 
     /// Status of every dispatcher.
     pub async fn dispatchers(&self) -> Vec<DispatcherStatus> {
-        self.dispatch.status().await
+        self.dispatch.status_with_redrive_next().await
     }
 
     /// Starts delivering `consumer_id`'s dead letters again to its own target (docs/delivery.md,

@@ -43,8 +43,8 @@ pub use group::GroupConsumer;
 pub use mmmq_core::error_chain;
 pub use mmmq_core::{
     Ack, DispatcherStatus, Envelope, ErasedHandler, GroupPoll, GroupStatus, HostHealth, Message,
-    PartitionInfo, PullPage, RedrivePartition, RedriveStatus, ReloadReport, TargetStatus,
-    TopicConfig, TopicDetail, TopicInfo, TopicPartition, TopicStatus, erase,
+    PartitionInfo, PullPage, RedriveNext, RedrivePartition, RedriveStatus, ReloadReport,
+    TargetStatus, TopicConfig, TopicDetail, TopicInfo, TopicPartition, TopicStatus, erase,
 };
 pub use producer::{Producer, Receipt, Record};
 pub use pull::PullConsumer;

@@ -34,8 +34,9 @@ pub use pattern::{PatternError, TopicPattern};
 pub use plugins::{Deployed, PluginListing, VersionInfo};
 pub use status::{
     DEFAULT_RETENTION_MS, DispatcherStatus, GroupMember, GroupPartition, GroupPoll, GroupStatus,
-    HostHealth, PartitionInfo, PullPage, RedrivePartition, RedriveStatus, ReloadReport,
-    ShadowStatus, TargetStatus, TopicConfig, TopicDetail, TopicInfo, TopicPartition, TopicStatus,
+    HostHealth, PartitionInfo, PullPage, RedriveNext, RedrivePartition, RedriveStatus,
+    ReloadReport, ShadowStatus, TargetStatus, TopicConfig, TopicDetail, TopicInfo, TopicPartition,
+    TopicStatus,
 };
 pub use topic::{ConsumerId, NameError, Topic};
 pub use topic_id::{BadTopicId, TopicId};

@@ -273,8 +273,15 @@ pub struct TopicStatus {
     /// Messages an at-most-once dispatcher dropped after a communication failure.
     #[serde(default)]
     pub dropped: u64,
-    /// The last problem on this topic.
+    /// The last problem on this partition.
     pub last_error: Option<String>,
+    /// When `lastError` happened (milliseconds since the Unix epoch).
+    #[serde(default)]
+    pub last_error_at: Option<u64>,
+    /// When a later delivery was ACKed (on the lane of `lastError`, with `maxInFlight` > 1): the
+    /// problem is over. `null` while it is not.
+    #[serde(default)]
+    pub last_error_resolved_at: Option<u64>,
 }
 
 /// Status of one dispatcher (`GET /mmmq/dispatchers`).
@@ -311,13 +318,35 @@ pub struct DispatcherStatus {
     pub dropped: u64,
     /// Sum over topics.
     pub lag: u64,
-    /// The most recent problem on any topic.
+    /// The last problem of one of its partitions: the most recent one not resolved, or, when all
+    /// are, the most recent one.
     pub last_error: Option<String>,
+    /// When `lastError` happened (milliseconds since the Unix epoch).
+    #[serde(default)]
+    pub last_error_at: Option<u64>,
+    /// When `lastError` was resolved, as a partition's is; set only when every partition's is.
+    #[serde(default)]
+    pub last_error_resolved_at: Option<u64>,
     /// Per topic.
     pub topics: Vec<TopicStatus>,
     /// The last dead-letter redrive since the dispatcher started, running or finished.
     #[serde(default)]
     pub redrive: Option<RedriveStatus>,
+    /// Where the next redrive without `from` starts in each partition of the dead-letter topic
+    /// (the position the redrives keep): the dead letters below it were redriven. Empty without
+    /// dead letters.
+    #[serde(default)]
+    pub redrive_next: Vec<RedriveNext>,
+}
+
+/// One partition of a dead-letter topic: the dead letters below `next` were redriven.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RedriveNext {
+    /// The partition of the dead-letter topic.
+    pub partition: u32,
+    /// The first offset the next redrive without `from` takes.
+    pub next: u64,
 }
 
 /// A dead-letter redrive (`POST /mmmq/dispatchers/{consumerId}/redrive`): the dead letters of
@@ -344,8 +373,14 @@ pub struct RedriveStatus {
     pub dropped: u64,
     /// The range of each partition of the dead-letter topic, and how far it got.
     pub partitions: Vec<RedrivePartition>,
-    /// The last problem.
+    /// The last problem, chosen over the partitions as a dispatcher's `lastError` is.
     pub last_error: Option<String>,
+    /// When `lastError` happened (milliseconds since the Unix epoch).
+    #[serde(default)]
+    pub last_error_at: Option<u64>,
+    /// When a later redriven message was ACKed: the problem is over.
+    #[serde(default)]
+    pub last_error_resolved_at: Option<u64>,
 }
 
 /// One partition of a redrive: offsets `from`…`to`−1 of the dead-letter topic.

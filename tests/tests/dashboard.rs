@@ -337,3 +337,127 @@ async fn dead_letters_redrive_plugins_logs_and_a_live_tail_through_the_page() {
     b.text("#message-rows", "live").await;
     b.close().await;
 }
+
+/// The RETENTION column of `mmmq topics`, by topic (the last column).
+fn cli_retention(broker: &Broker) -> Vec<(String, String)> {
+    let out = broker.cli_ok(["topics"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let at = text.lines().next().unwrap().find("RETENTION").unwrap();
+    text.lines()
+        .skip(1)
+        .map(|l| {
+            let name = l.split_whitespace().next().unwrap().to_owned();
+            (name, l[at..].trim().to_owned())
+        })
+        .collect()
+}
+
+/// Each view has its own URL (opened by a link, kept by a reload, left with the back button);
+/// retention reads as `mmmq topics` says it; a reason or last error shows its first line with the
+/// whole a click away, and a last error its age and, once delivery works again, "(resolved)".
+#[tokio::test(flavor = "multi_thread")]
+async fn views_have_urls_retention_reads_as_the_cli_says_and_reasons_unfold() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    testbed_root(root, "p", "orders", json!({}));
+    let broker = Broker::start(root).await;
+    for (name, retention) in [
+        ("days", json!({"retentionMs": 1_209_600_000u64})),
+        ("hours", json!({"retentionMs": 7_200_000})),
+        ("seconds", json!({"retentionMs": 90_000})),
+        ("millis", json!({"retentionMs": 1500})),
+        (
+            "bytes",
+            json!({"retentionMs": null, "retentionBytes": 1_000_000}),
+        ),
+    ] {
+        let (code, body) = broker
+            .put(&format!("/mmmq/topics/{name}"), &retention)
+            .await;
+        assert_eq!(code, 200, "{body}");
+    }
+    let reason = "bad order\nfield x is missing";
+    broker
+        .produce("orders", json!({"do": "deadletter", "reason": reason}))
+        .await;
+    broker
+        .dispatcher_when("p", |s| s["deadLettered"] == 1)
+        .await;
+
+    let b = Browser::start().await;
+    b.client
+        .goto(&format!("{}/#dispatchers", broker.url))
+        .await
+        .unwrap();
+    let shown = || async {
+        let v: Value = b
+            .client
+            .execute(
+                "return [location.hash, document.querySelector('section.on').id, \
+                 document.querySelector('nav button.on').dataset.view]",
+                vec![],
+            )
+            .await
+            .unwrap();
+        v
+    };
+    assert_eq!(
+        shown().await,
+        json!(["#dispatchers", "dispatchers", "dispatchers"])
+    );
+    // The last error: its age and first line; the whole reason unfolds on a click.
+    let cell = "tr[data-dispatcher=p] td.last-error";
+    let text = b
+        .text(
+            cell,
+            "ago: offset 0 dead-lettered after 1 attempts: bad order…",
+        )
+        .await;
+    assert!(
+        text.starts_with(|c: char| c.is_ascii_digit()) && !text.contains("field x"),
+        "{text}"
+    );
+    b.click(&format!("{cell} summary")).await;
+    b.text(cell, "field x is missing").await;
+    b.screenshot("last-error").await;
+    broker.produce("orders", json!({"n": 1})).await;
+    b.text(cell, "bad order… (resolved)").await;
+    b.text("#partition-rows", "(resolved)").await;
+
+    // Topics by their URL; retention as the CLI says it.
+    b.click("nav button[data-view=topics]").await;
+    assert_eq!(shown().await, json!(["#topics", "topics", "topics"]));
+    for (name, said) in cli_retention(&broker) {
+        let cell = format!("tr[data-topic=\"{name}\"] td.retention");
+        assert_eq!(b.text(&cell, &said).await, said, "{name}");
+    }
+    let cli = cli_retention(&broker);
+    assert!(
+        cli.contains(&("days".into(), "14d".into()))
+            && cli.contains(&("millis".into(), "1500ms".into()))
+            && cli.contains(&("bytes".into(), "forever, 1000000 B".into())),
+        "{cli:?}"
+    );
+    // Back to the dispatchers; a reload keeps the view.
+    b.client.back().await.unwrap();
+    assert_eq!(
+        shown().await,
+        json!(["#dispatchers", "dispatchers", "dispatchers"])
+    );
+    b.click("nav button[data-view=deadletters]").await;
+    b.client.refresh().await.unwrap();
+    assert_eq!(
+        shown().await,
+        json!(["#deadletters", "deadletters", "deadletters"])
+    );
+
+    // A dead letter's reason: the first line, the whole a click away.
+    b.text("#dlq-dispatcher", "p").await;
+    b.click("#dlq button[name=show]").await;
+    let reason_cell = "#dlq-rows td.error";
+    let shown = b.text(reason_cell, "bad order…").await;
+    assert!(!shown.contains("field x"), "{shown}");
+    b.click(&format!("{reason_cell} summary")).await;
+    b.text(reason_cell, "field x is missing").await;
+    b.close().await;
+}

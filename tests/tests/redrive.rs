@@ -159,6 +159,13 @@ async fn a_message_that_fails_again_is_dead_lettered_again_with_its_history() {
         (&json!(1), &json!(2), &json!(0)),
         "{r}"
     );
+    // The redrive's last problem: when, and not over (nothing was ACKed after it).
+    assert!(
+        r["lastError"].as_str().unwrap().contains("dead-lettered"),
+        "{r}"
+    );
+    assert!(r["lastErrorAt"].is_u64(), "{r}");
+    assert_eq!(r["lastErrorResolvedAt"], Value::Null, "{r}");
     let dlq = broker.pull_all("__dlq.stub").await;
     assert_eq!(dlq.len(), 2);
     let second = &dlq[1]["content"];
@@ -183,14 +190,60 @@ async fn a_message_that_fails_again_is_dead_lettered_again_with_its_history() {
     let dlq = broker.pull_all("__dlq.stub").await;
     assert_eq!(dlq.len(), 3);
     assert_eq!(dlq[2]["content"]["history"].as_array().unwrap().len(), 2);
+    // Each dead letter: how many redrives of its message failed before it (its history), and
+    // whether a redrive took it (the two redrives took offsets 0 and 1; 2 waits for the next).
     let (ok, text) = cli(&broker, &["dlq", "list", "stub"]);
     assert!(ok, "{text}");
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 4, "{text}");
-    assert!(lines[0].starts_with("OFFSET"), "{text}");
-    assert!(
-        lines[3].contains("st") && lines[3].contains(" 2 "),
-        "{text}"
+    let columns = [
+        "OFFSET",
+        "TOPIC",
+        "PARTITION",
+        "FROM OFFSET",
+        "ATTEMPTS",
+        "FAILED REDRIVES",
+        "REDRIVEN",
+        "REASON",
+    ];
+    let starts: Vec<usize> = columns
+        .iter()
+        .map(|c| {
+            lines[0]
+                .find(c)
+                .unwrap_or_else(|| panic!("no {c}:\n{text}"))
+        })
+        .collect();
+    assert!(starts.is_sorted(), "{text}");
+    let cells = |line: &str| -> Vec<String> {
+        (0..columns.len())
+            .map(|i| {
+                let end = starts.get(i + 1).copied().unwrap_or(line.len());
+                line[starts[i]..end].trim().to_owned()
+            })
+            .collect()
+    };
+    let rows: Vec<Vec<String>> = lines[1..].iter().map(|l| cells(l)).collect();
+    let reason = format!(
+        "http://127.0.0.1:{}/mmmq/messages answered NACK",
+        stubborn.port
+    );
+    for (i, redriven) in ["yes", "yes", "no"].iter().enumerate() {
+        let want = [
+            format!("0/{i}"),
+            "st".into(),
+            "0".into(),
+            "1".into(),
+            "2".into(),
+            i.to_string(),
+            redriven.to_string(),
+            reason.clone(),
+        ];
+        assert_eq!(rows[i], want, "{text}");
+    }
+    assert_eq!(
+        broker.dispatcher("stub").await["redriveNext"],
+        json!([{"partition": 0, "next": 2}])
     );
     let (ok, text) = cli(&broker, &["dlq", "list", "nobody"]);
     assert!(ok && text.contains("no dead letters"), "{text}");

@@ -9,7 +9,7 @@ use mmmq_client::{
 };
 use serde_json::value::RawValue;
 
-use super::table::{first_line, retention};
+use super::table::retention;
 pub use super::table::{print_json, table};
 
 /// Why a client command failed.
@@ -391,6 +391,7 @@ pub async fn dispatchers(broker: &Conn, json: bool, out: &mut dyn Write) -> Resu
     if print_json(json, &all, out)? {
         return Ok(());
     }
+    let now = mmmq_core::now_ms();
     let rows: Vec<Vec<String>> = all
         .iter()
         .map(|d| {
@@ -438,9 +439,12 @@ pub async fn dispatchers(broker: &Conn, json: bool, out: &mut dyn Write) -> Resu
                 d.dropped.to_string(),
                 d.lag.to_string(),
                 // The first line: a table row is one line (`--json` has the whole reason).
-                d.last_error
-                    .as_deref()
-                    .map_or_else(|| "-".into(), first_line),
+                super::table::last_error(
+                    d.last_error.as_deref(),
+                    d.last_error_at,
+                    d.last_error_resolved_at,
+                    now,
+                ),
             ]
         })
         .collect();

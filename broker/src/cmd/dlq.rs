@@ -6,15 +6,17 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Subcommand;
-use mmmq_client::{ClientError, PullConsumer, RedriveStatus};
+use mmmq_client::{ClientError, PullConsumer, RedriveNext, RedriveStatus};
 
+use super::table::{first_line, last_error};
 use super::{BrokerArg, client};
 
 /// `mmmq dlq …`.
 #[derive(Subcommand)]
 pub enum DlqCommand {
-    /// The dead letters of a dispatcher (`__dlq.CONSUMER`): where each came from, its attempts
-    /// and the reason.
+    /// The dead letters of a dispatcher (`__dlq.CONSUMER`): where each came from, its attempts,
+    /// how many redrives of it failed before, whether a redrive took it, and the first line of
+    /// the reason.
     List {
         /// The dispatcher's consumerId.
         consumer: String,
@@ -24,7 +26,7 @@ pub enum DlqCommand {
         /// Print at most this many.
         #[arg(long, default_value_t = 1000)]
         max: usize,
-        /// One JSON envelope per line instead of a table.
+        /// One JSON envelope per line instead of a table (the whole reason and history).
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -89,6 +91,18 @@ async fn list(
         }
         Err(e) => return Err(e.into()),
     };
+    // Where the next redrive starts: the dead letters below it were redriven. Unknown when the
+    // dispatcher is not running (the broker reports only those).
+    let redrive_next: Option<Vec<RedriveNext>> = if json {
+        None
+    } else {
+        admin
+            .dispatchers()
+            .await?
+            .into_iter()
+            .find(|d| d.consumer_id == consumer)
+            .map(|d| d.redrive_next)
+    };
     let mut rows = Vec::new();
     for partition in 0..partitions {
         let mut pull = PullConsumer::new(&broker.url, &topic)?
@@ -106,7 +120,7 @@ async fn list(
                 if json {
                     writeln!(out, "{}", serde_json::to_string(&e).expect("encodes"))?;
                 }
-                rows.push(row(&e));
+                rows.push(row(&e, redrive_next.as_deref()));
             }
         }
     }
@@ -118,6 +132,7 @@ async fn list(
                 "PARTITION",
                 "FROM OFFSET",
                 "ATTEMPTS",
+                "FAILED REDRIVES",
                 "REDRIVEN",
                 "REASON",
             ],
@@ -128,23 +143,39 @@ async fn list(
     Ok(())
 }
 
-/// One dead letter as a table row.
-fn row(e: &mmmq_client::Envelope) -> Vec<String> {
+/// One dead letter as a table row. FAILED REDRIVES: the redrives of this message that failed
+/// before it was dead-lettered here (the entries of its `history`); REDRIVEN: whether a redrive
+/// has taken this dead letter (`yes`: the next `mmmq dlq redrive` without `--from` leaves it;
+/// `?`: the dispatcher is not running, so the broker does not say).
+fn row(e: &mmmq_client::Envelope, redrive_next: Option<&[RedriveNext]>) -> Vec<String> {
     let c: serde_json::Value = serde_json::from_str(e.content.get()).unwrap_or_default();
     let field = |v: &serde_json::Value| match v {
         serde_json::Value::String(s) => s.clone(),
         serde_json::Value::Null => "-".into(),
         other => other.to_string(),
     };
-    let history = c["history"].as_array().map_or(0, Vec::len);
+    let failed_redrives = c["history"].as_array().map_or(0, Vec::len);
+    let redriven = match redrive_next {
+        None => "?",
+        Some(next) => {
+            let next = next.iter().find(|n| n.partition == e.partition);
+            if next.is_some_and(|n| e.offset < n.next) {
+                "yes"
+            } else {
+                "no"
+            }
+        }
+    };
     vec![
         format!("{}/{}", e.partition, e.offset),
         field(&c["envelope"]["topic"]),
         field(&c["envelope"]["partition"]),
         field(&c["envelope"]["offset"]),
         field(&c["attempts"]),
-        history.to_string(),
-        field(&c["reason"]),
+        failed_redrives.to_string(),
+        redriven.to_owned(),
+        // A table row is one line: the whole reason is in `--json`.
+        first_line(&field(&c["reason"])),
     ]
 }
 
@@ -175,18 +206,26 @@ async fn redrive(
 }
 
 fn print_progress(s: &RedriveStatus, out: &mut dyn Write) -> std::io::Result<()> {
+    let last_error = match &s.last_error {
+        None => String::new(),
+        Some(e) => format!(
+            "; last error {}",
+            last_error(
+                Some(e),
+                s.last_error_at,
+                s.last_error_resolved_at,
+                mmmq_core::now_ms()
+            )
+        ),
+    };
     writeln!(
         out,
-        "{}: {} redriven ({} delivered, {} dead-lettered again, {} dropped), {} to go{}",
+        "{}: {} redriven ({} delivered, {} dead-lettered again, {} dropped), {} to go{last_error}",
         if s.running { "redriving" } else { "done" },
         s.redriven,
         s.delivered,
         s.dead_lettered,
         s.dropped,
         s.remaining,
-        s.last_error
-            .as_deref()
-            .map(|e| format!("; last error: {e}"))
-            .unwrap_or_default()
     )
 }

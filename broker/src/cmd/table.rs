@@ -1,5 +1,5 @@
 //! How the CLI prints: tables of aligned columns, one JSON line with `--json`, and the short forms
-//! people read in a table (a reason's first line, a retention as `14d`).
+//! people read in a table (a reason's first line, a retention as `14d`, an age as `3m`).
 
 use std::io::Write;
 
@@ -52,6 +52,44 @@ pub(super) fn retention(ms: Option<u64>, bytes: Option<u64>) -> String {
     }
 }
 
+/// How long ago, as people say it: `42s`, `3m`, `5h`, `2d` (whole units, rounded down).
+pub(super) fn age(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86_400 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+/// A dispatcher's (or a redrive's) last error in a table: its age, first line and whether
+/// delivery has worked since (`3m ago: connection refused (resolved)`), or `-`. `now` and `at`
+/// are milliseconds since the Unix epoch.
+pub(super) fn last_error(
+    message: Option<&str>,
+    at: Option<u64>,
+    resolved_at: Option<u64>,
+    now: u64,
+) -> String {
+    let Some(message) = message else {
+        return "-".into();
+    };
+    let mut s = match at {
+        Some(at) => format!(
+            "{} ago: {}",
+            age(now.saturating_sub(at)),
+            first_line(message)
+        ),
+        // A broker older than `lastErrorAt`.
+        None => first_line(message),
+    };
+    if resolved_at.is_some() {
+        s.push_str(" (resolved)");
+    }
+    s
+}
+
 /// With `--json`, prints `value` as one line and says so (the caller prints nothing else).
 pub fn print_json<T: serde::Serialize>(
     json: bool,
@@ -74,5 +112,28 @@ mod tests {
             super::first_line("plugin trapped  \nwasm backtrace:\n  0: f"),
             "plugin trapped…"
         );
+    }
+
+    #[test]
+    fn a_last_error_shows_its_age_first_line_and_whether_it_is_over() {
+        let now = 1_000_000_000;
+        let minutes_ago = now - 3 * 60_000 - 59_999;
+        assert_eq!(super::last_error(None, None, None, now), "-");
+        assert_eq!(
+            super::last_error(Some("refused\nmore"), Some(minutes_ago), None, now),
+            "3m ago: refused…"
+        );
+        assert_eq!(
+            super::last_error(Some("refused"), Some(now - 1500), Some(now), now),
+            "1s ago: refused (resolved)"
+        );
+        // A clock behind the broker's, and a broker that does not say when.
+        assert_eq!(
+            super::last_error(Some("x"), Some(now + 5), None, now),
+            "0s ago: x"
+        );
+        assert_eq!(super::last_error(Some("x"), None, None, now), "x");
+        let ages = [59_999, 60_000, 3_599_999, 3_600_000, 86_400_000 * 3 - 1];
+        assert_eq!(ages.map(super::age), ["59s", "1m", "59m", "1h", "2d"]);
     }
 }

@@ -126,9 +126,9 @@ impl Worker {
         if before.is_multiple_of(1000) {
             tracing::warn!(offset = d.envelope.offset, error = %why, dropped_so_far = before + 1, "at-most-once: message dropped after a communication failure");
         }
-        self.record_error(format!(
-            "offset {} dropped (at-most-once): {why}",
-            d.envelope.offset
-        ));
+        self.record_delivery_error(
+            d,
+            format!("offset {} dropped (at-most-once): {why}", d.envelope.offset),
+        );
     }
 }

@@ -8,6 +8,7 @@
 //!   them from specs.
 //! - `worker`: the drain loop of one (dispatcher, topic, partition): reading, order, positions;
 //!   `retries`: at-least-once sending (NACK resends, backoff, dead letters).
+//! - `last_error`: a worker's last problem, when, and whether delivery has worked since.
 //! - `backoff`: the 1 s → 60 s schedule of retries while a consumer or the disk is down.
 //! - `checkpoint_saver`: persisting a worker's position in the background, batched; `claims`:
 //!   at-most-once positions made durable before sending, and `at_most_once`: sending each
@@ -23,6 +24,7 @@ mod backoff;
 mod checkpoint_saver;
 mod claims;
 mod lanes;
+mod last_error;
 pub mod redrive;
 mod redrive_range;
 mod retries;

@@ -19,10 +19,12 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::last_error;
 use super::redrive_range::Range;
 use super::target::{DeadLetterAt, Delivery};
 use super::worker::{Worker, WorkerStats};
 use super::{Dispatch, Running};
+use crate::topics::Partition;
 
 /// The checkpoint name of a redrive's position in a dead-letter partition. The emits of redriven
 /// messages are guarded by it too (their bounds are `checkpoints/__redrive.emits`).
@@ -106,12 +108,9 @@ impl RedriveRun {
             })
             .collect();
         let remaining = partitions.iter().map(|p| p.to.saturating_sub(p.next)).sum();
-        let last_error = self
-            .parts
-            .iter()
-            .filter_map(|p| p.stats.last_error.lock().clone())
-            .max_by_key(|(at, _)| *at)
-            .map(|(_, e)| e);
+        let (last_error, last_error_at, last_error_resolved_at) = last_error::fields(
+            last_error::pick(self.parts.iter().filter_map(|p| p.stats.last_error.get())),
+        );
         let delivered = sum(|s| &s.delivered);
         let dead_lettered = sum(|s| &s.dead_lettered);
         let dropped = sum(|s| &s.dropped);
@@ -126,6 +125,8 @@ impl RedriveRun {
             dropped,
             partitions,
             last_error,
+            last_error_at,
+            last_error_resolved_at,
         }
     }
 
@@ -174,6 +175,29 @@ impl Worker {
     }
 }
 
+/// Where a redrive starts in each partition: `from`, or where the last redrive without `from`
+/// stopped (a file read per partition: call it off the executor), within what is stored.
+pub(super) fn starts(
+    partitions: &[Arc<Partition>],
+    from: Option<u64>,
+) -> Result<Vec<u64>, crate::storage::StorageError> {
+    let mark = ConsumerId::new(REDRIVE_CHECKPOINT).expect("a valid name");
+    partitions
+        .iter()
+        .map(|p| {
+            let start = match from {
+                Some(f) => f,
+                None => p
+                    .checkpoints
+                    .read_position(&mark)?
+                    .map_or(0, |pos| pos.next),
+            };
+            // A partition shorter than `from` (or a position past its end) has nothing to redrive.
+            Ok(start.max(p.log.first_offset()).min(p.log.next_offset()))
+        })
+        .collect()
+}
+
 impl Dispatch {
     /// Starts redriving `consumer_id`'s dead letters, offsets `from`…`to`−1 of each partition of
     /// its dead-letter topic (default: from where the last redrive stopped to the end).
@@ -218,22 +242,10 @@ impl Dispatch {
                 });
             }
         }
-        // Where each partition starts: `from`, or the last redrive's position (a file read).
-        let mut starts = Vec::with_capacity(partitions.len());
-        for p in &partitions {
-            let start = match from {
-                Some(f) => f,
-                None => {
-                    let (p, mark) = (p.clone(), mark.clone());
-                    tokio::task::spawn_blocking(move || p.checkpoints.read_position(&mark))
-                        .await
-                        .expect("checkpoint read panicked")?
-                        .map_or(0, |pos| pos.next)
-                }
-            };
-            // A partition shorter than `from` (or a position past its end) has nothing to redrive.
-            starts.push(start.max(p.log.first_offset()).min(p.log.next_offset()));
-        }
+        let read = partitions.clone();
+        let starts = tokio::task::spawn_blocking(move || starts(&read, from))
+            .await
+            .expect("checkpoint read panicked")?;
         let mut running = self.running.lock();
         if self.shutdown.is_cancelled() {
             return Err(RedriveError::ShuttingDown);

@@ -114,7 +114,7 @@ impl Worker {
         if backoff.worth_logging() {
             tracing::warn!(offset = d.envelope.offset, error = %why, retry_in_ms = wait.as_millis() as u64, "delivery failed; retrying");
         }
-        self.record_error(why.to_string());
+        self.record_delivery_error(d, why.to_string());
         self.sleep(wait).await
     }
 
@@ -229,16 +229,19 @@ impl Worker {
                         .dead_lettered
                         .get_or_create(&self.label())
                         .inc();
-                    self.record_error(format!(
-                        "offset {} dead-lettered after {attempts} attempts: {reason}",
-                        d.envelope.offset
-                    ));
+                    self.record_delivery_error(
+                        d,
+                        format!(
+                            "offset {} dead-lettered after {attempts} attempts: {reason}",
+                            d.envelope.offset
+                        ),
+                    );
                     return Ok(());
                 }
                 Err(e) => {
                     // Skipping would lose the message: wait for the disk instead.
                     tracing::error!(error = %e, "cannot write to the dead-letter topic; retrying");
-                    self.record_error(e.to_string());
+                    self.record_delivery_error(d, e.to_string());
                     self.sleep(backoff.failed()).await?;
                 }
             }
@@ -247,6 +250,7 @@ impl Worker {
 
     pub(super) fn acked(&self, d: &Delivery) {
         self.stats.delivered.fetch_add(1, Ordering::Relaxed);
+        self.stats.last_error.delivered(d.lane);
         self.metrics.delivered.get_or_create(&self.label()).inc();
         let latency = now_ms().saturating_sub(d.envelope.timestamp) as f64 / 1000.0;
         self.metrics

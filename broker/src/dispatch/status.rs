@@ -1,30 +1,32 @@
 //! What [`Dispatch`] reports of its dispatchers (`GET /admin/status`, the CLI, the dashboard):
-//! per (topic, partition) counters and lag, summed per dispatcher, with the most recent error.
+//! per (topic, partition) counters and lag, summed per dispatcher, with the last error (see
+//! `last_error`) and where the next redrive starts.
 
 use std::sync::atomic::Ordering;
 
-use super::{Dispatch, DispatcherStatus, TopicStatus, redrive};
+use mmmq_core::{ConsumerId, RedriveNext, Topic};
+
+use super::{Dispatch, DispatcherStatus, TopicStatus, last_error, redrive};
 use crate::metrics::DispatchLabel;
 
 impl Dispatch {
-    /// Status of every dispatcher; also refreshes the lag gauges.
+    /// Status of every dispatcher; also refreshes the lag gauges. Without `redriveNext` (a file
+    /// read per dead-letter partition: [`Dispatch::status_with_redrive_next`]), so that a metrics
+    /// scrape reads nothing from disk.
     pub async fn status(&self) -> Vec<DispatcherStatus> {
         let running = self.running.lock();
         running
             .values()
             .map(|r| {
-                // The dispatcher's last error is its most recent over all topics.
-                let mut latest: Option<(u64, String)> = None;
+                let mut errors = Vec::new();
                 let topics: Vec<TopicStatus> = r
                     .workers
                     .iter()
                     .map(|((topic, partition), w)| {
-                        let last_error = w.stats.last_error.lock().clone();
-                        if let Some((at, e)) = &last_error
-                            && latest.as_ref().is_none_or(|(l, _)| at >= l)
-                        {
-                            latest = Some((*at, e.clone()));
-                        }
+                        let last_error = w.stats.last_error.get();
+                        errors.extend(last_error.clone());
+                        let (last_error, last_error_at, last_error_resolved_at) =
+                            last_error::fields(last_error);
                         let next = w.stats.next_offset.load(Ordering::Relaxed);
                         let lag = w.partition.log.next_offset().saturating_sub(next);
                         self.metrics
@@ -47,10 +49,14 @@ impl Dispatch {
                             skipped: w.stats.skipped.load(Ordering::Relaxed),
                             retries: w.stats.retries.load(Ordering::Relaxed),
                             dropped: w.stats.dropped.load(Ordering::Relaxed),
-                            last_error: last_error.map(|(_, e)| e),
+                            last_error,
+                            last_error_at,
+                            last_error_resolved_at,
                         }
                     })
                     .collect();
+                let (last_error, last_error_at, last_error_resolved_at) =
+                    last_error::fields(last_error::pick(errors));
                 DispatcherStatus {
                     consumer_id: r.spec.consumer_id.to_string(),
                     pattern: r.spec.pattern.to_string(),
@@ -65,11 +71,60 @@ impl Dispatch {
                     dead_lettered: topics.iter().map(|t| t.dead_lettered).sum(),
                     dropped: topics.iter().map(|t| t.dropped).sum(),
                     lag: topics.iter().map(|t| t.lag).sum(),
-                    last_error: latest.map(|(_, e)| e),
+                    last_error,
+                    last_error_at,
+                    last_error_resolved_at,
                     topics,
                     redrive: r.redrive.as_ref().map(redrive::RedriveRun::status),
+                    redrive_next: Vec::new(),
                 }
             })
             .collect()
+    }
+}
+
+impl Dispatch {
+    /// [`Dispatch::status`] with where the next redrive of each dispatcher starts
+    /// (`redriveNext`, `GET /mmmq/dispatchers`).
+    pub async fn status_with_redrive_next(&self) -> Vec<DispatcherStatus> {
+        let mut all = self.status().await;
+        let dead_letters: Vec<_> = all
+            .iter()
+            .map(|d| {
+                ConsumerId::new(&d.consumer_id)
+                    .ok()
+                    .and_then(|id| self.registry.get(&Topic::dead_letter(&id)))
+                    .map(|t| t.partitions())
+                    .unwrap_or_default()
+            })
+            .collect();
+        let starts = tokio::task::spawn_blocking(move || {
+            dead_letters
+                .into_iter()
+                .map(|partitions| {
+                    let starts = redrive::starts(&partitions, None)?;
+                    Ok(partitions
+                        .iter()
+                        .zip(starts)
+                        .map(|(p, next)| RedriveNext {
+                            partition: p.number,
+                            next,
+                        })
+                        .collect())
+                })
+                .collect::<Vec<Result<Vec<_>, crate::storage::StorageError>>>()
+        })
+        .await
+        .expect("checkpoint read panicked");
+        for (d, next) in all.iter_mut().zip(starts) {
+            match next {
+                Ok(next) => d.redrive_next = next,
+                // Status still answers; what it cannot say is left out.
+                Err(e) => {
+                    tracing::warn!(consumer_id = %d.consumer_id, error = %e, "cannot read where the next redrive starts")
+                }
+            }
+        }
+        all
     }
 }

@@ -16,13 +16,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use mmmq_core::{ConsumerId, StoredMessage, Topic, now_ms};
-use parking_lot::Mutex;
+use mmmq_core::{ConsumerId, StoredMessage, Topic};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::backoff;
 use super::checkpoint_saver::CheckpointSaver;
+use super::last_error::LastErrorCell;
 use super::target::{Delivery, Target};
 use crate::config::DispatcherSpec;
 use crate::metrics::{DispatchLabel, Metrics};
@@ -61,9 +61,8 @@ pub struct WorkerStats {
     pub retries: AtomicU64,
     /// Messages dropped after a communication failure (at-most-once).
     pub dropped: AtomicU64,
-    /// The last thing that went wrong, and when (milliseconds since the Unix epoch), so that a
-    /// dispatcher's status can name its most recent problem over all topics.
-    pub last_error: Mutex<Option<(u64, String)>>,
+    /// The last thing that went wrong, when, and whether delivery has worked since.
+    pub last_error: LastErrorCell,
 }
 
 /// Everything a worker needs.
@@ -374,8 +373,14 @@ impl Worker {
         Err(offset)
     }
 
+    /// Records a problem of the partition's reader (any later ACK resolves it).
     pub(super) fn record_error(&self, e: String) {
-        *self.stats.last_error.lock() = Some((now_ms(), e));
+        self.stats.last_error.record(None, e);
+    }
+
+    /// Records a problem of delivering `d` (an ACK on its lane resolves it).
+    pub(super) fn record_delivery_error(&self, d: &Delivery, e: String) {
+        self.stats.last_error.record(Some(d.lane), e);
     }
 
     pub(super) async fn sleep(&self, d: Duration) -> Result<(), Stopped> {
