@@ -1,5 +1,5 @@
 //! `dispatchers.json` parsing on arbitrary text: never panics; an accepted file is valid by the
-//! README's rules (unique consumerIds, exactly one target each).
+//! rules of docs/dispatchers.md (unique consumerIds, exactly one target each).
 #![no_main]
 
 use std::collections::HashSet;

@@ -11,9 +11,12 @@
 //! - `<!-- readme-test: file PATH -->` before a fenced block: the block is written to `PATH`
 //!   (relative to the current directory) at that point of the run.
 //!
-//! Commands run in `bash -c` with the session's environment. A command that only reads (see
-//! [`is_read`]) is run again, for up to 30 s, until its output matches: what the document shows
-//! is what the user sees once the broker has delivered what came before, which is asynchronous.
+//! Commands run in `bash -c` with the session's environment, each for at most 10 minutes. A
+//! command that shows what delivery did (see [`shows_delivery`]) is run again, for up to 30 s,
+//! until its output matches: delivery is asynchronous, and the document shows what the user sees
+//! once the broker has delivered what came before. Every other command must answer as shown the
+//! first time (a pull right after its produce's ACK included). Processes started in the
+//! background are killed when the session ends, and when the test process dies.
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -43,8 +46,9 @@ pub enum Step {
 
 const FILE_MARKER: &str = "<!-- readme-test: file ";
 
-/// The steps of a Markdown document.
-pub fn steps(markdown: &str) -> Vec<Step> {
+/// The steps of a Markdown document whose first line is line `first_line` of its file (messages
+/// name lines of the file).
+pub fn steps(markdown: &str, first_line: usize) -> Vec<Step> {
     let lines: Vec<&str> = markdown.lines().collect();
     let mut steps = Vec::new();
     let mut i = 0;
@@ -69,7 +73,7 @@ pub fn steps(markdown: &str) -> Vec<Step> {
             text.push('\n');
             steps.push(Step::File { path, text });
         } else if info.trim() == "console" {
-            steps.extend(console_steps(block, i + 2));
+            steps.extend(console_steps(block, first_line + i + 1));
         }
         i = end + 1;
     }
@@ -122,20 +126,17 @@ fn heredoc_tag(command: &str) -> Option<String> {
     (!tag.is_empty()).then_some(tag)
 }
 
-/// Whether a command only reads, so running it again until its output matches changes nothing.
-pub fn is_read(command: &str) -> bool {
-    let reads = [
+/// Whether a command shows what asynchronous delivery did (and only reads), so running it again
+/// until its output matches changes nothing and hides no failure of a synchronous answer.
+pub fn shows_delivery(command: &str) -> bool {
+    [
         "mmmq dispatchers",
         "mmmq dlq list",
         "mmmq plugin logs",
-        "mmmq plugin list",
-        "mmmq topics",
-        "mmmq topic show",
-        "mmmq tail",
         "mmmq groups",
-    ];
-    reads.iter().any(|r| command.starts_with(r))
-        || (command.starts_with("curl ") && !command.contains(" -d") && !command.contains("-X"))
+    ]
+    .iter()
+    .any(|r| command.starts_with(r))
 }
 
 /// Whether `actual` (stdout) is what the document shows as `expected`.
@@ -181,6 +182,22 @@ fn line_matches(pattern: &str, line: &str) -> bool {
     rest.is_empty()
 }
 
+/// Makes the process `cmd` starts get SIGTERM when this one dies (a `cargo test` interrupted, or
+/// killed by a CI timeout, runs no `Drop`): a broker or a consumer a document started must not
+/// outlive its test.
+pub fn die_with_parent(cmd: &mut Command) -> &mut Command {
+    // SAFETY: prctl is async-signal-safe and touches only the child being made.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        })
+    }
+}
+
 /// Where and how a document's commands run.
 pub struct Session {
     /// The current directory.
@@ -210,8 +227,10 @@ impl Session {
     }
 
     fn bash(&self, command: &str) -> Command {
-        let mut cmd = Command::new("bash");
-        cmd.arg("-c").arg(command).current_dir(&self.dir);
+        let mut cmd = Command::new("timeout");
+        cmd.args(["600", "bash", "-c"])
+            .arg(command)
+            .current_dir(&self.dir);
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
@@ -250,11 +269,15 @@ impl Session {
                 .dir
                 .join(format!(".background-{}.out", self.background.len()));
             let file = std::fs::File::create(&out).unwrap();
-            let child = self
-                .bash(&format!("exec {fg}"))
-                .stdout(file)
-                .stderr(Stdio::null())
-                .process_group(0)
+            let err = std::fs::File::create(out.with_extension("err")).unwrap();
+            let mut cmd = Command::new("bash");
+            cmd.arg("-c")
+                .arg(format!("exec {fg}"))
+                .current_dir(&self.dir);
+            for (k, v) in &self.env {
+                cmd.env(k, v);
+            }
+            let child = die_with_parent(cmd.stdout(file).stderr(err).process_group(0))
                 .spawn()
                 .unwrap();
             self.background.push((child, out));
@@ -268,7 +291,7 @@ impl Session {
             if ok {
                 return;
             }
-            if !(out.status.success() && is_read(&command) && Instant::now() < deadline) {
+            if !(out.status.success() && shows_delivery(&command) && Instant::now() < deadline) {
                 panic!(
                     "line {line}: `{command}` ({}) printed\n{stdout}\nstderr:\n{}\nexpected\n{}",
                     out.status,
@@ -280,9 +303,11 @@ impl Session {
         }
     }
 
-    /// What the `n`th background command has printed so far.
-    pub fn background_output(&self, n: usize) -> String {
-        std::fs::read_to_string(&self.background[n].1).unwrap_or_default()
+    /// What the `n`th background command has printed so far: its stdout, and its stderr.
+    pub fn background_output(&self, n: usize) -> (String, String) {
+        let out = &self.background[n].1;
+        let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+        (read(out), read(&out.with_extension("err")))
     }
 }
 
@@ -333,7 +358,7 @@ mod tests {
     fn console_blocks_heredocs_and_files_become_steps() {
         let md = "text\n<!-- readme-test: file a.py -->\n```python\nprint(1)\n```\n\n```console\n$ cat > f <<'JSON'\n[1,\n 2]\nJSON\n$ echo hi\nhi\n```\n```sh\nnot run\n```\n";
         assert_eq!(
-            steps(md),
+            steps(md, 1),
             vec![
                 Step::File {
                     path: "a.py".into(),

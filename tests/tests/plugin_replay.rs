@@ -204,7 +204,7 @@ async fn replay_of_a_path_plugin_runs_the_old_version_after_the_file_was_replace
         "{out}"
     );
 
-    // Content-addressed, where the README says.
+    // Content-addressed, where docs/plugins.md ("Replay") says.
     let kept = root.join("plugins/.path/r");
     assert_eq!(
         std::fs::read(kept.join(format!("{v1}.wasm"))).unwrap(),
