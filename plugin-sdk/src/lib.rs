@@ -68,6 +68,10 @@ use serde::de::DeserializeOwned;
 
 pub mod http;
 
+#[cfg(feature = "embedded-sources")]
+#[doc(hidden)]
+pub mod sources;
+
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)] // generated code
 pub mod __bindings {

@@ -1,11 +1,13 @@
 //! Support for the end-to-end tests: the real `mmmq` binary in a temporary root dir on a free
-//! port ([`Broker`]), real HTTP consumers that record what they receive ([`Consumer`]), and the
-//! root dirs and plugin components they run.
+//! port ([`Broker`]), real HTTP consumers that record what they receive ([`Consumer`]), the
+//! root dirs and plugin components they run, and plugin code built in a scaffold as a plugin
+//! author builds it ([`build_plugin_snippet`]).
 
 mod broker;
 mod consumer;
 pub mod doc_run;
 mod setup;
+mod snippet;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,6 +19,7 @@ pub use setup::{
     deploy_plugin, ensure_wasm_target, host_dispatcher, plugin_dispatcher, plugin_wasm,
     testbed_root, write_dispatchers,
 };
+pub use snippet::{build_plugin_snippet, scaffold_cargo, scaffold_cargo_ok, scaffold_target_dir};
 
 /// The payload the crash appender writes for (`cycle`, `task`, `seq`): varied lengths, so that
 /// torn writes land at every kind of boundary.

@@ -146,8 +146,11 @@ fn the_sections_the_code_and_documents_cite_exist() {
     let mut checked = 0;
     let mut missing = Vec::new();
     for source in &sources {
-        // This file's code holds the patterns it looks for.
-        if source.ends_with("tests/tests/documents.rs") {
+        // This file's code holds the patterns it looks for; the scaffold's templates cite the
+        // README of the crate they make, not this one.
+        if source.ends_with("tests/tests/documents.rs")
+            || source.starts_with(root.join("broker/src/plugin/scaffold"))
+        {
             continue;
         }
         let Ok(text) = std::fs::read_to_string(source) else {

@@ -1,128 +1,89 @@
-//! `mmmq plugin new` as a plugin author without this checkout gets it (docs/plugins.md,
-//! "Write, deploy and change a handler"): the scaffold depends on the SDK by version, so here the SDK is the crate
-//! `cargo package` makes of this workspace's `plugin-sdk/` (unpacked, and patched in for
-//! crates.io's), never the workspace directory. The crate is made in an empty directory, its own
-//! test runs natively, it builds, passes `mmmq plugin check` and is deployed to a running broker.
+//! `mmmq plugin new` as a plugin author without this checkout gets it (docs/plugins.md, "Write,
+//! deploy and change a handler"): with nothing but the `mmmq` binary and cargo — no checkout, no packaged
+//! SDK, no `[patch]` — a crate made in an empty directory tests natively, builds, passes
+//! `mmmq plugin check` and is deployed to a running broker. Here the SDK is not on crates.io
+//! (the index the binary asks is a port nothing listens on), so the binary writes the sources it
+//! carries beside the plugin.
 //!
 //! `MMMQ_BIN` points the test at another binary: `.ci/run` runs it again with the one
 //! `cargo install --path broker --locked` installed.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
-use mmmq_tests::{Broker, mmmq_bin, run_ok, workspace_root, write_dispatchers};
+use mmmq_tests::{
+    Broker, build_plugin_snippet, free_port, mmmq_bin, run_ok, scaffold_cargo_ok,
+    scaffold_target_dir, workspace_root, write_dispatchers,
+};
 use serde_json::json;
 
-fn cargo() -> Command {
-    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-}
+const SDK_VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// `cargo package -p mmmq-plugin-sdk`, unpacked under `into`: the SDK as crates.io would serve it.
-fn packaged_sdk(into: &Path) -> PathBuf {
-    let version = env!("CARGO_PKG_VERSION");
-    // Its own target dir: the workspace's is locked by the `cargo test` running this.
-    let target = into.join("package-target");
-    run_ok(
-        cargo()
-            .current_dir(workspace_root())
-            .args([
-                "package",
-                "-p",
-                "mmmq-plugin-sdk",
-                "--no-verify",
-                "--allow-dirty",
-                "--offline",
-                "--target-dir",
-            ])
-            .arg(&target),
-    );
-    let krate = target.join(format!("package/mmmq-plugin-sdk-{version}.crate"));
-    run_ok(
-        Command::new("tar")
-            .arg("xzf")
-            .arg(&krate)
-            .arg("-C")
-            .arg(into),
-    );
-    let sdk = into.join(format!("mmmq-plugin-sdk-{version}"));
-    assert!(
-        sdk.join("wit/plugin.wit").exists(),
-        "the packaged SDK carries its WIT"
-    );
-    sdk
-}
-
-/// `cargo ARGS` in the scaffold `krate`, with `sdk` in place of crates.io's `mmmq-plugin-sdk`.
-/// Offline: the SDK's dependencies are in the registry cache from the workspace build. The
-/// target dir is shared by both tests here, so those dependencies build once.
-fn scaffold_cargo(krate: &Path, sdk: &Path, args: &[&str]) -> Command {
-    let mut cmd = cargo();
-    cmd.current_dir(krate)
-        .args(args)
-        .arg("--offline")
-        .arg("--config")
-        .arg(format!(
-            "patch.crates-io.mmmq-plugin-sdk.path={}",
-            json!(sdk.display().to_string())
-        ))
-        .arg("--target-dir")
-        .arg(workspace_root().join("target/wasm-scaffold"));
-    cmd
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_new_plugin_builds_against_the_packaged_sdk_checks_and_is_deployed() {
+async fn a_new_plugin_builds_with_only_the_binary_checks_and_is_deployed() {
     mmmq_tests::ensure_wasm_target();
     let tmp = tempfile::tempdir().unwrap();
-    let sdk = packaged_sdk(tmp.path());
     let empty = tmp.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
 
     // `mmmq --version` names the SDK version a scaffold is built with.
-    let version = run_ok(Command::new(mmmq_bin()).arg("--version"));
-    let version = String::from_utf8_lossy(&version.stdout);
-    let sdk_version = env!("CARGO_PKG_VERSION");
+    let version = stdout(&run_ok(Command::new(mmmq_bin()).arg("--version")));
     assert!(
-        version.contains(&format!("plugin SDK: mmmq-plugin-sdk {sdk_version}"))
+        version.contains(&format!("plugin SDK: mmmq-plugin-sdk {SDK_VERSION}"))
             && version.contains("mmmq:plugin/handler@0.2.0"),
         "{version}"
     );
 
-    run_ok(
+    // The SDK is not on "crates.io": the index does not answer.
+    let index = format!("http://127.0.0.1:{}/mm/mq/mmmq-plugin-sdk", free_port());
+    let created = run_ok(
         Command::new(mmmq_bin())
             .current_dir(&empty)
+            .env("MMMQ_SDK_INDEX", &index)
             .args(["plugin", "new", "greeter"]),
     );
     let krate = empty.join("greeter");
+
+    // The scaffold's own tests, natively, then the README's three commands: build, check, deploy.
+    let tested = scaffold_cargo_ok(&krate, &["test"]);
+    assert!(stdout(&tested).contains("2 passed"), "{}", stdout(&tested));
+    let readme = std::fs::read_to_string(krate.join("README.md")).unwrap();
+    assert!(readme.contains("cargo build --release --target wasm32-wasip2"));
+    scaffold_cargo_ok(&krate, &["build", "--release", "--target", "wasm32-wasip2"]);
+
+    // What it said and wrote: the SDK beside the plugin, by path and version.
+    let said = stdout(&created);
+    assert_eq!(
+        said,
+        format!(
+            "created ./greeter (its README says how to build, check and deploy it)\n  \
+             SDK: mmmq-plugin-sdk {SDK_VERSION} from ./greeter/mmmq-plugin-sdk, written there \
+             because {index} could not be asked: error sending request: client error (Connect): \
+             tcp connect error: Connection refused (os error 111)\n       \
+             (the README says how to switch to crates.io once it is there)\n  \
+             cd ./greeter && cargo test && cargo build --release --target wasm32-wasip2\n"
+        )
+    );
     let manifest = std::fs::read_to_string(krate.join("Cargo.toml")).unwrap();
     assert!(
-        manifest.contains(&format!("mmmq-plugin-sdk = \"{sdk_version}\"")),
-        "by version, no path: {manifest}"
+        manifest.contains(&format!(
+            "\nmmmq-plugin-sdk = {{ path = \"mmmq-plugin-sdk\", version = \"{SDK_VERSION}\" }}\n"
+        )),
+        "{manifest}"
     );
-    let readme = std::fs::read_to_string(krate.join("README.md")).unwrap();
+    assert!(readme.contains("## The SDK in `mmmq-plugin-sdk/`"));
 
-    // The scaffold's own test, natively.
-    let tested = run_ok(&mut scaffold_cargo(&krate, &sdk, &["test"]));
-    assert!(
-        String::from_utf8_lossy(&tested.stdout).contains("1 passed"),
-        "{}",
-        String::from_utf8_lossy(&tested.stdout)
-    );
-    // The README's three commands: build, check, deploy.
-    assert!(readme.contains("cargo build --release --target wasm32-wasip2"));
-    run_ok(&mut scaffold_cargo(
-        &krate,
-        &sdk,
-        &["build", "--release", "--target", "wasm32-wasip2"],
-    ));
-    let wasm = workspace_root().join("target/wasm-scaffold/wasm32-wasip2/release/greeter.wasm");
+    let wasm = scaffold_target_dir().join("wasm32-wasip2/release/greeter.wasm");
     assert!(readme.contains("mmmq plugin check target/wasm32-wasip2/release/greeter.wasm"));
-    let check = run_ok(
+    let check = stdout(&run_ok(
         Command::new(mmmq_bin())
             .args(["plugin", "check"])
             .arg(&wasm),
-    );
-    let check = String::from_utf8_lossy(&check.stdout);
+    ));
     assert!(
         check.contains("compatible mmmq plugin") && check.contains("mmmq:plugin/handler@0.2.0"),
         "{check}"
@@ -131,10 +92,11 @@ async fn a_new_plugin_builds_against_the_packaged_sdk_checks_and_is_deployed() {
     // A running broker gets a dispatcher naming the plugin, by `mmmq reload` as the README says.
     let root = tmp.path().join("broker");
     let broker = Broker::start(&root).await;
-    broker.produce("events", json!({"id": 7})).await;
-    broker
-        .produce("events", json!({"name": "not an event"}))
-        .await;
+    // The README's two messages: an event, and something that is not one.
+    assert!(readme.contains(r#"mmmq produce --topic events '{"id": 7}'"#));
+    assert!(readme.contains(r#"mmmq produce --topic events '{"name": "Ada"}'"#));
+    broker.cli_ok(["produce", "--topic", "events", r#"{"id": 7}"#]);
+    broker.cli_ok(["produce", "--topic", "events", r#"{"name": "Ada"}"#]);
     // A broken file is refused with the reason, and nothing changes.
     write_dispatchers(
         &root,
@@ -146,17 +108,16 @@ async fn a_new_plugin_builds_against_the_packaged_sdk_checks_and_is_deployed() {
         !refused.status.success() && why.contains("`plugin.timeoutMs` must be at least 1"),
         "{why}"
     );
+    // The README's dispatcher entry.
+    let entry = r#"{"consumerId": "greeter", "pattern": "events", "plugin": {"name": "greeter"}}"#;
+    assert!(readme.contains(entry));
     write_dispatchers(
         &root,
-        &json!([{"consumerId": "greeter", "pattern": "events", "plugin": {"name": "greeter"}}]),
+        &json!([serde_json::from_str::<serde_json::Value>(entry).unwrap()]),
     );
     assert!(readme.contains("mmmq reload"));
-    let reloaded = broker.cli_ok(["reload"]);
-    assert!(
-        String::from_utf8_lossy(&reloaded.stdout).contains("added: greeter"),
-        "{}",
-        String::from_utf8_lossy(&reloaded.stdout)
-    );
+    let reloaded = stdout(&broker.cli_ok(["reload"]));
+    assert!(reloaded.contains("added: greeter"), "{reloaded}");
     assert!(
         readme.contains(
             "mmmq plugin deploy target/wasm32-wasip2/release/greeter.wasm --name greeter"
@@ -164,15 +125,105 @@ async fn a_new_plugin_builds_against_the_packaged_sdk_checks_and_is_deployed() {
     );
     let wasm_path = wasm.to_str().unwrap();
     broker.cli_ok(["plugin", "deploy", wasm_path, "--name", "greeter"]);
-    // The plugin handles both: the event is ACKed, the rest dead-lettered at once.
+    // The event is ACKed, the rest dead-lettered at once with the reason.
     broker
         .dispatcher_when("greeter", |s| {
             s["delivered"] == 1 && s["topics"][0]["deadLettered"] == 1
         })
         .await;
-    let logs = broker.cli_ok(["plugin", "logs", "greeter"]);
-    let logs = String::from_utf8_lossy(&logs.stdout);
+    let logs = stdout(&broker.cli_ok(["plugin", "logs", "greeter"]));
     assert!(logs.contains("events offset 0: event 7"), "{logs}");
+    let dlq = broker.pull_all("__dlq.greeter").await;
+    assert_eq!(
+        (
+            &dlq[0]["content"]["reason"],
+            &dlq[0]["content"]["envelope"]["offset"]
+        ),
+        (
+            &json!("not an event: missing field `id` at line 1 column 14"),
+            &json!(1)
+        ),
+        "{dlq:?}"
+    );
+}
+
+/// When the index lists the SDK of this version, the scaffold takes it from the registry, as
+/// any crate would, and writes no sources.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_published_sdk_is_taken_from_the_registry() {
+    let line = format!(r#"{{"name":"mmmq-plugin-sdk","vers":"{SDK_VERSION}","yanked":false}}"#);
+    let app = axum::Router::new().route(
+        "/mm/mq/mmmq-plugin-sdk",
+        axum::routing::get(move || async move { line }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let index = format!(
+        "http://{}/mm/mq/mmmq-plugin-sdk",
+        listener.local_addr().unwrap()
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let tmp = tempfile::tempdir().unwrap();
+    let created = tokio::task::spawn_blocking({
+        let dir = tmp.path().to_owned();
+        move || {
+            run_ok(
+                Command::new(mmmq_bin())
+                    .env("MMMQ_SDK_INDEX", index)
+                    .args(["plugin", "new", "my-handler", "--dir"])
+                    .arg(dir),
+            )
+        }
+    })
+    .await
+    .unwrap();
+    let said = stdout(&created);
+    assert!(
+        said.contains(&format!(
+            "\n  SDK: mmmq-plugin-sdk {SDK_VERSION} from crates.io\n"
+        )),
+        "{said}"
+    );
+    let krate = tmp.path().join("my-handler");
+    let manifest = std::fs::read_to_string(krate.join("Cargo.toml")).unwrap();
+    assert!(
+        manifest.contains(&format!("\nmmmq-plugin-sdk = \"{SDK_VERSION}\"\n")),
+        "{manifest}"
+    );
+    assert!(!krate.join("mmmq-plugin-sdk").exists());
+}
+
+/// Every `rust` block of the plugin guide (docs/plugins.md) builds in a fresh scaffold and passes
+/// `mmmq plugin check` (the README's own handler is built by its tour, `readme.rs`); code that
+/// does not compile panics with cargo's error.
+#[test]
+fn the_plugin_guides_snippets_build_in_a_fresh_scaffold() {
+    let guide = std::fs::read_to_string(workspace_root().join("docs/plugins.md")).unwrap();
+    let snippets: Vec<&str> = guide
+        .split("```rust\n")
+        .skip(1)
+        .map(|block| &block[..block.find("```").unwrap()])
+        .collect();
+    assert!(!snippets.is_empty(), "the guide shows a handler");
+    let mut wasm = PathBuf::new();
+    for snippet in snippets {
+        wasm = build_plugin_snippet(snippet);
+        let check = stdout(&run_ok(
+            Command::new(mmmq_bin())
+                .args(["plugin", "check"])
+                .arg(&wasm),
+        ));
+        assert!(check.contains("compatible mmmq plugin"), "{check}");
+    }
+    let failed = std::panic::catch_unwind(|| build_plugin_snippet("fn handle() -> Nope {}"))
+        .expect_err("does not compile");
+    let why = failed.downcast_ref::<String>().unwrap();
+    assert!(
+        why.contains("cargo test of the snippet failed") && why.contains("Nope"),
+        "{why}"
+    );
+    // The crate recovers: the next snippet builds.
+    assert_ne!(build_plugin_snippet("//! Nothing.\n"), wasm);
 }
 
 /// `--sdk-path`: developing against a checkout's SDK.
@@ -193,20 +244,8 @@ fn sdk_path_scaffolds_against_a_checkout() {
         manifest.contains("mmmq-plugin-sdk = { path = "),
         "{manifest}"
     );
-    run_ok(
-        cargo()
-            .current_dir(&krate)
-            .args([
-                "build",
-                "--offline",
-                "--release",
-                "--target",
-                "wasm32-wasip2",
-                "--target-dir",
-            ])
-            .arg(workspace_root().join("target/wasm-scaffold")),
-    );
-    let wasm = workspace_root().join("target/wasm-scaffold/wasm32-wasip2/release/my_handler.wasm");
+    scaffold_cargo_ok(&krate, &["build", "--release", "--target", "wasm32-wasip2"]);
+    let wasm = scaffold_target_dir().join("wasm32-wasip2/release/my_handler.wasm");
     run_ok(
         Command::new(mmmq_bin())
             .args(["plugin", "check"])

@@ -19,15 +19,20 @@ pub enum PluginCommand {
     /// Runs the version of a plugin dispatcher's plugin that handled a stored message on it,
     /// offline, with the dispatcher's limits and config: verdict, emits, logs, a fault's backtrace.
     Replay(replay::ReplayArgs),
-    /// Writes a new plugin crate NAME that builds as it is.
+    /// Writes a new plugin crate NAME that builds as it is: it depends on the SDK of this
+    /// binary's version from crates.io when crates.io has it, else on the SDK's sources, which
+    /// this binary carries, written into NAME/mmmq-plugin-sdk.
     New {
         /// Crate name (lower case, digits, '-', '_').
         name: String,
         /// Where to create it.
         #[arg(long, default_value = ".")]
         dir: PathBuf,
-        /// Depend on the plugin-sdk directory of an mmmq checkout instead of the published SDK of
-        /// this binary's version (for development of the SDK itself).
+        /// Write the SDK's sources into NAME/mmmq-plugin-sdk without asking crates.io.
+        #[arg(long, conflicts_with = "sdk_path")]
+        vendor_sdk: bool,
+        /// Depend on the plugin-sdk directory of an mmmq checkout instead (for development of
+        /// the SDK itself).
         #[arg(long, value_name = "DIR")]
         sdk_path: Option<PathBuf>,
     },
@@ -95,20 +100,53 @@ pub fn run(what: PluginCommand) -> anyhow::Result<ExitCode> {
         PluginCommand::New {
             name,
             dir,
+            vendor_sdk,
             sdk_path,
-        } => {
-            use mmmq::plugin::scaffold::{self, Sdk};
-            let sdk = sdk_path.map_or(Sdk::Registry, Sdk::Path);
-            let root = scaffold::new(&name, &dir, &sdk)?;
-            println!(
-                "created {} (its README says how to build, check and deploy it)",
-                root.display()
-            );
-            println!(
-                "  cd {} && cargo test && cargo build --release --target wasm32-wasip2",
-                root.display()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        } => new(&name, &dir, vendor_sdk, sdk_path),
     }
+}
+
+/// `mmmq plugin new`: picks the SDK (asking crates.io unless a flag decides), writes the crate
+/// and says which SDK it took and why.
+fn new(
+    name: &str,
+    dir: &std::path::Path,
+    vendor_sdk: bool,
+    sdk_path: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    use mmmq::plugin::scaffold::{self, SDK_VERSION, Sdk, index, vendor};
+    let (sdk, why) = match sdk_path {
+        Some(path) => (Sdk::Path(path), None),
+        None if vendor_sdk => (Sdk::Vendored, None),
+        None => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(scaffold::registry_or_vendored(&index::url()))
+        }
+    };
+    let root = scaffold::new(name, dir, &sdk)?;
+    println!(
+        "created {} (its README says how to build, check and deploy it)",
+        root.display()
+    );
+    match (&sdk, why) {
+        (Sdk::Registry, _) => println!("  SDK: mmmq-plugin-sdk {SDK_VERSION} from crates.io"),
+        (Sdk::Vendored, why) => {
+            let why = why.map_or("--vendor-sdk asked for it".to_owned(), |why| {
+                why.to_string()
+            });
+            println!(
+                "  SDK: mmmq-plugin-sdk {SDK_VERSION} from {}, written there because {why}\n       \
+                 (the README says how to switch to crates.io once it is there)",
+                root.join(vendor::DIR).display()
+            );
+        }
+        (Sdk::Path(path), _) => println!("  SDK: {} (--sdk-path)", path.display()),
+    }
+    println!(
+        "  cd {} && cargo test && cargo build --release --target wasm32-wasip2",
+        root.display()
+    );
+    Ok(ExitCode::SUCCESS)
 }
