@@ -422,6 +422,16 @@ async fn views_have_urls_retention_reads_as_the_cli_says_and_reasons_unfold() {
     b.screenshot("last-error").await;
     broker.produce("orders", json!({"n": 1})).await;
     b.text(cell, "bad order… (resolved)").await;
+    // The row was drawn again (counts, the resolved state): the reason opened stays open.
+    let open: Value = b
+        .client
+        .execute(
+            "return document.querySelector('tr[data-dispatcher=p] td.last-error details').open",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(open, json!(true), "a refresh folded the opened reason");
     b.text("#partition-rows", "(resolved)").await;
 
     // Topics by their URL; retention as the CLI says it.

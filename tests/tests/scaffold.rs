@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use mmmq_tests::{
-    Broker, build_plugin_snippet, free_port, mmmq_bin, run_ok, scaffold_cargo_ok,
-    scaffold_target_dir, workspace_root, write_dispatchers,
+    Broker, build_plugin_snippet, mmmq_bin, run_ok, scaffold_cargo_ok, scaffold_target_dir,
+    workspace_root, write_dispatchers,
 };
 use serde_json::json;
 
@@ -39,7 +39,7 @@ async fn a_new_plugin_builds_with_only_the_binary_checks_and_is_deployed() {
     );
 
     // The SDK is not on "crates.io": the index does not answer.
-    let index = format!("http://127.0.0.1:{}/mm/mq/mmmq-plugin-sdk", free_port());
+    let index = "http://127.0.0.1:9/mm/mq/mmmq-plugin-sdk".to_owned();
     let created = run_ok(
         Command::new(mmmq_bin())
             .current_dir(&empty)

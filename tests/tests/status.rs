@@ -63,7 +63,9 @@ async fn a_last_error_says_when_and_shows_resolved_once_delivery_works_again() {
 
     fixed.store(true, Ordering::SeqCst);
     let resolved = broker
-        .dispatcher_when("flaky", |s| s["delivered"] == 1)
+        .dispatcher_when("flaky", |s| {
+            s["delivered"] == 1 && !s["lastErrorResolvedAt"].is_null()
+        })
         .await;
     let message = failing["lastError"].clone();
     assert_eq!(resolved["lastError"], message, "{resolved}");

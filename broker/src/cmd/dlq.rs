@@ -157,14 +157,13 @@ fn row(e: &mmmq_client::Envelope, redrive_next: Option<&[RedriveNext]>) -> Vec<S
     let failed_redrives = c["history"].as_array().map_or(0, Vec::len);
     let redriven = match redrive_next {
         None => "?",
-        Some(next) => {
-            let next = next.iter().find(|n| n.partition == e.partition);
-            if next.is_some_and(|n| e.offset < n.next) {
-                "yes"
-            } else {
-                "no"
-            }
-        }
+        // A partition the broker did not report (an older broker, a checkpoint it could not
+        // read) is unknown, not "no".
+        Some(next) => match next.iter().find(|n| n.partition == e.partition) {
+            None => "?",
+            Some(n) if e.offset < n.next => "yes",
+            Some(_) => "no",
+        },
     };
     vec![
         format!("{}/{}", e.partition, e.offset),

@@ -122,7 +122,11 @@ fn new(
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            rt.block_on(scaffold::registry_or_vendored(&index::url()))
+            let chosen = rt.block_on(scaffold::registry_or_vendored(&index::url()));
+            // A DNS lookup still running on a blocking thread must not hold the command past
+            // the index's timeout.
+            rt.shutdown_background();
+            chosen
         }
     };
     let root = scaffold::new(name, dir, &sdk)?;

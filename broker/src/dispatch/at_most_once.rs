@@ -126,7 +126,7 @@ impl Worker {
         if before.is_multiple_of(1000) {
             tracing::warn!(offset = d.envelope.offset, error = %why, dropped_so_far = before + 1, "at-most-once: message dropped after a communication failure");
         }
-        self.record_delivery_error(
+        self.record_passed(
             d,
             format!("offset {} dropped (at-most-once): {why}", d.envelope.offset),
         );

@@ -208,7 +208,7 @@ impl Worker {
                 Ok(entries) => entries,
                 Err(_) if self.partition.log.first_offset() > from => continue,
                 Err(e) => {
-                    self.record_error(format!("reading offset {from}: {e}"));
+                    self.record_error(from, format!("reading offset {from}: {e}"));
                     if self.sleep(super::backoff::START).await.is_err() {
                         break;
                     }

@@ -2,10 +2,13 @@
 //! "HTTP API", `GET /mmmq/dispatchers`): an error that stays on show after the consumer came back
 //! reads as an outage that is not there.
 //!
-//! A problem is resolved by the next ACK: on any lane for a problem of the partition's reader (a
-//! read error, a corrupt entry), on its own lane for a problem of one delivery (a communication
-//! failure, a dead letter), because with `maxInFlight` > 1 one lane may be stuck while the others
-//! deliver.
+//! A problem is resolved by the ACK that shows it is over, never by one of a message handed over
+//! before it: a problem that holds its lane (a communication failure retried, a dead-letter write
+//! that waits for the disk) by the next ACK on that lane; a problem whose message was passed on
+//! (dead-lettered, dropped, a corrupt entry skipped) or of the partition's reader (a read error)
+//! by an ACK of a later offset on any lane. With `maxInFlight` > 1 one lane may be stuck while the
+//! others deliver, so each lane's open problem is kept until its own ACK, and status shows the
+//! newest open one.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -19,52 +22,84 @@ pub struct LastError {
     pub at: u64,
     /// What happened, whole.
     pub message: String,
-    /// The lane of the delivery it is about; `None`: the partition's reader.
+    /// The lane it holds until that lane's next ACK; `None`: any lane's ACK of `from` or later.
     pub lane: Option<u32>,
+    /// The first offset whose ACK can resolve it.
+    pub from: u64,
     /// When a later delivery was ACKed.
     pub resolved_at: Option<u64>,
 }
 
-/// The last problem of one worker.
+/// What a worker's problems look like to status.
+#[derive(Debug, Default)]
+struct Problems {
+    /// Unresolved: at most one per lane, and one of the partition (`lane: None`).
+    open: Vec<LastError>,
+    /// The newest resolved one.
+    resolved: Option<LastError>,
+}
+
+/// The last problems of one worker.
 #[derive(Debug, Default)]
 pub struct LastErrorCell {
-    error: Mutex<Option<LastError>>,
-    /// An unresolved problem is stored: each ACK checks this flag instead of taking the lock.
+    problems: Mutex<Problems>,
+    /// Some problem is open: each ACK checks this flag instead of taking the lock.
     open: AtomicBool,
 }
 
+/// How a problem ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ends {
+    /// At the next ACK on this lane (the message is being retried in it).
+    OnLane(u32),
+    /// At any ACK of this offset or a later one.
+    From(u64),
+}
+
 impl LastErrorCell {
-    /// Records a problem of `lane` (`None`: of the whole partition).
-    pub fn record(&self, lane: Option<u32>, message: String) {
-        let mut e = self.error.lock();
-        *e = Some(LastError {
+    /// Records a problem (about offset `offset` when it holds a lane), replacing the open one it
+    /// stands in for: the same lane's, or the partition's.
+    pub fn record(&self, ends: Ends, offset: u64, message: String) {
+        let (lane, from) = match ends {
+            Ends::OnLane(lane) => (Some(lane), offset),
+            Ends::From(from) => (None, from),
+        };
+        let mut p = self.problems.lock();
+        p.open.retain(|e| e.lane != lane);
+        p.open.push(LastError {
             at: now_ms(),
             message,
             lane,
+            from,
             resolved_at: None,
         });
         self.open.store(true, Ordering::Release);
     }
 
-    /// A delivery on `lane` was ACKed: the last problem is over if it was this lane's or the
-    /// partition's.
-    pub fn delivered(&self, lane: u32) {
+    /// The delivery of `offset` on `lane` was ACKed: the problems it shows over are resolved.
+    pub fn delivered(&self, lane: u32, offset: u64) {
         if !self.open.load(Ordering::Acquire) {
             return;
         }
-        let mut e = self.error.lock();
-        if let Some(e) = e.as_mut()
-            && e.resolved_at.is_none()
-            && e.lane.is_none_or(|l| l == lane)
-        {
-            e.resolved_at = Some(now_ms());
-            self.open.store(false, Ordering::Release);
+        let mut p = self.problems.lock();
+        let now = now_ms();
+        let (over, open): (Vec<LastError>, Vec<LastError>) = std::mem::take(&mut p.open)
+            .into_iter()
+            .partition(|e| offset >= e.from && e.lane.is_none_or(|l| l == lane));
+        p.open = open;
+        if let Some(mut newest) = over.into_iter().max_by_key(|e| e.at) {
+            newest.resolved_at = Some(now);
+            if p.resolved.as_ref().is_none_or(|r| r.at <= newest.at) {
+                p.resolved = Some(newest);
+            }
         }
+        self.open.store(!p.open.is_empty(), Ordering::Release);
     }
 
-    /// The last problem, if any.
+    /// The problem status shows: the newest open one, else the newest resolved one.
     pub fn get(&self) -> Option<LastError> {
-        self.error.lock().clone()
+        let p = self.problems.lock();
+        pick(p.open.iter().chain(&p.resolved).cloned())
     }
 }
 
@@ -90,23 +125,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_ack_on_the_lane_of_the_problem_or_any_ack_for_the_partitions_resolves_it() {
+    fn a_problem_is_resolved_by_the_ack_that_shows_it_is_over() {
         let cell = LastErrorCell::default();
-        cell.record(Some(1), "refused".into());
+        cell.record(Ends::OnLane(1), 10, "refused".into());
         // Another lane delivering says nothing about lane 1.
-        cell.delivered(0);
+        cell.delivered(0, 11);
         assert_eq!(cell.get().unwrap().resolved_at, None);
-        cell.delivered(1);
+        // A message passed on in lane 2 is the newest open problem, lane 1 still stuck.
+        cell.record(Ends::From(13), 12, "offset 12 dead-lettered".into());
+        // An ACK of a message handed over before the dead letter resolves nothing.
+        cell.delivered(2, 11);
+        assert_eq!(cell.get().unwrap().message, "offset 12 dead-lettered");
+        // A later offset ends the dead letter, but lane 1 is still stuck: that one shows.
+        cell.delivered(2, 14);
+        let shown = cell.get().unwrap();
+        assert_eq!(
+            (shown.message.as_str(), shown.resolved_at),
+            ("refused", None)
+        );
+        cell.delivered(1, 10);
         let resolved = cell.get().unwrap().resolved_at.unwrap();
+        assert_eq!(cell.get().unwrap().message, "refused");
         // A second ACK keeps the first one's time.
-        cell.delivered(1);
+        cell.delivered(1, 15);
         assert_eq!(cell.get().unwrap().resolved_at, Some(resolved));
-        // A problem of the reader is over at any ACK; a new one is open again.
-        cell.record(None, "corrupt entry".into());
+        // A read error at offset 20 is not over at an ACK of offset 19.
+        cell.record(Ends::From(20), 20, "reading offset 20".into());
+        cell.delivered(3, 19);
         assert_eq!(cell.get().unwrap().resolved_at, None);
-        cell.delivered(3);
+        cell.delivered(3, 20);
         assert!(cell.get().unwrap().resolved_at.is_some());
-        assert_eq!(cell.get().unwrap().message, "corrupt entry");
+        assert_eq!(cell.get().unwrap().message, "reading offset 20");
     }
 
     #[test]
@@ -115,6 +164,7 @@ mod tests {
             at,
             message: format!("at {at}"),
             lane: None,
+            from: 0,
             resolved_at,
         };
         let open_old = e(1, None);

@@ -229,7 +229,7 @@ impl Worker {
                         .dead_lettered
                         .get_or_create(&self.label())
                         .inc();
-                    self.record_delivery_error(
+                    self.record_passed(
                         d,
                         format!(
                             "offset {} dead-lettered after {attempts} attempts: {reason}",
@@ -249,8 +249,9 @@ impl Worker {
     }
 
     pub(super) fn acked(&self, d: &Delivery) {
+        // Resolved before counted: a status that sees the delivery sees the problem over.
+        self.stats.last_error.delivered(d.lane, d.read_offset());
         self.stats.delivered.fetch_add(1, Ordering::Relaxed);
-        self.stats.last_error.delivered(d.lane);
         self.metrics.delivered.get_or_create(&self.label()).inc();
         let latency = now_ms().saturating_sub(d.envelope.timestamp) as f64 / 1000.0;
         self.metrics

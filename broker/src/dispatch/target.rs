@@ -34,6 +34,14 @@ pub struct Delivery {
 }
 
 impl Delivery {
+    /// Its offset in the log its worker reads: the dead-letter topic's for a redriven dead letter
+    /// (whose envelope keeps the original offset), else the envelope's.
+    pub fn read_offset(&self) -> u64 {
+        self.dead_letter
+            .as_ref()
+            .map_or(self.envelope.offset, |at| at.offset)
+    }
+
     /// Wraps an envelope.
     pub fn new(envelope: Envelope) -> Self {
         Self {

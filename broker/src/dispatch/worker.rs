@@ -22,7 +22,7 @@ use tracing::Instrument;
 
 use super::backoff;
 use super::checkpoint_saver::CheckpointSaver;
-use super::last_error::LastErrorCell;
+use super::last_error::{Ends, LastErrorCell};
 use super::target::{Delivery, Target};
 use crate::config::DispatcherSpec;
 use crate::metrics::{DispatchLabel, Metrics};
@@ -172,7 +172,7 @@ impl Worker {
                 Ok(entries) => entries,
                 Err(_) if self.partition.log.first_offset() > next => continue,
                 Err(e) => {
-                    self.record_error(format!("reading offset {next}: {e}"));
+                    self.record_error(next, format!("reading offset {next}: {e}"));
                     if self.sleep(backoff::START).await.is_err() {
                         break;
                     }
@@ -276,7 +276,7 @@ impl Worker {
             Err(e) => {
                 // Starting from 0 would redeliver everything; refusing keeps the problem visible.
                 tracing::error!(error = %e, "cannot read the checkpoint; this dispatcher will not deliver this topic");
-                self.record_error(e.to_string());
+                self.record_error(0, e.to_string());
                 return None;
             }
         };
@@ -369,18 +369,28 @@ impl Worker {
             .corrupt_skipped
             .get_or_create(&self.label())
             .inc();
-        self.record_error(problem);
+        self.record_error(offset + 1, problem);
         Err(offset)
     }
 
-    /// Records a problem of the partition's reader (any later ACK resolves it).
-    pub(super) fn record_error(&self, e: String) {
-        self.stats.last_error.record(None, e);
+    /// Records a problem of the partition's reader at `offset`, or of a message passed on there
+    /// (an ACK of a later offset on any lane resolves it; `from` is the first such offset).
+    pub(super) fn record_error(&self, from: u64, e: String) {
+        self.stats.last_error.record(Ends::From(from), from, e);
     }
 
-    /// Records a problem of delivering `d` (an ACK on its lane resolves it).
+    /// Records a problem of delivering `d` that holds its lane (the lane's next ACK resolves it).
     pub(super) fn record_delivery_error(&self, d: &Delivery, e: String) {
-        self.stats.last_error.record(Some(d.lane), e);
+        self.stats
+            .last_error
+            .record(Ends::OnLane(d.lane), d.read_offset(), e);
+    }
+
+    /// Records that `d` was passed on without being delivered (dead-lettered, dropped): an ACK of
+    /// a later offset on any lane resolves it, since the message holds no lane.
+    pub(super) fn record_passed(&self, d: &Delivery, e: String) {
+        let next = d.read_offset() + 1;
+        self.stats.last_error.record(Ends::From(next), next, e);
     }
 
     pub(super) async fn sleep(&self, d: Duration) -> Result<(), Stopped> {
