@@ -57,11 +57,12 @@ pub enum Ends {
 }
 
 impl LastErrorCell {
-    /// Records a problem (about offset `offset` when it holds a lane), replacing the open one it
-    /// stands in for: the same lane's, or the partition's.
-    pub fn record(&self, ends: Ends, offset: u64, message: String) {
+    /// Records a problem, replacing the open one it stands in for: the same lane's, or the
+    /// partition's. A lane has one delivery at a time, so the next ACK on a held lane is of the
+    /// message retried or a later one: it needs no offset.
+    pub fn record(&self, ends: Ends, message: String) {
         let (lane, from) = match ends {
-            Ends::OnLane(lane) => (Some(lane), offset),
+            Ends::OnLane(lane) => (Some(lane), 0),
             Ends::From(from) => (None, from),
         };
         let mut p = self.problems.lock();
@@ -82,18 +83,19 @@ impl LastErrorCell {
             return;
         }
         let mut p = self.problems.lock();
+        let Problems { open, resolved } = &mut *p;
         let now = now_ms();
-        let (over, open): (Vec<LastError>, Vec<LastError>) = std::mem::take(&mut p.open)
-            .into_iter()
-            .partition(|e| offset >= e.from && e.lane.is_none_or(|l| l == lane));
-        p.open = open;
-        if let Some(mut newest) = over.into_iter().max_by_key(|e| e.at) {
-            newest.resolved_at = Some(now);
-            if p.resolved.as_ref().is_none_or(|r| r.at <= newest.at) {
-                p.resolved = Some(newest);
+        open.retain(|e| {
+            let over = offset >= e.from && e.lane.is_none_or(|l| l == lane);
+            if over && resolved.as_ref().is_none_or(|r| r.at <= e.at) {
+                *resolved = Some(LastError {
+                    resolved_at: Some(now),
+                    ..e.clone()
+                });
             }
-        }
-        self.open.store(!p.open.is_empty(), Ordering::Release);
+            !over
+        });
+        self.open.store(!open.is_empty(), Ordering::Release);
     }
 
     /// The problem status shows: the newest open one, else the newest resolved one.
@@ -127,12 +129,12 @@ mod tests {
     #[test]
     fn a_problem_is_resolved_by_the_ack_that_shows_it_is_over() {
         let cell = LastErrorCell::default();
-        cell.record(Ends::OnLane(1), 10, "refused".into());
+        cell.record(Ends::OnLane(1), "refused".into());
         // Another lane delivering says nothing about lane 1.
         cell.delivered(0, 11);
         assert_eq!(cell.get().unwrap().resolved_at, None);
         // A message passed on in lane 2 is the newest open problem, lane 1 still stuck.
-        cell.record(Ends::From(13), 12, "offset 12 dead-lettered".into());
+        cell.record(Ends::From(13), "offset 12 dead-lettered".into());
         // An ACK of a message handed over before the dead letter resolves nothing.
         cell.delivered(2, 11);
         assert_eq!(cell.get().unwrap().message, "offset 12 dead-lettered");
@@ -150,7 +152,7 @@ mod tests {
         cell.delivered(1, 15);
         assert_eq!(cell.get().unwrap().resolved_at, Some(resolved));
         // A read error at offset 20 is not over at an ACK of offset 19.
-        cell.record(Ends::From(20), 20, "reading offset 20".into());
+        cell.record(Ends::From(20), "reading offset 20".into());
         cell.delivered(3, 19);
         assert_eq!(cell.get().unwrap().resolved_at, None);
         cell.delivered(3, 20);

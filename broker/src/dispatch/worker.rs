@@ -376,21 +376,20 @@ impl Worker {
     /// Records a problem of the partition's reader at `offset`, or of a message passed on there
     /// (an ACK of a later offset on any lane resolves it; `from` is the first such offset).
     pub(super) fn record_error(&self, from: u64, e: String) {
-        self.stats.last_error.record(Ends::From(from), from, e);
+        self.stats.last_error.record(Ends::From(from), e);
     }
 
     /// Records a problem of delivering `d` that holds its lane (the lane's next ACK resolves it).
     pub(super) fn record_delivery_error(&self, d: &Delivery, e: String) {
-        self.stats
-            .last_error
-            .record(Ends::OnLane(d.lane), d.read_offset(), e);
+        self.stats.last_error.record(Ends::OnLane(d.lane), e);
     }
 
     /// Records that `d` was passed on without being delivered (dead-lettered, dropped): an ACK of
     /// a later offset on any lane resolves it, since the message holds no lane.
     pub(super) fn record_passed(&self, d: &Delivery, e: String) {
-        let next = d.read_offset() + 1;
-        self.stats.last_error.record(Ends::From(next), next, e);
+        self.stats
+            .last_error
+            .record(Ends::From(d.read_offset() + 1), e);
     }
 
     pub(super) async fn sleep(&self, d: Duration) -> Result<(), Stopped> {
