@@ -28,6 +28,7 @@ pub use ack::Ack;
 pub use handler::{ErasedHandler, HandlerFuture, Message, erase};
 pub use message::{
     ContentShape, Envelope, MAX_CONTENT_DEPTH, Origin, StoredMessage, content_shape, now_ms,
+    write_produced_payload,
 };
 pub use partition::{MAX_PARTITIONS, murmur2, partition_for_key};
 pub use pattern::{PatternError, TopicPattern};

@@ -131,6 +131,39 @@ pub struct Origin {
     pub topic_id: Option<TopicId>,
 }
 
+/// A produced message's payload written from borrowed parts, without copying the content into a
+/// [`StoredMessage`] first: the same bytes as [`StoredMessage::to_payload`] of a message with no
+/// origin (the fields in the same order, `key` as `null` when absent, `id` left out).
+#[derive(Serialize)]
+struct ProducedPayload<'a> {
+    timestamp: u64,
+    key: Option<&'a str>,
+    content: &'a RawValue,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+}
+
+/// Appends the payload of a produced message to `out` (the produce path writes it straight into
+/// the frame it stores).
+pub fn write_produced_payload(
+    out: &mut Vec<u8>,
+    timestamp: u64,
+    key: Option<&str>,
+    content: &RawValue,
+    id: Option<&str>,
+) {
+    serde_json::to_writer(
+        out,
+        &ProducedPayload {
+            timestamp,
+            key,
+            content,
+            id,
+        },
+    )
+    .expect("a number, strings and raw JSON always encode");
+}
+
 impl StoredMessage {
     /// Encodes the payload as stored on disk.
     pub fn to_payload(&self) -> Vec<u8> {
@@ -202,6 +235,29 @@ pub struct Envelope {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_produced_payload_is_the_stored_message_byte_for_byte() {
+        for (key, id) in [
+            (None, None),
+            (Some("k\"1"), None),
+            (None, Some("id-\u{e9}")),
+            (Some("k"), Some("i")),
+        ] {
+            let content = RawValue::from_string(r#"{"a": [1, "x"]}"#.into()).unwrap();
+            let owned = StoredMessage {
+                timestamp: 1_700_000_000_123,
+                key: key.map(str::to_owned),
+                content: content.clone(),
+                id: id.map(str::to_owned),
+                origin: None,
+            }
+            .to_payload();
+            let mut out = b"head".to_vec();
+            write_produced_payload(&mut out, 1_700_000_000_123, key, &content, id);
+            assert_eq!(&out[4..], &owned[..], "key {key:?} id {id:?}");
+        }
+    }
 
     fn depth_of(json: &str) -> usize {
         content_shape(json).depth

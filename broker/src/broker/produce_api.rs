@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
-use mmmq_core::{StoredMessage, Topic, now_ms};
+use mmmq_core::{Topic, now_ms, write_produced_payload};
 
 use super::{Broker, BrokerError, Produced};
 use crate::metrics::Metrics;
 use crate::produce::ProduceItem;
-use crate::storage::StorageError;
+use crate::storage::{Settle, StorageError};
 use crate::topics::dedup::Claim;
 use crate::topics::{Partition, TopicLog};
 
@@ -16,20 +16,18 @@ impl Broker {
     /// Appends one message to the partition it routes to (docs/topics-and-groups.md, "Topics"); resolves with
     /// where it went once it is durable.
     ///
-    /// A message with an id is claimed and appended in a task of its own, which resolves the
-    /// claim whatever happens to this future: a request dropped after the claim (its deadline,
-    /// a client that went away) would otherwise leave the id pending, and a retry would wait out
-    /// the whole dedupe window and then store a second copy — the very case ids exist for.
+    /// A message with an id is claimed, and its claim resolved by the append itself (its
+    /// [`Settle`] hook), whatever happens to this future: a request dropped after the claim (its
+    /// deadline, a client that went away) would otherwise leave the id pending, and a retry would
+    /// wait out the whole dedupe window and then store a second copy — the very case ids exist
+    /// for. No await comes between the claim and the append taking charge of it.
     pub async fn produce(&self, item: ProduceItem) -> Result<Produced, BrokerError> {
         let topic = self.registry.get_or_create(item.topic()).await?;
         if item.id().is_none() {
             return append_one(&topic, &self.metrics, &item).await;
         }
         let window = self.registry.config_of(&topic).dedup_window_ms;
-        let metrics = self.metrics.clone();
-        tokio::spawn(async move { produce_with_id(&topic, &metrics, &item, window).await })
-            .await
-            .expect("produce task panicked")
+        produce_with_id(&topic, &self.metrics, &item, window).await
     }
 
     /// Appends messages, each partition's share at consecutive offsets in one commit,
@@ -72,9 +70,9 @@ impl Broker {
 }
 
 /// Claims the id of `item` and appends it if it is new, else answers where its first message
-/// went. Runs to its end once started (see [`Broker::produce`]).
+/// went. A new claim is resolved by the append (see [`Broker::produce`]).
 async fn produce_with_id(
-    topic: &TopicLog,
+    topic: &Arc<TopicLog>,
     metrics: &Metrics,
     item: &ProduceItem,
     window: u64,
@@ -86,16 +84,19 @@ async fn produce_with_id(
             // `None`: the first one failed: this one may store it.
             Claim::Pending(ticket) => topic.dedup.wait(&ticket).await,
             Claim::New(ticket) => {
-                return match append_one(topic, metrics, item).await {
-                    Ok(at) => {
-                        topic.dedup.stored(&ticket, at.partition, at.offset);
-                        Ok(at)
-                    }
+                let partition = match topic.route(item.partition(), item.key()) {
+                    Ok(partition) => partition,
                     Err(e) => {
                         topic.dedup.withdraw(&ticket);
-                        Err(e)
+                        return Err(e.into());
                     }
                 };
+                let (t, number) = (topic.clone(), partition.number);
+                let settle: Settle = Box::new(move |outcome| match outcome {
+                    Ok(offset) => t.dedup.stored(&ticket, number, offset),
+                    Err(_) => t.dedup.withdraw(&ticket),
+                });
+                return append_to(&partition, metrics, item, Some(settle)).await;
             }
         };
         if let Some((partition, offset)) = seen {
@@ -114,9 +115,30 @@ async fn append_one(
     item: &ProduceItem,
 ) -> Result<Produced, BrokerError> {
     let partition = topic.route(item.partition(), item.key())?;
-    let payload = stored_payload(item);
-    let offset = partition.log.append(&payload).await?;
-    metrics.count_in(item.topic(), 1, payload.len());
+    append_to(&partition, metrics, item, None).await
+}
+
+/// Appends `item` to `partition`, its payload written straight into the frame.
+async fn append_to(
+    partition: &Partition,
+    metrics: &Metrics,
+    item: &ProduceItem,
+    settle: Option<Settle>,
+) -> Result<Produced, BrokerError> {
+    let mut len = 0;
+    let offset = partition
+        .log
+        .append_with(
+            item.content().get().len() + 64,
+            |out| {
+                let start = out.len();
+                write_produced_payload(out, now_ms(), item.key(), item.content(), item.id());
+                len = out.len() - start;
+            },
+            settle,
+        )
+        .await?;
+    metrics.count_in(item.topic(), 1, len);
     Ok(Produced {
         partition: partition.number,
         offset,
@@ -224,12 +246,7 @@ async fn commit_batch(
 }
 
 pub(super) fn stored_payload(item: &ProduceItem) -> Vec<u8> {
-    StoredMessage {
-        timestamp: now_ms(),
-        key: item.key().map(str::to_owned),
-        content: item.content().to_owned(),
-        id: item.id().map(str::to_owned),
-        origin: None,
-    }
-    .to_payload()
+    let mut out = Vec::with_capacity(item.content().get().len() + 64);
+    write_produced_payload(&mut out, now_ms(), item.key(), item.content(), item.id());
+    out
 }

@@ -17,6 +17,15 @@ pub fn encode_into(payload: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(payload);
 }
 
+/// Fills in the header of a frame whose payload was written after [`HEADER_LEN`] placeholder
+/// bytes at the start of `frame`.
+pub fn seal_header(frame: &mut [u8]) {
+    let (header, payload) = frame.split_at_mut(HEADER_LEN);
+    debug_assert!(payload.len() <= MAX_PAYLOAD_LEN);
+    header[..4].copy_from_slice(&(payload.len() as u32).to_be_bytes());
+    header[4..].copy_from_slice(&crc32c::crc32c(payload).to_be_bytes());
+}
+
 /// The frame of `payload` as a new buffer.
 pub fn encode(payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());

@@ -134,7 +134,7 @@ impl Inner {
 
     pub(super) fn fail(&self, cause: &str, replies: impl IntoIterator<Item = Reply>) {
         for reply in replies {
-            let _ = reply.send(Err(self.poisoned_error(cause)));
+            reply.send(Err(self.poisoned_error(cause)));
         }
     }
 }

@@ -12,9 +12,18 @@
 //! preallocated with zeros ahead of the writes, so that most fsyncs have no file size to write:
 //! about as many as the tail holds data (4 KiB at first, at most
 //! [`LogConfig::preallocate_bytes`]), so a barely used log costs a block, not the cap. Rotation
-//! and close cut it back to its last entry. The stage exists only while there is work:
-//! a `spawn_blocking` task started when an append arrives and finished when the queue is empty,
-//! so ten thousand idle logs cost no thread.
+//! and close cut it back to its last entry. The stage exists only while there is work, so ten
+//! thousand idle logs cost no thread. When appends come one at a time (commits lately held at
+//! most [`LEAD_MAX_BATCH`] of them on average), the append that finds the log idle leads the commit itself,
+//! on its own thread (`block_in_place`, on a multi-threaded runtime): it writes and fsyncs its
+//! batch — with whatever queued meanwhile — and answers, with no hand-off to another thread and
+//! back. Appends that arrive during that fsync queue; if any did, the leader hands them to a
+//! blocking thread (`spawn_blocking`), which commits batch after batch until the queue is empty,
+//! so no caller waits for more than the commit it joined and the one before it. Under
+//! concurrency (bigger batches) an idle log's first append starts that blocking thread instead:
+//! `block_in_place` moves the worker's other tasks to another thread, which costs more than the
+//! hand-off saves when many requests wait on the same worker (docs/benchmarks.md, "The commit
+//! path without hand-offs").
 //!
 //! # Failure
 //! An error from a write or an fsync means the state of the file is unknown (after a failed fsync
@@ -51,7 +60,9 @@ use super::scan::{self, ChainGap};
 use super::segment::{Entry, Segment};
 use super::vfs::{Vfs, create_dir_durably};
 pub use config::{CommitObserver, DEFAULT_FD_RESERVE, FlushMode, LogConfig, TailCheck};
-use state::{Op, Pending, Tail, Writer};
+pub use state::Settle;
+use state::{Op, Pending, Reply, Tail, Writer};
+pub use writer::LEAD_MAX_BATCH;
 
 /// One segment as retention sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,12 +228,56 @@ impl Log {
             frame::encode_into(p, &mut frames);
             lens.push((p.len() + frame::HEADER_LEN) as u32);
         }
-        let (reply, rx) = oneshot::channel();
-        self.inner.submit(Op::Append(Pending {
+        self.submit(frames, lens, None).await
+    }
+
+    /// Appends one payload that `write` writes straight into the frame buffer (no copy of it
+    /// is made on the way to the disk); resolves with its offset once it is durable. `settle`,
+    /// if given, is called with the outcome exactly once, before this resolves, even if this
+    /// future is dropped first.
+    pub async fn append_with(
+        &self,
+        capacity: usize,
+        write: impl FnOnce(&mut Vec<u8>),
+        settle: Option<Settle>,
+    ) -> Result<u64, StorageError> {
+        let mut frames = Vec::with_capacity(frame::HEADER_LEN + capacity);
+        frames.resize(frame::HEADER_LEN, 0);
+        write(&mut frames);
+        let len = frames.len() - frame::HEADER_LEN;
+        if len > MAX_PAYLOAD_LEN {
+            let error = StorageError::PayloadTooLarge {
+                len,
+                max: MAX_PAYLOAD_LEN,
+            };
+            if let Some(settle) = settle {
+                settle(Err(&error));
+            }
+            return Err(error);
+        }
+        frame::seal_header(&mut frames);
+        self.submit(frames, vec![(len + frame::HEADER_LEN) as u32], settle)
+            .await
+    }
+
+    /// Queues encoded frames and waits for their commit: led by this caller when the log was
+    /// idle (see the module documentation).
+    async fn submit(
+        &self,
+        frames: Vec<u8>,
+        lens: Vec<u32>,
+        settle: Option<Settle>,
+    ) -> Result<u64, StorageError> {
+        let (tx, rx) = oneshot::channel();
+        let op = Op::Append(Pending {
             frames,
             lens,
-            reply,
-        }));
+            reply: Reply { tx, settle },
+        });
+        if self.inner.submit(op, may_lead()) {
+            let inner = self.inner.clone();
+            tokio::task::block_in_place(move || inner.lead());
+        }
         rx.await.map_err(|_| StorageError::Closed)?
     }
 
@@ -230,7 +285,7 @@ impl Log {
     /// can delete a tail that outlived its time). Waits for appends queued before it.
     pub async fn roll(&self) -> Result<(), StorageError> {
         let (done, rx) = oneshot::channel();
-        self.inner.submit(Op::Roll(done));
+        self.inner.submit(Op::Roll(done), false);
         rx.await.map_err(|_| StorageError::Closed)?
     }
 
@@ -239,7 +294,7 @@ impl Log {
     /// A clean shutdown closes every log; a log dropped without it recovers at the next open.
     pub async fn close(&self) -> Result<(), StorageError> {
         let (done, rx) = oneshot::channel();
-        self.inner.submit(Op::Close(done));
+        self.inner.submit(Op::Close(done), false);
         rx.await.map_err(|_| StorageError::Closed)?
     }
 
@@ -382,6 +437,14 @@ impl Log {
         }
         Ok(victims.len())
     }
+}
+
+/// Whether an append may run its commit on its own thread (in `block_in_place`): only on a
+/// multi-threaded runtime, where the worker's other tasks move to another thread meanwhile; on a
+/// current-thread runtime blocking would stall every task, so a blocking thread commits.
+fn may_lead() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 /// Removes what an interrupted retention pass left at the head of a log: leading segments that

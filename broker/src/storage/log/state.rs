@@ -12,7 +12,26 @@ use tokio::sync::oneshot;
 use crate::storage::error::StorageError;
 use crate::storage::segment::Segment;
 
-pub(super) type Reply = oneshot::Sender<Result<u64, StorageError>>;
+/// What an append that must not be forgotten does with its outcome, exactly once, before its
+/// caller hears it — also when the caller has gone away meanwhile: the first offset of the
+/// append, or the error that refused it. A produce with an id resolves its claim through it
+/// (docs/delivery.md, "Idempotent produce"), so no task has to outlive the request for it.
+pub type Settle = Box<dyn FnOnce(Result<u64, &StorageError>) + Send>;
+
+/// The answer to an append: its settle hook, then the caller's channel.
+pub(super) struct Reply {
+    pub(super) tx: oneshot::Sender<Result<u64, StorageError>>,
+    pub(super) settle: Option<Settle>,
+}
+
+impl Reply {
+    pub(super) fn send(self, result: Result<u64, StorageError>) {
+        if let Some(settle) = self.settle {
+            settle(result.as_ref().copied());
+        }
+        let _ = self.tx.send(result);
+    }
+}
 pub(super) type Done = oneshot::Sender<Result<(), StorageError>>;
 
 /// One append request: the frames of its payloads, already encoded (CRCs are computed on the
@@ -35,7 +54,7 @@ pub(super) enum Op {
 impl Op {
     pub(super) fn fail(self, error: StorageError) {
         match self {
-            Op::Append(p) => drop(p.reply.send(Err(error))),
+            Op::Append(p) => p.reply.send(Err(error)),
             Op::Roll(done) | Op::Close(done) => drop(done.send(Err(error))),
         }
     }
@@ -54,6 +73,10 @@ pub(super) struct Writer {
     pub(super) running: bool,
     pub(super) poisoned: Option<Poison>,
     pub(super) closed: bool,
+    /// How many appends a commit held lately, times 16 (a moving average over about eight
+    /// commits): whether an idle log's next append leads. One small batch among big ones (the
+    /// first producers back after a big commit) does not make the log look idle.
+    pub(super) batch_x16: usize,
 }
 
 /// Where the next entry goes. Only the writer touches it.

@@ -19,12 +19,20 @@ struct Piece {
     sealed: bool,
 }
 
+/// An idle log's next append leads its commit on its own thread when its commits lately held at
+/// most this many appends on average (see the module documentation of [`super`]).
+pub const LEAD_MAX_BATCH: usize = 2;
+
 impl Inner {
-    pub(super) fn submit(self: &Arc<Self>, op: Op) {
+    /// Queues `op`. When the log was idle, someone must run the writer: with `may_lead` the
+    /// caller does (it gets `true` and must call [`Inner::lead`] at once), else a blocking thread
+    /// is started.
+    pub(super) fn submit(self: &Arc<Self>, op: Op, may_lead: bool) -> bool {
         let mut w = self.writer.lock();
         if w.closed {
             drop(w);
-            return op.fail(StorageError::Closed);
+            op.fail(StorageError::Closed);
+            return false;
         }
         if let Op::Append(_) = op
             && let Some(p) = &w.poisoned
@@ -32,16 +40,47 @@ impl Inner {
         {
             let error = self.poisoned_error(&p.cause);
             drop(w);
-            return op.fail(error);
+            op.fail(error);
+            return false;
         }
         if let Op::Close(_) = op {
             w.closed = true;
         }
         w.pending.push_back(op);
-        if !w.running {
-            w.running = true;
-            let this = self.clone();
-            self.runtime.spawn_blocking(move || this.run());
+        if w.running {
+            return false;
+        }
+        w.running = true;
+        if may_lead && w.batch_x16 <= LEAD_MAX_BATCH * 16 {
+            return true;
+        }
+        drop(w);
+        self.hand_on();
+        false
+    }
+
+    /// Runs the writer on a blocking thread until the queue is empty.
+    fn hand_on(self: &Arc<Self>) {
+        let this = self.clone();
+        self.runtime.spawn_blocking(move || this.run());
+    }
+
+    /// The commit led by the append that found the log idle, on its own thread (the caller is in
+    /// `block_in_place`): one batch — its own append and whatever queued meanwhile — then, if
+    /// more queued during that fsync, the rest goes to a blocking thread, so that this caller
+    /// answers after one fsync and no request waits behind two. An idle log's append thus costs
+    /// no hand-off to another thread and back (docs/storage.md, "Storage", group commit).
+    pub(super) fn lead(self: &Arc<Self>) {
+        let Some(work) = self.next_work() else {
+            return;
+        };
+        self.step(work);
+        let mut w = self.writer.lock();
+        if w.pending.is_empty() {
+            w.running = false;
+        } else {
+            drop(w);
+            self.hand_on();
         }
     }
 
@@ -72,50 +111,61 @@ impl Inner {
             };
             batch.push(p);
         }
+        if !batch.is_empty() {
+            w.batch_x16 = (w.batch_x16 * 7 + batch.len().min(1 << 20) * 16) / 8;
+        }
         (!batch.is_empty()).then_some(Ok(batch))
     }
 
     /// The writer: runs while there is work, on a blocking thread.
     fn run(self: Arc<Self>) {
-        loop {
-            let (work, heal) = {
-                let mut w = self.writer.lock();
-                match self.take(&mut w) {
-                    None => {
-                        w.running = false;
-                        return;
-                    }
-                    Some(work) => (work, w.poisoned.is_some()),
-                }
-            };
-            if heal {
-                if let Err(e) = self.heal() {
-                    match work {
-                        Ok(batch) => self.poison(&e, batch.into_iter().map(|p| p.reply)),
-                        Err(op) => {
-                            self.poison(&e, []);
-                            op.fail(self.poisoned_error(&e.to_string()));
-                        }
-                    }
-                    continue;
-                }
-                let cause = self.writer.lock().poisoned.take().map(|p| p.cause);
-                tracing::info!(dir = %self.dir.display(), cause = ?cause, "log recovered in place after a write failure; taking appends again");
+        while let Some(work) = self.next_work() {
+            self.step(work);
+        }
+    }
+
+    /// The next thing to do and whether the log must heal first; `None` (and the writer marked
+    /// not running) when the queue is empty.
+    fn next_work(&self) -> Option<(Result<Vec<Pending>, Op>, bool)> {
+        let mut w = self.writer.lock();
+        match self.take(&mut w) {
+            None => {
+                w.running = false;
+                None
             }
-            match work {
-                Ok(batch) => self.commit(batch),
-                Err(Op::Roll(done)) => {
-                    let result = self.roll();
-                    if let Err(e) = &result {
-                        self.poison(e, []);
+            Some(work) => Some((work, w.poisoned.is_some())),
+        }
+    }
+
+    /// Does one thing the queue asked for: heals first if an earlier failure poisoned the log.
+    fn step(&self, (work, heal): (Result<Vec<Pending>, Op>, bool)) {
+        if heal {
+            if let Err(e) = self.heal() {
+                match work {
+                    Ok(batch) => self.poison(&e, batch.into_iter().map(|p| p.reply)),
+                    Err(op) => {
+                        self.poison(&e, []);
+                        op.fail(self.poisoned_error(&e.to_string()));
                     }
-                    let _ = done.send(result);
                 }
-                Err(Op::Close(done)) => {
-                    let _ = done.send(self.tail.lock().segment.close());
-                }
-                Err(Op::Append(_)) => unreachable!("appends come as a batch"),
+                return;
             }
+            let cause = self.writer.lock().poisoned.take().map(|p| p.cause);
+            tracing::info!(dir = %self.dir.display(), cause = ?cause, "log recovered in place after a write failure; taking appends again");
+        }
+        match work {
+            Ok(batch) => self.commit(batch),
+            Err(Op::Roll(done)) => {
+                let result = self.roll();
+                if let Err(e) = &result {
+                    self.poison(e, []);
+                }
+                let _ = done.send(result);
+            }
+            Err(Op::Close(done)) => {
+                let _ = done.send(self.tail.lock().segment.close());
+            }
+            Err(Op::Append(_)) => unreachable!("appends come as a batch"),
         }
     }
 
@@ -143,7 +193,7 @@ impl Inner {
         let indexed = tail.segment.index_lazily();
         let mut first = before;
         for p in batch {
-            let _ = p.reply.send(Ok(first));
+            p.reply.send(Ok(first));
             first += p.lens.len() as u64;
         }
         let now = Instant::now();
