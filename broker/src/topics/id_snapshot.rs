@@ -330,8 +330,13 @@ pub fn load(
 pub fn write(vfs: &dyn Vfs, dir: &Path, bytes: &[u8]) -> Result<(), StorageError> {
     let (path, tmp) = (dir.join(FILE), dir.join(format!("{FILE}.tmp")));
     let file = vfs.open(&tmp, OpenMode::CreateTruncate).at(&tmp)?;
-    file.write_all_at(bytes, 0).at(&tmp)?;
+    let written = file.write_all_at(bytes, 0).at(&tmp);
     drop(file);
+    if written.is_err() {
+        // A full disk: the half-written file would hold space the logs need.
+        let _ = vfs.remove_file(&tmp);
+    }
+    written?;
     vfs.rename(&tmp, &path).at(&path)
 }
 
