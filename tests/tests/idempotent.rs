@@ -1,6 +1,8 @@
 //! Idempotent produce (docs/delivery.md, "Idempotent produce"): an `id` produced again within the topic's
 //! `dedupWindowMs` stores nothing and answers the first one's position — across partitions, inside
-//! a batch, across a restart and a SIGKILL — and is forgotten after the window.
+//! a batch, across a restart and a SIGKILL — and is forgotten after the window. Boot restores the
+//! window from each topic's id snapshot and reads only the messages stored after it
+//! (docs/storage.md, "Produce-id snapshots").
 
 use std::time::Duration;
 
@@ -105,6 +107,151 @@ async fn a_repeated_id_stores_once_across_partitions_batches_and_restarts() {
     assert_eq!(again["duplicate"], true, "{again}");
     assert_eq!(again["offset"], late["offset"]);
     assert_eq!(total(&broker.get("/mmmq/topics/idem").await.1), 5);
+}
+
+/// What `broker`'s boot said restoring the topics' ids took: ids loaded from snapshots and
+/// messages read from the logs (its log line is waited for: stderr is read by another thread).
+async fn restored(broker: &Broker) -> (u64, u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let line = loop {
+        if let Some(l) = broker
+            .log
+            .lock()
+            .lines()
+            .find(|l| l.contains("topics restored"))
+        {
+            break l.to_owned();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no \"topics restored\" line"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let field = |name: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+    };
+    (field("ids_loaded"), field("messages_scanned"))
+}
+
+/// Where the topic's id snapshot says each partition was read to, summed (its layout:
+/// docs/storage.md, "Produce-id snapshots").
+fn snapshot_read_to(root: &std::path::Path, topic: &str) -> Option<u64> {
+    let b = std::fs::read(root.join("topics").join(topic).join("ids")).ok()?;
+    if b.len() < 40 || &b[..8] != b"MMMQIDS\0" {
+        return None;
+    }
+    let partitions = u32::from_be_bytes(b[36..40].try_into().unwrap()) as usize;
+    let read_to = (0..partitions).map(|p| {
+        let at = 40 + 8 * p;
+        u64::from_be_bytes(b[at..at + 8].try_into().unwrap())
+    });
+    Some(read_to.sum())
+}
+
+/// Produces `n` messages with ids `{prefix}-0`… to `topic` in one batch; returns each id with
+/// where it went.
+async fn produce_ids(broker: &Broker, topic: &str, prefix: &str, n: usize) -> Vec<(String, Value)> {
+    let items: Vec<Value> = (0..n)
+        .map(|i| json!({"topic": topic, "id": format!("{prefix}-{i}"), "content": i}))
+        .collect();
+    let (status, b) = broker
+        .post("/mmmq/messages/batch", &Value::from(items))
+        .await;
+    assert_eq!(status, 200, "{b}");
+    let results = b["results"].as_array().unwrap();
+    (0..n)
+        .map(|i| {
+            assert!(results[i].get("duplicate").is_none(), "{b}");
+            (format!("{prefix}-{i}"), results[i].clone())
+        })
+        .collect()
+}
+
+/// Every id of `stored` is a duplicate at its first position.
+async fn assert_duplicates(broker: &Broker, topic: &str, stored: &[(String, Value)]) {
+    let items: Vec<Value> = stored
+        .iter()
+        .map(|(id, _)| json!({"topic": topic, "id": id, "content": 0}))
+        .collect();
+    let (status, b) = broker
+        .post("/mmmq/messages/batch", &Value::from(items))
+        .await;
+    assert_eq!(status, 200, "{b}");
+    for ((id, first), again) in stored.iter().zip(b["results"].as_array().unwrap()) {
+        assert_eq!(again["duplicate"], true, "{id}: {again}");
+        assert_eq!(
+            (&again["partition"], &again["offset"]),
+            (&first["partition"], &first["offset"]),
+            "{id}"
+        );
+    }
+}
+
+/// A clean stop writes each topic's id snapshot: the next boot has every id back without
+/// reading a message. A crash after a retention pass wrote one: the next boot reads only the
+/// messages stored after it, and still knows every id.
+#[tokio::test(flavor = "multi_thread")]
+async fn ids_come_back_from_the_snapshot_and_the_messages_after_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = ["--retention-check-ms", "5000"];
+    let broker = Broker::start_with(tmp.path(), &args).await;
+    broker
+        .put("/mmmq/topics/snap", &json!({"partitions": 3}))
+        .await;
+    let mut stored = produce_ids(&broker, "snap", "before-stop", 20).await;
+    assert!(broker.terminate().success());
+    assert_eq!(snapshot_read_to(tmp.path(), "snap"), Some(20));
+    let broker = Broker::start_with(tmp.path(), &args).await;
+    assert_eq!(restored(&broker).await, (20, 0));
+    assert_duplicates(&broker, "snap", &stored).await;
+
+    // A retention pass writes the snapshot of a topic that advanced ...
+    stored.extend(produce_ids(&broker, "snap", "before-pass", 10).await);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while snapshot_read_to(tmp.path(), "snap") != Some(30) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no snapshot of 30 messages was written"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ... and what comes after it is read from the log after a crash.
+    stored.extend(produce_ids(&broker, "snap", "after-pass", 3).await);
+    broker.kill();
+    let read_to = snapshot_read_to(tmp.path(), "snap").unwrap();
+    assert_eq!(
+        read_to, 30,
+        "no pass ran between the last produce and the kill"
+    );
+    let broker = Broker::start_with(tmp.path(), &args).await;
+    assert_eq!(restored(&broker).await, (30, 3));
+    assert_duplicates(&broker, "snap", &stored).await;
+    assert_eq!(total(&broker.get("/mmmq/topics/snap").await.1), 33);
+}
+
+/// Boot after a clean stop does not read the messages of the window: a topic whose recent
+/// messages carry no id costs it nothing (before snapshots every one of them was read).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_boot_after_a_clean_stop_reads_no_message_to_restore_the_ids() {
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::start(tmp.path()).await;
+    broker
+        .put("/mmmq/topics/plain", &json!({"partitions": 2}))
+        .await;
+    broker.produce_keyed("plain", 4, 0..500).await;
+    assert!(broker.terminate().success());
+    let broker = Broker::start(tmp.path()).await;
+    assert_eq!(restored(&broker).await, (0, 0));
+    assert_eq!(total(&broker.get("/mmmq/topics/plain").await.1), 2000);
+    // A crash with no snapshot (the file removed) reads the window again, as it always did.
+    broker.kill();
+    std::fs::remove_file(tmp.path().join("topics/plain/ids")).unwrap();
+    let broker = Broker::start(tmp.path()).await;
+    assert_eq!(restored(&broker).await, (0, 2000));
 }
 
 #[tokio::test(flavor = "multi_thread")]

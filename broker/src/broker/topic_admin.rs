@@ -108,7 +108,8 @@ impl Broker {
     }
 }
 
-/// Runs retention over every topic now and every `every`, until `stop`.
+/// Runs retention over every topic now and every `every`, until `stop`, and writes the id
+/// snapshot of each topic that stored messages since its last one.
 pub(super) fn spawn_retention(
     registry: Arc<Registry>,
     dispatch: Arc<Dispatch>,
@@ -148,6 +149,10 @@ pub(super) fn spawn_retention(
                             tracing::warn!(topic = %t.topic, partition = p.number, error = %e, "retention pass failed; it runs again later")
                         }
                     }
+                }
+                // A boot after a crash then reads only what came since this pass.
+                if let Err(e) = registry.save_ids(&t).await {
+                    tracing::warn!(topic = %t.topic, error = %e, "cannot write the produce-id snapshot; the next pass tries again");
                 }
             }
             metrics.retention_passes.inc();

@@ -2,6 +2,9 @@
 //! `dedupWindowMs`, per topic (a keyless retry may be routed to another partition), rebuilt from
 //! the log at boot.
 //!
+//! Boot restores it from the topic's snapshot of it and the log written since (`id_restore`,
+//! `id_snapshot`).
+//!
 //! A produce with an id claims it: the first claim appends and then publishes where the message
 //! went; a claim of the same id meanwhile (a retry racing its original, a duplicate later in the
 //! same batch) waits for that and answers the same position, appending nothing. A failed append
@@ -18,7 +21,8 @@ pub use super::id_budget::{IdBudget, MAX_IDS};
 /// An id as it is remembered: its 128-bit hash (xxh3 with a seed chosen at start), not its text.
 /// Two different ids of one topic within one window collide with a probability far below a disk
 /// error's; the seed keeps anyone from choosing ids that collide on purpose without knowing it.
-type Key = u128;
+/// The seed is kept in the topic's id snapshot, so the keys it holds stay valid after a restart.
+pub type Key = u128;
 
 /// The result of claiming an id.
 #[derive(Debug)]
@@ -37,6 +41,13 @@ pub enum Claim {
 pub struct Ticket {
     key: Key,
     seq: u64,
+}
+
+impl Ticket {
+    /// The id's key.
+    pub fn key(&self) -> Key {
+        self.key
+    }
 }
 
 /// What is remembered of one id: a claim in progress, or where its message went; 24 bytes next
@@ -95,12 +106,24 @@ impl Default for Dedup {
 impl Dedup {
     /// No ids yet; what it remembers counts against `budget`.
     pub fn new(budget: Arc<IdBudget>) -> Self {
+        Self::with_seed(budget, None)
+    }
+
+    /// As [`Dedup::new`], hashing ids with `seed` (a snapshot's, whose keys were made with it)
+    /// or, without one, a random seed.
+    pub fn with_seed(budget: Arc<IdBudget>, seed: Option<u64>) -> Self {
         use std::hash::BuildHasher;
         Self {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-            seed: std::collections::hash_map::RandomState::new().hash_one(0u64),
+            seed: seed
+                .unwrap_or_else(|| std::collections::hash_map::RandomState::new().hash_one(0u64)),
             account: Account::new(budget),
         }
+    }
+
+    /// The seed its keys are made with (kept in the topic's id snapshot).
+    pub fn seed(&self) -> u64 {
+        self.seed
     }
 
     /// Forgets the ids past their window (`window_ms` before `now_ms`) in every shard: the
@@ -144,9 +167,54 @@ impl Dedup {
 
     /// Remembers an id found in the log at boot.
     pub fn remember(&self, id: &str, at_ms: u64, partition: u32, offset: u64) {
-        let key = self.key(id);
+        self.remember_key(self.key(id), at_ms, partition, offset)
+    }
+
+    /// Makes room for `n` more ids at once (a snapshot's, at boot) rather than growing step by
+    /// step.
+    pub fn reserve(&self, n: usize) {
+        for s in &self.shards {
+            let mut inner = s.inner.lock();
+            let share = n / SHARDS + 1;
+            inner.ids.reserve(share);
+            inner.order_at.reserve(share);
+            inner.order_key.reserve(share);
+        }
+    }
+
+    /// Remembers an id by its key (one of the topic's snapshot, made with [`Dedup::seed`]).
+    pub fn remember_key(&self, key: Key, at_ms: u64, partition: u32, offset: u64) {
         self.shard(key)
             .remember(key, at_ms, partition, offset, &self.account)
+    }
+
+    /// Shows every id it holds, shard by shard under that shard's lock, each shard's in claim
+    /// order: `stored(key, partition, offset, at_ms)` for an id whose message is stored,
+    /// `pending(ticket, at_ms)` for one whose append is still under way ([`Dedup::wait`] tells
+    /// where it goes). Claims and stores of other shards go on meanwhile.
+    pub fn visit(
+        &self,
+        mut stored: impl FnMut(Key, u32, u64, u64),
+        mut pending: impl FnMut(Ticket, u64),
+    ) {
+        for s in &self.shards {
+            let inner = s.inner.lock();
+            for (&at, &key) in inner.order_at.iter().zip(&inner.order_key) {
+                // A queue entry whose id was since withdrawn, expired or claimed again at
+                // another time is not the id's current one.
+                match inner.ids.get(&key) {
+                    Some(&Entry::Stored {
+                        partition,
+                        offset,
+                        at: a,
+                    }) if a == at => stored(key, partition, offset, at),
+                    Some(&Entry::Pending { seq, at: a }) if a == at => {
+                        pending(Ticket { key, seq }, at)
+                    }
+                    _ => {}
+                }
+            }
+        }
     }
 
     /// How many ids are remembered (tests, metrics).
@@ -270,8 +338,16 @@ impl Shard {
             offset,
             at: at_ms,
         };
-        if inner.ids.insert(key, entry).is_none() {
-            account.add();
+        let queue = match inner.ids.insert(key, entry) {
+            None => {
+                account.add();
+                true
+            }
+            // An id stored twice in the window (after it was forgotten early): its old queue
+            // entry no longer matches it, so without a new one it would never expire.
+            Some(old) => old.at_ms() != at_ms,
+        };
+        if queue {
             inner.order_at.push_back(at_ms);
             inner.order_key.push_back(key);
         }
@@ -281,59 +357,6 @@ impl Shard {
     fn len(&self) -> usize {
         self.inner.lock().ids.len()
     }
-}
-
-/// Rebuilds `dedup` from what `partition` stored within the last `window_ms` (at boot: the ids of
-/// a window survive a restart or a crash). Reads only the segments whose newest message is inside
-/// the window. Blocking.
-pub fn rebuild(
-    dedup: &Dedup,
-    partition: &super::Partition,
-    window_ms: u64,
-    now_ms: u64,
-) -> Result<(), crate::storage::StorageError> {
-    #[derive(serde::Deserialize)]
-    struct IdAndTime {
-        timestamp: u64,
-        #[serde(default)]
-        id: Option<String>,
-    }
-    let horizon = now_ms.saturating_sub(window_ms);
-    let log = &partition.log;
-    let segments = log.segments();
-    let mut from = None;
-    for s in segments.iter().rev().filter(|s| s.end > s.start) {
-        let newest = log
-            .read(s.end - 1)
-            .ok()
-            .flatten()
-            .and_then(|p| serde_json::from_slice::<IdAndTime>(&p).ok());
-        match newest {
-            Some(m) if m.timestamp >= horizon => from = Some(s.start),
-            _ => break,
-        }
-    }
-    let Some(mut at) = from else {
-        return Ok(());
-    };
-    let end = log.next_offset();
-    while at < end {
-        let entries = log.read_from(at, 1000, 8 << 20)?;
-        let Some(last) = entries.last() else { break };
-        at = last.offset + 1;
-        for e in entries {
-            let Ok(payload) = e.payload else { continue };
-            if let Ok(IdAndTime {
-                timestamp,
-                id: Some(id),
-            }) = serde_json::from_slice(&payload)
-                && timestamp >= horizon
-            {
-                dedup.remember(&id, timestamp, partition.number, e.offset);
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -468,27 +491,5 @@ mod tests {
             shard.claim(1, 4, u64::MAX, &account),
             Claim::Pending(_)
         ));
-    }
-
-    /// A topic's ids leave the broker's budget when they expire or the topic goes.
-    #[test]
-    fn a_dropped_topic_gives_its_ids_back() {
-        let budget = IdBudget::new(100);
-        let d = Dedup::new(budget.clone());
-        for n in 0..10 {
-            let Claim::New(t) = d.claim(&format!("id-{n}"), 1, 1000) else {
-                panic!()
-            };
-            d.stored(&t, 0, n);
-        }
-        assert_eq!(budget.used(), 10);
-        d.expire(500, 1000);
-        assert_eq!(budget.used(), 10, "inside their window");
-        d.expire(1002, 1000);
-        assert_eq!(budget.used(), 0, "past it");
-        d.remember("x", 2000, 0, 1);
-        assert_eq!(budget.used(), 1);
-        drop(d);
-        assert_eq!(budget.used(), 0);
     }
 }

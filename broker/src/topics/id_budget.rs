@@ -132,3 +132,31 @@ impl Drop for Account {
         self.remove(self.held.load(Ordering::Relaxed));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::dedup::{Claim, Dedup};
+    use super::*;
+
+    /// A topic's ids leave the broker's budget when they expire or the topic goes.
+    #[test]
+    fn a_dropped_topic_gives_its_ids_back() {
+        let budget = IdBudget::new(100);
+        let d = Dedup::new(budget.clone());
+        for n in 0..10 {
+            let Claim::New(t) = d.claim(&format!("id-{n}"), 1, 1000) else {
+                panic!()
+            };
+            d.stored(&t, 0, n);
+        }
+        assert_eq!(budget.used(), 10);
+        d.expire(500, 1000);
+        assert_eq!(budget.used(), 10, "inside their window");
+        d.expire(1002, 1000);
+        assert_eq!(budget.used(), 0, "past it");
+        d.remember("x", 2000, 0, 1);
+        assert_eq!(budget.used(), 1);
+        drop(d);
+        assert_eq!(budget.used(), 0);
+    }
+}

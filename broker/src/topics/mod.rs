@@ -9,10 +9,15 @@
 //! - [`retention`]: which segments retention deletes, and the pass that deletes them.
 //! - `budget`: the cap on partitions over all topics (`--max-partitions`).
 //! - `open`: opening topics, at boot and at creation, and the trash deletes go through.
+//! - [`dedup`]: a topic's produce ids of its window; [`id_snapshot`] the file it is kept in,
+//!   [`id_save`] when and how that is written, [`id_restore`] how boot reads it back.
 
 mod budget;
 pub mod dedup;
 mod id_budget;
+pub mod id_restore;
+pub mod id_save;
+pub mod id_snapshot;
 pub mod incarnation;
 mod open;
 pub mod partition;
@@ -396,7 +401,7 @@ impl Registry {
                 if !vfs.is_dir(&dir) {
                     incarnation::create(&*vfs, &dir)?;
                 }
-                open_topic(topic_name, dir, vfs, config, partitions, ids)
+                open_topic(topic_name, dir, vfs, config, partitions, ids).map(|(t, _)| t)
             })
             .await
             .expect("topic creation panicked")?;
@@ -419,14 +424,26 @@ impl Registry {
             .collect())
     }
 
-    /// Closes every log, leaving the exact on-disk layout (see [`crate::storage::Log::close`]);
-    /// `false` if one failed (it is logged), in which case the next boot must check every tail.
+    /// Closes every log, leaving the exact on-disk layout (see [`crate::storage::Log::close`]),
+    /// then writes each topic's id snapshot, so that the next boot reads no message to restore
+    /// the ids; `false` if a log failed to close (it is logged), in which case the next boot must
+    /// check every tail. (A snapshot that fails is logged: the next boot reads the messages.)
     pub async fn close_all(&self) -> bool {
         let mut ok = true;
         for t in self.all() {
             ok &= t.close().await;
+            if let Err(e) = self.save_ids(&t).await {
+                tracing::warn!(topic = %t.topic, error = %e, "cannot write the produce-id snapshot; the next boot reads the window's messages");
+            }
         }
         ok
+    }
+
+    /// Writes `t`'s produce-id snapshot (`topics/{topic}/ids`) unless the one on disk is
+    /// current; `true` if it wrote one.
+    pub async fn save_ids(&self, t: &Arc<TopicLog>) -> Result<bool, StorageError> {
+        let window = self.config_of(t).dedup_window_ms;
+        id_save::save(self.vfs.clone(), t, window, mmmq_core::now_ms()).await
     }
 
     /// New topics as they are created. A receiver that lags must rescan [`Registry::all`].
@@ -444,5 +461,7 @@ enum Creator {
     Api(u32),
 }
 
+#[cfg(test)]
+mod id_tests;
 #[cfg(test)]
 mod tests;

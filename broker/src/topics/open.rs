@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use mmmq_core::{Topic, TopicConfig};
 use tokio_util::sync::CancellationToken;
 
-use super::{TopicLog, dedup, incarnation, partition, settings};
+use super::{TopicLog, dedup, id_restore, id_save, id_snapshot, incarnation, partition, settings};
 use crate::storage::vfs::create_dir_durably;
 use crate::storage::{LogConfig, StorageError, Vfs};
 
@@ -21,8 +21,9 @@ fn counts(topic: &Topic) -> bool {
     !(name.starts_with("__dlq.") || name.starts_with("__logs."))
 }
 
-/// Opens a topic: its configuration, and every partition it has on disk or that its
-/// configuration (else `default_partitions`) asks for. Blocking.
+/// Opens a topic: its configuration, every partition it has on disk or that its
+/// configuration (else `default_partitions`) asks for, and its produce ids of the window (from
+/// its snapshot and what its logs stored since). Blocking.
 pub(super) fn open_topic(
     topic: Topic,
     dir: PathBuf,
@@ -30,7 +31,7 @@ pub(super) fn open_topic(
     config: LogConfig,
     default_partitions: u32,
     ids: Arc<dedup::IdBudget>,
-) -> Result<TopicLog, StorageError> {
+) -> Result<(TopicLog, id_restore::Restored), StorageError> {
     let settings = settings::load(&*vfs, &dir)?;
     let wanted = settings
         .as_ref()
@@ -45,12 +46,18 @@ pub(super) fn open_topic(
         .map_or(TopicConfig::default().dedup_window_ms, |c| {
             c.dedup_window_ms
         });
-    let t = TopicLog::new(topic, id, dir, partitions, settings, ids);
-    let now = mmmq_core::now_ms();
-    for p in t.partitions() {
-        dedup::rebuild(&t.dedup, &p, window, now)?;
-    }
-    Ok(t)
+    let next: Vec<u64> = partitions.iter().map(|p| p.log.next_offset()).collect();
+    let snapshot = id_snapshot::load(&*vfs, &dir, &topic, id, &next);
+    // The snapshot's keys are hashes under its seed: the table must use the same one.
+    let dedup = dedup::Dedup::with_seed(ids, snapshot.as_ref().map(|s| s.seed));
+    // A snapshot read to every log's end is current: an idle topic is not written again.
+    let saved = match &snapshot {
+        Some(s) if s.scanned_to == next => id_save::Saved::on_disk(next),
+        _ => id_save::Saved::default(),
+    };
+    let t = TopicLog::new(topic, id, dir, partitions, settings, dedup, saved);
+    let restored = id_restore::restore(&t, snapshot, window, mmmq_core::now_ms())?;
+    Ok((t, restored))
 }
 
 /// Renames a topic's directory into the trash durably, then removes it.
@@ -93,7 +100,7 @@ pub(super) fn restore_all(
     dir: &std::path::Path,
     (vfs, shared): (&dyn Vfs, Arc<dyn Vfs>),
     config: &LogConfig,
-    ids: &Arc<dedup::IdBudget>,
+    budget: &Arc<dedup::IdBudget>,
     interrupt: &CancellationToken,
 ) -> Result<BTreeMap<Topic, Arc<TopicLog>>, StorageError> {
     let mut out = BTreeMap::new();
@@ -107,6 +114,7 @@ pub(super) fn restore_all(
     let total = names.len();
     let start = Instant::now();
     let mut last_report = Instant::now();
+    let mut ids = id_restore::Restored::default();
     for (i, name) in names.into_iter().enumerate() {
         if interrupt.is_cancelled() {
             return Err(StorageError::Interrupted { done: i, total });
@@ -129,14 +137,15 @@ pub(super) fn restore_all(
                 continue;
             }
         };
-        let mut t = open_topic(
+        let (mut t, restored) = open_topic(
             topic.clone(),
             path,
             shared.clone(),
             config.clone(),
             1,
-            ids.clone(),
+            budget.clone(),
         )?;
+        ids += restored;
         t.counted = counts(&topic);
         out.insert(topic, Arc::new(t));
         if last_report.elapsed() > Duration::from_secs(2) {
@@ -146,6 +155,8 @@ pub(super) fn restore_all(
     }
     tracing::info!(
         topics = out.len(),
+        ids_loaded = ids.loaded,
+        messages_scanned = ids.scanned,
         elapsed_ms = start.elapsed().as_millis() as u64,
         "topics restored"
     );

@@ -83,6 +83,8 @@ pub struct TopicLog {
     round_robin: AtomicU32,
     /// Produce ids seen within the topic's `dedupWindowMs`.
     pub dedup: super::dedup::Dedup,
+    /// What is on disk of its snapshot of `dedup` (`topics/{topic}/ids`).
+    pub(super) ids_file: super::id_save::Saved,
     /// Whether it counts against `--max-topics` (decided when it was created or restored).
     pub(super) counted: bool,
 }
@@ -106,7 +108,8 @@ impl TopicLog {
         dir: PathBuf,
         partitions: Vec<Partition>,
         config: Option<TopicConfig>,
-        ids: Arc<super::dedup::IdBudget>,
+        dedup: super::dedup::Dedup,
+        ids_file: super::id_save::Saved,
     ) -> Self {
         Self {
             topic,
@@ -115,7 +118,8 @@ impl TopicLog {
             partitions: RwLock::new(partitions.into_iter().map(Arc::new).collect()),
             config: RwLock::new(config),
             round_robin: AtomicU32::new(0),
-            dedup: super::dedup::Dedup::new(ids),
+            dedup,
+            ids_file,
             counted: true,
         }
     }
@@ -178,11 +182,13 @@ impl TopicLog {
     }
 
     /// Refuses every later checkpoint write of every partition (see
-    /// [`Checkpoints::retire`]): the topic is being deleted. Blocking.
+    /// [`Checkpoints::retire`]) and every later id snapshot: the topic is being deleted.
+    /// Blocking.
     pub fn retire(&self) {
         for p in self.partitions.read().iter() {
             p.checkpoints.retire();
         }
+        self.ids_file.retire();
     }
 
     /// Adds opened partitions at the end (the topic grew). Refuses partitions that do not
