@@ -2,6 +2,7 @@
 //! produce ids, and batches appended a partition's share per commit.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mmmq_core::{Topic, now_ms, write_produced_payload};
 
@@ -73,7 +74,7 @@ impl Broker {
 /// went. A new claim is resolved by the append (see [`Broker::produce`]).
 async fn produce_with_id(
     topic: &Arc<TopicLog>,
-    metrics: &Metrics,
+    metrics: &Arc<Metrics>,
     item: &ProduceItem,
     window: u64,
 ) -> Result<Produced, BrokerError> {
@@ -92,11 +93,18 @@ async fn produce_with_id(
                     }
                 };
                 let (t, number) = (topic.clone(), partition.number);
+                let (metrics, name) = (metrics.clone(), item.topic().clone());
+                let size = Arc::new(AtomicUsize::new(0));
+                let written = size.clone();
+                // Counted here: the message is stored even if the request went away.
                 let settle: Settle = Box::new(move |outcome| match outcome {
-                    Ok(offset) => t.dedup.stored(&ticket, number, offset),
+                    Ok(offset) => {
+                        t.dedup.stored(&ticket, number, offset);
+                        metrics.count_in(&name, 1, written.load(Ordering::Relaxed));
+                    }
                     Err(_) => t.dedup.withdraw(&ticket),
                 });
-                return append_to(&partition, metrics, item, Some(settle)).await;
+                return append_to(&partition, None, item, (settle, size)).await;
             }
         };
         if let Some((partition, offset)) = seen {
@@ -115,30 +123,41 @@ async fn append_one(
     item: &ProduceItem,
 ) -> Result<Produced, BrokerError> {
     let partition = topic.route(item.partition(), item.key())?;
-    append_to(&partition, metrics, item, None).await
+    append_to(&partition, Some(metrics), item, None).await
 }
 
-/// Appends `item` to `partition`, its payload written straight into the frame.
+/// Appends `item` to `partition`, its payload written straight into the frame; counts it in
+/// `metrics` if given (else `settle` does, with the size its cell was given).
 async fn append_to(
     partition: &Partition,
-    metrics: &Metrics,
+    metrics: Option<&Metrics>,
     item: &ProduceItem,
-    settle: Option<Settle>,
+    settle: impl Into<Option<(Settle, Arc<AtomicUsize>)>>,
 ) -> Result<Produced, BrokerError> {
+    let (settle, size) = settle.into().unzip();
     let mut len = 0;
+    let capacity = item.content().get().len()
+        + item.key().map_or(0, str::len)
+        + item.id().map_or(0, str::len)
+        + 64;
     let offset = partition
         .log
         .append_with(
-            item.content().get().len() + 64,
+            capacity,
             |out| {
                 let start = out.len();
                 write_produced_payload(out, now_ms(), item.key(), item.content(), item.id());
                 len = out.len() - start;
+                if let Some(size) = &size {
+                    size.store(len, Ordering::Relaxed);
+                }
             },
             settle,
         )
         .await?;
-    metrics.count_in(item.topic(), 1, len);
+    if let Some(metrics) = metrics {
+        metrics.count_in(item.topic(), 1, len);
+    }
     Ok(Produced {
         partition: partition.number,
         offset,
@@ -246,7 +265,12 @@ async fn commit_batch(
 }
 
 pub(super) fn stored_payload(item: &ProduceItem) -> Vec<u8> {
-    let mut out = Vec::with_capacity(item.content().get().len() + 64);
+    let mut out = Vec::with_capacity(
+        item.content().get().len()
+            + item.key().map_or(0, str::len)
+            + item.id().map_or(0, str::len)
+            + 64,
+    );
     write_produced_payload(&mut out, now_ms(), item.key(), item.content(), item.id());
     out
 }

@@ -98,6 +98,8 @@ struct Inner {
     committed: watch::Sender<u64>,
     writer: Mutex<Writer>,
     tail: Mutex<Tail>,
+    /// Commits an append led on its own thread (tests read it).
+    led: std::sync::atomic::AtomicU64,
 }
 
 /// A durable, append-only log of payloads addressed by offset. Cheap to clone.
@@ -190,6 +192,7 @@ impl Log {
                 committed: watch::Sender::new(next_offset),
                 writer: Mutex::new(Writer::default()),
                 tail: Mutex::new(tail),
+                led: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }
@@ -228,13 +231,18 @@ impl Log {
             frame::encode_into(p, &mut frames);
             lens.push((p.len() + frame::HEADER_LEN) as u32);
         }
-        self.submit(frames, lens, None).await
+        self.submit(frames, lens, None, false).await
     }
 
     /// Appends one payload that `write` writes straight into the frame buffer (no copy of it
     /// is made on the way to the disk); resolves with its offset once it is durable. `settle`,
     /// if given, is called with the outcome exactly once, before this resolves, even if this
     /// future is dropped first.
+    ///
+    /// When the log is idle this may run the commit in the caller's own poll (see the module
+    /// documentation): for a task that is one request, not for one that drives other futures
+    /// beside this one (they would wait for the fsync). [`Log::append`] and
+    /// [`Log::append_batch`] never do.
     pub async fn append_with(
         &self,
         capacity: usize,
@@ -256,7 +264,7 @@ impl Log {
             return Err(error);
         }
         frame::seal_header(&mut frames);
-        self.submit(frames, vec![(len + frame::HEADER_LEN) as u32], settle)
+        self.submit(frames, vec![(len + frame::HEADER_LEN) as u32], settle, true)
             .await
     }
 
@@ -267,14 +275,15 @@ impl Log {
         frames: Vec<u8>,
         lens: Vec<u32>,
         settle: Option<Settle>,
+        lead: bool,
     ) -> Result<u64, StorageError> {
         let (tx, rx) = oneshot::channel();
         let op = Op::Append(Pending {
             frames,
             lens,
-            reply: Reply { tx, settle },
+            reply: Reply::new(tx, settle),
         });
-        if self.inner.submit(op, may_lead()) {
+        if self.inner.submit(op, lead && may_lead()) {
             let inner = self.inner.clone();
             tokio::task::block_in_place(move || inner.lead());
         }
@@ -296,6 +305,12 @@ impl Log {
         let (done, rx) = oneshot::channel();
         self.inner.submit(Op::Close(done), false);
         rx.await.map_err(|_| StorageError::Closed)?
+    }
+
+    /// How many commits an append led on its own thread.
+    #[cfg(test)]
+    pub(crate) fn led_commits(&self) -> u64 {
+        self.inner.led.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The offset after the last committed entry: entries below it can be read.

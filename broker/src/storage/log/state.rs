@@ -18,18 +18,40 @@ use crate::storage::segment::Segment;
 /// (docs/delivery.md, "Idempotent produce"), so no task has to outlive the request for it.
 pub type Settle = Box<dyn FnOnce(Result<u64, &StorageError>) + Send>;
 
-/// The answer to an append: its settle hook, then the caller's channel.
+/// The answer to an append: its settle hook, then the caller's channel. One dropped unanswered
+/// (a writer that panicked, a runtime shutting down) settles as [`StorageError::Closed`], so a
+/// produce id's claim is never left pending.
 pub(super) struct Reply {
-    pub(super) tx: oneshot::Sender<Result<u64, StorageError>>,
-    pub(super) settle: Option<Settle>,
+    tx: Option<oneshot::Sender<Result<u64, StorageError>>>,
+    settle: Option<Settle>,
 }
 
 impl Reply {
-    pub(super) fn send(self, result: Result<u64, StorageError>) {
-        if let Some(settle) = self.settle {
+    pub(super) fn new(
+        tx: oneshot::Sender<Result<u64, StorageError>>,
+        settle: Option<Settle>,
+    ) -> Self {
+        Self {
+            tx: Some(tx),
+            settle,
+        }
+    }
+
+    pub(super) fn send(mut self, result: Result<u64, StorageError>) {
+        if let Some(settle) = self.settle.take() {
             settle(result.as_ref().copied());
         }
-        let _ = self.tx.send(result);
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send(result);
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if let Some(settle) = self.settle.take() {
+            settle(Err(&StorageError::Closed));
+        }
     }
 }
 pub(super) type Done = oneshot::Sender<Result<(), StorageError>>;
