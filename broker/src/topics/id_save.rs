@@ -52,7 +52,7 @@ impl Saved {
 }
 
 /// Takes a snapshot of `t`'s ids of the window (`window_ms` before `now_ms`) while produces
-/// go on; `None` if an append under way did not finish within [`PENDING_WAIT`].
+/// go on; `None` if an append under way did not finish within `PENDING_WAIT` (10 s).
 ///
 /// Why it keeps the file's promise: each partition's committed next offset `N` is read
 /// *before* the table is looked at. An id whose message is committed below `N` was claimed
