@@ -11,11 +11,12 @@
 //! withdraws its claim, so a retry stores the message.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::id_budget::Account;
+use super::id_budget::{Account, KeyHasher};
 pub use super::id_budget::{IdBudget, MAX_IDS};
 
 /// An id as it is remembered: its 128-bit hash (xxh3 with a seed chosen at start), not its text.
@@ -75,7 +76,7 @@ impl Entry {
 
 #[derive(Debug, Default)]
 struct Inner {
-    ids: HashMap<Key, Entry>,
+    ids: HashMap<Key, Entry, BuildHasherDefault<KeyHasher>>,
     /// Ids in claim order, for expiry: when each was claimed, and which (two queues: 24 bytes an
     /// id instead of a padded 32).
     order_at: VecDeque<u64>,

@@ -9,6 +9,7 @@
 //! would cap the broker's throughput at the budget over the window). A claim whose append is in
 //! progress is never forgotten early: the duplicates racing it wait for its position.
 
+use std::hash::Hasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
@@ -130,6 +131,31 @@ impl Drop for Account {
     /// A deleted topic's ids leave the budget with it.
     fn drop(&mut self) {
         self.remove(self.held.load(Ordering::Relaxed));
+    }
+}
+
+/// Hashes a produce-id key ([`super::dedup::Key`]) by folding its two halves: a key is already a keyed 128-bit hash of the id
+/// (xxh3 with the topic's secret seed), so hashing it again with SipHash bought nothing but
+/// time — a boot that loads two million ids from a snapshot spent most of it there.
+#[derive(Default)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u128 keys are hashed; this is for completeness.
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0 ^ u64::from_le_bytes(word)).rotate_left(29);
+        }
+    }
+
+    fn write_u128(&mut self, key: u128) {
+        self.0 = (key as u64) ^ ((key >> 64) as u64);
     }
 }
 
