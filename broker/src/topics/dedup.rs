@@ -13,6 +13,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -236,6 +237,8 @@ struct Shard {
     /// Woken when a pending claim of this shard is done (stored or withdrawn). Duplicates racing
     /// their original are rare, so one shared wake-up costs less than a channel per claim.
     done: tokio::sync::Notify,
+    /// How many [`Shard::wait`]s are under way: a store wakes `done` only if some are.
+    waiting: AtomicUsize,
 }
 
 impl Shard {
@@ -245,13 +248,14 @@ impl Shard {
     /// which its duplicates are waiting on.
     fn expire(inner: &mut Inner, horizon: u64, account: &Account, make_room: bool) {
         while let (Some(&at), Some(&key)) = (inner.order_at.front(), inner.order_key.front()) {
-            let current = inner.ids.get(&key).filter(|e| e.at_ms() == at);
             let early = at >= horizon;
-            if early
-                && (!make_room
-                    || !account.must_forget()
-                    || matches!(current, Some(Entry::Pending { .. })))
-            {
+            // The common case, decided without a lookup: the oldest id is inside its window
+            // and no room must be made.
+            if early && (!make_room || !account.must_forget()) {
+                break;
+            }
+            let current = inner.ids.get(&key).filter(|e| e.at_ms() == at);
+            if early && matches!(current, Some(Entry::Pending { .. })) {
                 break;
             }
             inner.order_at.pop_front();
@@ -269,16 +273,21 @@ impl Shard {
     fn claim(&self, key: Key, now_ms: u64, window_ms: u64, account: &Account) -> Claim {
         let mut inner = self.inner.lock();
         Self::expire(&mut inner, now_ms.saturating_sub(window_ms), account, true);
-        match inner.ids.get(&key) {
-            Some(Entry::Pending { seq, .. }) => return Claim::Pending(Ticket { key, seq: *seq }),
-            Some(Entry::Stored {
-                partition, offset, ..
-            }) => return Claim::Stored(*partition, *offset),
-            None => {}
+        let seq = inner.seq + 1;
+        match inner.ids.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                return match *e.get() {
+                    Entry::Pending { seq, .. } => Claim::Pending(Ticket { key, seq }),
+                    Entry::Stored {
+                        partition, offset, ..
+                    } => Claim::Stored(partition, offset),
+                };
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(Entry::Pending { seq, at: now_ms });
+            }
         }
-        inner.seq += 1;
-        let seq = inner.seq;
-        inner.ids.insert(key, Entry::Pending { seq, at: now_ms });
+        inner.seq = seq;
         account.add();
         inner.order_at.push_back(now_ms);
         inner.order_key.push_back(key);
@@ -299,7 +308,20 @@ impl Shard {
                 };
             }
         }
-        self.done.notify_waiters();
+        self.wake_waiters();
+    }
+
+    /// Wakes the duplicates waiting on this shard's pending claims, if any wait: a claim's
+    /// store is on every produce with an id, a wait only on a retry racing its original, and
+    /// waking nobody still takes the `Notify`'s lock.
+    fn wake_waiters(&self) {
+        // Pairs with the increment in `wait`, which comes before its look at the table: either
+        // this sees the waiter, or the waiter's look (under the shard's lock, taken after this
+        // store's) sees the entry resolved.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            self.done.notify_waiters();
+        }
     }
 
     /// Frees the id (waiters see the failure and claim it themselves).
@@ -312,10 +334,19 @@ impl Shard {
                 account.remove(1);
             }
         }
-        self.done.notify_waiters();
+        self.wake_waiters();
     }
 
     async fn wait(&self, ticket: &Ticket) -> Option<(u32, u64)> {
+        /// Counts this wait in [`Shard::waiting`] for as long as it lasts (also if dropped).
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Waiting(&self.waiting);
         loop {
             let done = self.done.notified();
             match self.inner.lock().ids.get(&ticket.key) {
@@ -361,136 +392,5 @@ impl Shard {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_second_claim_waits_for_the_first_and_gets_its_position() {
-        let d = Dedup::default();
-        let Claim::New(first) = d.claim("a", 1000, 100) else {
-            panic!("first claim")
-        };
-        let Claim::Pending(second) = d.claim("a", 1010, 100) else {
-            panic!("second claim")
-        };
-        let waiting = async { d.wait(&second).await };
-        let storing = async {
-            tokio::task::yield_now().await;
-            d.stored(&first, 2, 7);
-        };
-        let (got, ()) = tokio::join!(waiting, storing);
-        assert_eq!(got, Some((2, 7)));
-        assert!(matches!(d.claim("a", 1020, 100), Claim::Stored(2, 7)));
-        // Past the window the id is new again.
-        assert!(matches!(d.claim("a", 1101, 100), Claim::New(_)));
-        assert!(matches!(d.claim("b", 1101, 100), Claim::New(_)));
-    }
-
-    #[tokio::test]
-    async fn a_failed_append_frees_the_id() {
-        let d = Dedup::default();
-        let Claim::New(first) = d.claim("a", 0, 100) else {
-            panic!()
-        };
-        let Claim::Pending(waiter) = d.claim("a", 1, 100) else {
-            panic!()
-        };
-        d.withdraw(&first);
-        assert_eq!(d.wait(&waiter).await, None);
-        let Claim::New(again) = d.claim("a", 2, 100) else {
-            panic!()
-        };
-        // A stale ticket does not complete the newer claim.
-        d.stored(&first, 9, 9);
-        assert!(matches!(d.claim("a", 3, 100), Claim::Pending(_)));
-        d.stored(&again, 0, 4);
-        assert!(matches!(d.claim("a", 4, 100), Claim::Stored(0, 4)));
-        d.remember("b", 5, 1, 3);
-        assert!(matches!(d.claim("b", 6, 100), Claim::Stored(1, 3)));
-    }
-
-    fn stored_claim(shard: &Shard, key: Key, now: u64, account: &Account) {
-        let Claim::New(t) = shard.claim(key, now, u64::MAX, account) else {
-            panic!("{key} is new")
-        };
-        shard.stored(&t, 0, key as u64);
-    }
-
-    /// The budget (docs/delivery.md, "Idempotent produce": `--max-produce-ids`), over every topic: a claim
-    /// that would pass it first forgets the oldest ids of its own shard, however young (counted,
-    /// warned once per topic) — if its topic holds at least its fair share (the budget over the
-    /// topics holding ids); a topic below it is admitted past the budget, which the other's next
-    /// claims take back. What a producer sees: a retry of a remembered id appends nothing and
-    /// answers the first's position (`duplicate: true`); a retry of a forgotten one stores a
-    /// second copy.
-    #[test]
-    fn past_the_budget_a_claim_forgets_the_oldest_ids_of_its_topic_first() {
-        let budget = IdBudget::new(4);
-        let (busy, late) = (Account::new(budget.clone()), Account::new(budget.clone()));
-        let (shard, other) = (Shard::default(), Shard::default());
-        for key in 0..4 {
-            stored_claim(&shard, key, key as u64, &busy);
-        }
-        assert_eq!((budget.used(), budget.forgotten_early()), (4, 0));
-        // Full: the next claim forgets the oldest (0) first.
-        stored_claim(&shard, 4, 4, &busy);
-        assert_eq!((budget.used(), budget.forgotten_early()), (4, 1));
-        // A retry of a remembered id is a duplicate (and makes room for one: 1 goes).
-        assert!(matches!(
-            shard.claim(3, 9, u64::MAX, &busy),
-            Claim::Stored(0, 3)
-        ));
-        assert_eq!((shard.len(), budget.forgotten_early()), (3, 2));
-        // A retry of the forgotten 0 stores it again.
-        stored_claim(&shard, 0, 10, &busy);
-        assert_eq!(budget.used(), 4);
-        // A topic that starts later holds less than its share (4 / 2): admitted past the budget,
-        // its ids all kept ...
-        stored_claim(&other, 100, 11, &late);
-        stored_claim(&other, 101, 12, &late);
-        assert_eq!((budget.used(), late.held(), busy.held()), (6, 2, 4));
-        // ... and the busy topic's next claim gives back what was passed: it holds 4 ≥ 2.
-        stored_claim(&shard, 5, 13, &busy);
-        assert_eq!((budget.used(), late.held(), busy.held()), (4, 2, 2));
-        // Expiry by time frees the budget, and the sweep never forgets a young id early.
-        Shard::expire(&mut shard.inner.lock(), 10, &busy, false);
-        assert_eq!(
-            (budget.used(), busy.held()),
-            (4, 2),
-            "young: kept by the sweep"
-        );
-        Shard::expire(&mut shard.inner.lock(), 50, &busy, false);
-        assert_eq!((budget.used(), busy.held(), shard.len()), (2, 0, 0));
-        // Ids found in the log at boot are kept past the budget until claims trim them.
-        for key in 200..210 {
-            shard.remember(key, 60, 0, key as u64, &busy);
-        }
-        assert_eq!(budget.used(), 12);
-        stored_claim(&shard, 300, 61, &busy);
-        assert_eq!((budget.used(), shard.len()), (4, 2));
-    }
-
-    /// A claim whose append is in progress is never forgotten early, so a duplicate racing it
-    /// (a retry, the same id later in one batch) waits for its position instead of storing a
-    /// second copy.
-    #[test]
-    fn a_claim_being_appended_is_not_forgotten_to_make_room() {
-        let budget = IdBudget::new(2);
-        let account = Account::new(budget.clone());
-        let shard = Shard::default();
-        let Claim::New(_pending) = shard.claim(1, 1, u64::MAX, &account) else {
-            panic!()
-        };
-        stored_claim(&shard, 2, 2, &account);
-        stored_claim(&shard, 3, 3, &account);
-        assert_eq!(
-            budget.used(),
-            3,
-            "admitted past the budget: the oldest is being appended"
-        );
-        assert!(matches!(
-            shard.claim(1, 4, u64::MAX, &account),
-            Claim::Pending(_)
-        ));
-    }
-}
+#[path = "dedup_tests.rs"]
+mod tests;
