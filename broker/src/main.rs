@@ -7,13 +7,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-/// The binary's allocator: a request allocates and frees a few dozen small buffers on whichever
-/// worker thread serves it, and glibc's malloc spent about an eighth of the broker's CPU on them
-/// under load (docs/benchmarks.md, "The commit path without hand-offs"). The library leaves the
-/// choice to whoever embeds it.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn init_tracing() {
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -240,6 +240,20 @@ async fn bad_deploys_are_refused_and_ten_versions_are_kept() {
             "{body} (want {why:?})"
         );
     }
+    // A refusal given before the upload was read says the connection closes (hyper closes it
+    // after such an answer; a client not told may send its next request on it and lose it), as
+    // does a refusal before any route of a request with a body.
+    let upload = "x".repeat(300_000);
+    for (path, content_type, want) in [
+        ("/mmmq/plugins/..x", "application/wasm", 400),
+        ("/mmmq/plugins/tb", "text/plain", 415),
+    ] {
+        let (code, headers, body) = broker
+            .send("PUT", path, &[], Some((&upload, Some(content_type))))
+            .await;
+        assert_eq!(code, want, "{path}: {body}");
+        assert_eq!(headers["connection"], "close", "{path}");
+    }
     // Too large is 413, as for any body.
     let (code, body) = broker.deploy_wasm("tb", vec![0; (64 << 20) + 1]).await;
     assert_eq!(code, 413, "{body}");

@@ -292,7 +292,11 @@ where
             Ok(()) => Either::Right(self.inner.call(request)),
             Err((reason, error)) => {
                 self.guard.metrics.refused(reason);
-                Either::Left(ready(Ok(error.into_response())))
+                let mut response = error.into_response();
+                if has_body(request.headers()) {
+                    super::closes(&mut response);
+                }
+                Either::Left(ready(Ok(response)))
             }
         }
     }

@@ -241,6 +241,10 @@ pub enum ApiError {
     /// of the body is not read.
     #[error("{0}")]
     BusyMidBody(String),
+    /// Any refusal given before the request's body was read: answered as the error it wraps,
+    /// with `Connection: close` (hyper closes such a connection after the answer).
+    #[error(transparent)]
+    Unread(Box<ApiError>),
     /// No such thing.
     #[error("{0}")]
     NotFound(String),
@@ -326,8 +330,30 @@ impl From<crate::groups::GroupError> for ApiError {
     }
 }
 
+/// Says `Connection: close` on an answer given before the request's body was read: hyper closes
+/// such a connection after the answer, and a client that was not told may send its next request
+/// on it and lose it (hyper's "incomplete message").
+pub(crate) fn closes(response: &mut Response) {
+    response.headers_mut().insert(
+        header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+}
+
+impl ApiError {
+    /// This refusal, given before the request's body was read.
+    pub(crate) fn unread(self) -> Self {
+        Self::Unread(Box::new(self))
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        if let Self::Unread(inner) = self {
+            let mut response = inner.into_response();
+            closes(&mut response);
+            return response;
+        }
         let status = match &self {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -345,6 +371,7 @@ impl IntoResponse for ApiError {
             | Self::NotDurable(_)
             | Self::PartialBatch { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Unread(_) => unreachable!("answered as the error it wraps"),
         };
         let body = match &self {
             Self::NotDurable(_) => serde_json::json!({"ack": "NACK", "error": self.to_string()}),
@@ -359,13 +386,14 @@ impl IntoResponse for ApiError {
         {
             tracing::warn!(%status, error = %self, "request failed");
         }
-        let close = matches!(self, Self::BusyMidBody(_));
+        // Answers given with the body not (wholly) read: hyper closes the connection after them.
+        let close = matches!(
+            self,
+            Self::BusyMidBody(_) | Self::TooLarge(_) | Self::BodyStalled(_)
+        );
         let mut response = (status, axum::Json(body)).into_response();
         if close {
-            response.headers_mut().insert(
-                header::CONNECTION,
-                axum::http::HeaderValue::from_static("close"),
-            );
+            closes(&mut response);
         }
         if status == StatusCode::SERVICE_UNAVAILABLE {
             // A failed disk is retried by the log after about a second; recovery takes as long;

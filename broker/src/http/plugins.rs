@@ -38,8 +38,10 @@ pub(super) async fn deploy(
 ) -> Result<Json<Deployed>, ApiError> {
     let broker = state.broker()?;
     let Path(name) = name.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    // Before 64 MiB arrive for nothing.
-    PluginStore::check_name(&name)?;
+    // Before 64 MiB arrive for nothing (the body stays unread: say the connection closes).
+    if let Err(e) = PluginStore::check_name(&name) {
+        return Err(ApiError::from(e).unread());
+    }
     let staging = broker.config().root_dir.join("plugins").join(".uploads");
     let upload = body::stage(&state.bodies, body, MAX_PLUGIN_BYTES, staging).await?;
     if upload.is_empty() {
