@@ -98,7 +98,8 @@ struct Inner {
     committed: watch::Sender<u64>,
     writer: Mutex<Writer>,
     tail: Mutex<Tail>,
-    /// Commits an append led on its own thread (tests read it).
+    /// Commits an append led on its own thread (counted for the tests only).
+    #[cfg(test)]
     led: std::sync::atomic::AtomicU64,
 }
 
@@ -192,6 +193,7 @@ impl Log {
                 committed: watch::Sender::new(next_offset),
                 writer: Mutex::new(Writer::default()),
                 tail: Mutex::new(tail),
+                #[cfg(test)]
                 led: std::sync::atomic::AtomicU64::new(0),
             }),
         })

@@ -74,6 +74,7 @@ impl Inner {
         let Some(work) = self.next_work() else {
             return;
         };
+        #[cfg(test)]
         self.led.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.step(work);
         let mut w = self.writer.lock();
