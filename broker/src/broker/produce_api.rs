@@ -2,7 +2,6 @@
 //! produce ids, and batches appended a partition's share per commit.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mmmq_core::{Topic, now_ms, write_produced_payload};
 
@@ -94,17 +93,15 @@ async fn produce_with_id(
                 };
                 let (t, number) = (topic.clone(), partition.number);
                 let (metrics, name) = (metrics.clone(), item.topic().clone());
-                let size = Arc::new(AtomicUsize::new(0));
-                let written = size.clone();
                 // Counted here: the message is stored even if the request went away.
                 let settle: Settle = Box::new(move |outcome| match outcome {
-                    Ok(offset) => {
+                    Ok((offset, bytes)) => {
                         t.dedup.stored(&ticket, number, offset);
-                        metrics.count_in(&name, 1, written.load(Ordering::Relaxed));
+                        metrics.count_in(&name, 1, bytes);
                     }
                     Err(_) => t.dedup.withdraw(&ticket),
                 });
-                return append_to(&partition, None, item, (settle, size)).await;
+                return append_to(&partition, None, item, Some(settle)).await;
             }
         };
         if let Some((partition, offset)) = seen {
@@ -127,14 +124,13 @@ async fn append_one(
 }
 
 /// Appends `item` to `partition`, its payload written straight into the frame; counts it in
-/// `metrics` if given (else `settle` does, with the size its cell was given).
+/// `metrics` if given (else `settle` does).
 async fn append_to(
     partition: &Partition,
     metrics: Option<&Metrics>,
     item: &ProduceItem,
-    settle: impl Into<Option<(Settle, Arc<AtomicUsize>)>>,
+    settle: Option<Settle>,
 ) -> Result<Produced, BrokerError> {
-    let (settle, size) = settle.into().unzip();
     let mut len = 0;
     let capacity = item.content().get().len()
         + item.key().map_or(0, str::len)
@@ -148,9 +144,6 @@ async fn append_to(
                 let start = out.len();
                 write_produced_payload(out, now_ms(), item.key(), item.content(), item.id());
                 len = out.len() - start;
-                if let Some(size) = &size {
-                    size.store(len, Ordering::Relaxed);
-                }
             },
             settle,
         )

@@ -280,10 +280,11 @@ impl Log {
         lead: bool,
     ) -> Result<u64, StorageError> {
         let (tx, rx) = oneshot::channel();
+        let payload_bytes = frames.len() - lens.len() * frame::HEADER_LEN;
         let op = Op::Append(Pending {
             frames,
             lens,
-            reply: Reply::new(tx, settle),
+            reply: Reply::new(tx, settle, payload_bytes),
         });
         if self.inner.submit(op, lead && may_lead()) {
             let inner = self.inner.clone();

@@ -16,7 +16,8 @@ use crate::storage::segment::Segment;
 /// caller hears it — also when the caller has gone away meanwhile: the first offset of the
 /// append, or the error that refused it. A produce with an id resolves its claim through it
 /// (docs/delivery.md, "Idempotent produce"), so no task has to outlive the request for it.
-pub type Settle = Box<dyn FnOnce(Result<u64, &StorageError>) + Send>;
+/// On success it hears the first offset and the payload bytes stored.
+pub type Settle = Box<dyn FnOnce(Result<(u64, usize), &StorageError>) + Send>;
 
 /// The answer to an append: its settle hook, then the caller's channel. One dropped unanswered
 /// (a writer that panicked, a runtime shutting down) settles as [`StorageError::Closed`], so a
@@ -24,22 +25,26 @@ pub type Settle = Box<dyn FnOnce(Result<u64, &StorageError>) + Send>;
 pub(super) struct Reply {
     tx: Option<oneshot::Sender<Result<u64, StorageError>>>,
     settle: Option<Settle>,
+    /// The payload bytes of the append (what `settle` hears on success).
+    bytes: usize,
 }
 
 impl Reply {
     pub(super) fn new(
         tx: oneshot::Sender<Result<u64, StorageError>>,
         settle: Option<Settle>,
+        bytes: usize,
     ) -> Self {
         Self {
             tx: Some(tx),
             settle,
+            bytes,
         }
     }
 
     pub(super) fn send(mut self, result: Result<u64, StorageError>) {
         if let Some(settle) = self.settle.take() {
-            settle(result.as_ref().copied());
+            settle(result.as_ref().map(|&first| (first, self.bytes)));
         }
         if let Some(tx) = self.tx.take() {
             let _ = tx.send(result);

@@ -348,8 +348,10 @@ async fn a_settle_hook_hears_the_outcome_of_a_dropped_append() {
     let tmp = tempfile::tempdir().unwrap();
     let log = open(tmp.path(), 1 << 20).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
-    let settle: Settle =
-        Box::new(move |outcome| tx.send(outcome.map_err(|e| e.to_string())).unwrap());
+    let settle: Settle = Box::new(move |outcome| {
+        tx.send(outcome.map(|(first, _)| first).map_err(|e| e.to_string()))
+            .unwrap()
+    });
     let append = log.append_with(8, |out| out.extend_from_slice(b"{\"a\":1}"), Some(settle));
     // One poll submits it; then the caller goes away.
     let mut append = Box::pin(append);
