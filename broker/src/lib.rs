@@ -50,6 +50,7 @@
 #![deny(missing_docs)]
 
 pub mod broker;
+pub mod cluster;
 pub mod config;
 pub mod dispatch;
 pub mod emit;

@@ -1,0 +1,81 @@
+//! The Raft type configuration every group of a cluster shares, and what its entries carry
+//! (docs/cluster.md, "Design").
+//!
+//! One configuration serves the metadata group and every partition's group, so one network and
+//! one log store serve them all. Leader ids are standard Raft's (one leader per term), so an
+//! entry's log id is `(term, index)`: sixteen bytes in a clustered segment's frame header.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+openraft::declare_raft_types!(
+    /// mmmq's Raft types: `u64` broker ids, brokers addressed by their HTTP address.
+    pub Raft:
+        D = Command,
+        R = Applied,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        LeaderId = openraft::impls::leader_id_std::LeaderId<u64, u64>,
+);
+
+/// A broker's id in a cluster (`--node-id`). Never reused.
+pub type BrokerId = u64;
+
+/// The log id of an entry: the term of the leader that wrote it and its index in the group's log.
+pub type LogId = openraft::alias::LogIdOf<Raft>;
+
+/// What a group's log holds besides Raft's own entries (blanks and memberships).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// One message of a partition: its stored payload, exactly the bytes a single-node log would
+    /// frame (docs/storage.md, "Storage"), so that every replica frames the same bytes.
+    Message(Bytes),
+    /// A change to the cluster's metadata (the metadata group only), as JSON.
+    Meta(Bytes),
+}
+
+/// What applying an entry answers to the write that proposed it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Applied {
+    /// A message's offset in its partition.
+    Offset(u64),
+    /// A metadata change's outcome, as JSON.
+    Meta(Bytes),
+    /// Entries that answer nothing (blanks, memberships).
+    Nothing,
+}
+
+/// Which kind of group a log belongs to: how its frames' payloads decode back into commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupKind {
+    /// The metadata group: every normal entry is a [`Command::Meta`].
+    Meta,
+    /// A partition's group: every normal entry is a [`Command::Message`].
+    Partition,
+}
+
+impl std::fmt::Display for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Command::Message(b) => write!(f, "message of {} bytes", b.len()),
+            Command::Meta(b) => write!(f, "meta {}", String::from_utf8_lossy(b)),
+        }
+    }
+}
+
+impl Command {
+    /// The bytes a log frames for this command (the header with its log id goes before them).
+    pub fn payload(&self) -> &Bytes {
+        match self {
+            Command::Message(b) | Command::Meta(b) => b,
+        }
+    }
+
+    /// The command a frame's payload holds, in a group of `kind`.
+    pub fn from_payload(kind: GroupKind, payload: Bytes) -> Command {
+        match kind {
+            GroupKind::Meta => Command::Meta(payload),
+            GroupKind::Partition => Command::Message(payload),
+        }
+    }
+}
