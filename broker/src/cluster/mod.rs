@@ -1,4 +1,7 @@
 //! A cluster of brokers (docs/cluster.md): partitions replicated on Raft, a metadata group, and
 //! the forwarding that makes any broker answer for all. Every use of openraft is in this module.
 
+pub mod faults;
+pub mod meta_state;
+pub mod network;
 pub mod types;

@@ -1,0 +1,410 @@
+//! The cluster's metadata (docs/cluster.md, "Metadata"): brokers, topics with their replication
+//! factor and the placement of each partition's replicas. It changes only by applying a
+//! [`MetaCommand`] from the metadata group's log, on every broker in the same order, so every
+//! decision in here (placement above all) is a pure function of the state and the command.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::types::BrokerId;
+
+/// A change to the metadata, as proposed to the metadata group.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase")]
+pub enum MetaCommand {
+    /// A broker joins (or, known already, announces a new address).
+    AddBroker {
+        /// Its id (never one that was removed).
+        id: BrokerId,
+        /// Its HTTP address, `host:port`.
+        addr: String,
+    },
+    /// A broker leaves for good once it holds no replica; its id is never used again.
+    RemoveBroker {
+        /// Its id.
+        id: BrokerId,
+    },
+    /// Creates a topic or changes its configuration.
+    PutTopic {
+        /// The topic's name.
+        name: String,
+        /// Its configuration as the topic API shows it (contract §7), opaque here but for the
+        /// partition count.
+        config: serde_json::Value,
+        /// Replicas per partition (1–5); `None` keeps the topic's (or the default for a new one).
+        #[serde(default)]
+        replication_factor: Option<u8>,
+    },
+    /// Deletes a topic.
+    DeleteTopic {
+        /// The topic's name.
+        name: String,
+    },
+    /// Moves one partition's replicas (`mmmq cluster reassign`).
+    Reassign {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: u32,
+        /// The new replicas, preferred leader first.
+        replicas: Vec<BrokerId>,
+    },
+}
+
+/// What applying a command answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum MetaOutcome {
+    /// Applied.
+    Done,
+    /// Refused, with why (the state did not change).
+    Refused(String),
+}
+
+/// A broker as the metadata knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BrokerMeta {
+    /// Its HTTP address, `host:port`.
+    pub addr: String,
+}
+
+/// A topic as the metadata knows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopicMeta {
+    /// Its configuration (contract §7's fields).
+    pub config: serde_json::Value,
+    /// Replicas per partition.
+    pub replication_factor: u8,
+    /// Per partition, its replicas, preferred leader first.
+    pub placement: Vec<Vec<BrokerId>>,
+    /// Bumped by every delete, so that a topic created again under the same name is a new
+    /// group (its old replicas' files are not mistaken for the new one's).
+    pub incarnation: u64,
+}
+
+/// The whole metadata.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MetaState {
+    /// The brokers of the cluster.
+    pub brokers: BTreeMap<BrokerId, BrokerMeta>,
+    /// Ids of brokers removed: never given out again.
+    pub retired: BTreeSet<BrokerId>,
+    /// The topics.
+    pub topics: BTreeMap<String, TopicMeta>,
+    /// Counts topic creations, for [`TopicMeta::incarnation`].
+    pub created: u64,
+}
+
+/// Replicas per partition when a topic does not say: `min(3, brokers)` (contract §13).
+pub fn default_replication(brokers: usize) -> u8 {
+    brokers.clamp(1, 3) as u8
+}
+
+fn partitions_of(config: &serde_json::Value) -> u32 {
+    config
+        .get("partitions")
+        .and_then(serde_json::Value::as_u64)
+        .map_or(1, |p| p.clamp(1, 1024) as u32)
+}
+
+impl MetaState {
+    /// Applies one command: the only way the metadata changes.
+    pub fn apply(&mut self, command: &MetaCommand) -> MetaOutcome {
+        match self.try_apply(command) {
+            Ok(()) => MetaOutcome::Done,
+            Err(why) => MetaOutcome::Refused(why),
+        }
+    }
+
+    fn try_apply(&mut self, command: &MetaCommand) -> Result<(), String> {
+        match command {
+            MetaCommand::AddBroker { id, addr } => {
+                if self.retired.contains(id) {
+                    return Err(format!("broker id {id} was removed and is never reused"));
+                }
+                self.brokers.insert(*id, BrokerMeta { addr: addr.clone() });
+                Ok(())
+            }
+            MetaCommand::RemoveBroker { id } => {
+                if !self.brokers.contains_key(id) {
+                    return Err(format!("no broker {id}"));
+                }
+                if let Some((topic, p)) = self.replicas_on(*id).first() {
+                    return Err(format!(
+                        "broker {id} still holds a replica of {topic}/{p}: move its replicas first"
+                    ));
+                }
+                if self.brokers.len() == 1 {
+                    return Err("the last broker cannot be removed".into());
+                }
+                self.brokers.remove(id);
+                self.retired.insert(*id);
+                Ok(())
+            }
+            MetaCommand::PutTopic {
+                name,
+                config,
+                replication_factor,
+            } => self.put_topic(name, config, *replication_factor),
+            MetaCommand::DeleteTopic { name } => match self.topics.remove(name) {
+                Some(_) => Ok(()),
+                None => Err(format!("no topic {name:?}")),
+            },
+            MetaCommand::Reassign {
+                topic,
+                partition,
+                replicas,
+            } => self.reassign(topic, *partition, replicas),
+        }
+    }
+
+    fn put_topic(
+        &mut self,
+        name: &str,
+        config: &serde_json::Value,
+        rf: Option<u8>,
+    ) -> Result<(), String> {
+        let live = self.brokers.len();
+        if let Some(rf) = rf
+            && !(1..=5).contains(&rf)
+        {
+            return Err(format!("replicationFactor must be 1–5, not {rf}"));
+        }
+        let partitions = partitions_of(config);
+        let existing = self.topics.get(name);
+        let rf = rf
+            .or(existing.map(|t| t.replication_factor))
+            .unwrap_or_else(|| default_replication(live));
+        if rf as usize > live {
+            return Err(format!(
+                "replicationFactor {rf} needs {rf} brokers; the cluster has {live}"
+            ));
+        }
+        let mut placement = existing.map(|t| t.placement.clone()).unwrap_or_default();
+        if (partitions as usize) < placement.len() {
+            return Err(format!(
+                "partitions can grow but not shrink ({} → {partitions})",
+                placement.len()
+            ));
+        }
+        if existing.is_some_and(|t| t.replication_factor != rf) {
+            return Err(
+                "replicationFactor of an existing topic changes by `mmmq cluster reassign`".into(),
+            );
+        }
+        while placement.len() < partitions as usize {
+            let replicas = self.place(rf as usize, &placement);
+            placement.push(replicas);
+        }
+        let incarnation = match existing {
+            Some(t) => t.incarnation,
+            None => {
+                self.created += 1;
+                self.created
+            }
+        };
+        self.topics.insert(
+            name.to_owned(),
+            TopicMeta {
+                config: config.clone(),
+                replication_factor: rf,
+                placement,
+                incarnation,
+            },
+        );
+        Ok(())
+    }
+
+    fn reassign(&mut self, topic: &str, p: u32, replicas: &[BrokerId]) -> Result<(), String> {
+        let distinct: BTreeSet<_> = replicas.iter().collect();
+        if replicas.is_empty() || distinct.len() != replicas.len() {
+            return Err("replicas must be distinct broker ids, at least one".into());
+        }
+        if let Some(unknown) = replicas.iter().find(|b| !self.brokers.contains_key(b)) {
+            return Err(format!("no broker {unknown}"));
+        }
+        let t = self
+            .topics
+            .get_mut(topic)
+            .ok_or_else(|| format!("no topic {topic:?}"))?;
+        let slot = t
+            .placement
+            .get_mut(p as usize)
+            .ok_or_else(|| format!("topic {topic:?} has no partition {p}"))?;
+        *slot = replicas.to_vec();
+        Ok(())
+    }
+
+    /// Every (topic, partition) with a replica on `broker`.
+    pub fn replicas_on(&self, broker: BrokerId) -> Vec<(String, u32)> {
+        let mut out = Vec::new();
+        for (name, t) in &self.topics {
+            for (p, replicas) in t.placement.iter().enumerate() {
+                if replicas.contains(&broker) {
+                    out.push((name.clone(), p as u32));
+                }
+            }
+        }
+        out
+    }
+
+    /// Chooses `rf` brokers for a new partition: those holding the fewest replicas, then the
+    /// fewest preferred leaderships (counting the topic's partitions placed so far), so that
+    /// replicas and leaders spread evenly. Ties go to the lower id, rotated by the partition
+    /// count, so that equal brokers take turns.
+    fn place(&self, rf: usize, so_far: &[Vec<BrokerId>]) -> Vec<BrokerId> {
+        let mut load: BTreeMap<BrokerId, (usize, usize)> =
+            self.brokers.keys().map(|b| (*b, (0, 0))).collect();
+        let all = self.topics.values().flat_map(|t| t.placement.iter());
+        for replicas in all.chain(so_far.iter()) {
+            for (i, b) in replicas.iter().enumerate() {
+                if let Some(l) = load.get_mut(b) {
+                    l.0 += 1;
+                    if i == 0 {
+                        l.1 += 1;
+                    }
+                }
+            }
+        }
+        let ids: Vec<BrokerId> = load.keys().copied().collect();
+        let turn = so_far.len() + self.topics.len();
+        let rank = |b: &BrokerId| {
+            let pos = ids.iter().position(|x| x == b).unwrap_or(0);
+            (pos + ids.len() - turn % ids.len().max(1)) % ids.len().max(1)
+        };
+        // The preferred leader first: the broker leading the fewest partitions; then the
+        // followers: those holding the fewest replicas.
+        let leader = *ids
+            .iter()
+            .min_by_key(|b| (load[b].1, load[b].0, rank(b)))
+            .expect("a cluster has a broker");
+        let mut followers: Vec<BrokerId> = ids.iter().copied().filter(|b| *b != leader).collect();
+        followers.sort_by_key(|b| (load[b].0, rank(b)));
+        let mut chosen = vec![leader];
+        chosen.extend(followers.into_iter().take(rf - 1));
+        chosen
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(n: u64) -> MetaState {
+        let mut s = MetaState::default();
+        for id in 1..=n {
+            let add = MetaCommand::AddBroker {
+                id,
+                addr: format!("127.0.0.1:{}", 9000 + id),
+            };
+            assert_eq!(s.apply(&add), MetaOutcome::Done);
+        }
+        s
+    }
+
+    fn put(s: &mut MetaState, name: &str, partitions: u32, rf: Option<u8>) -> MetaOutcome {
+        s.apply(&MetaCommand::PutTopic {
+            name: name.into(),
+            config: serde_json::json!({ "partitions": partitions }),
+            replication_factor: rf,
+        })
+    }
+
+    #[test]
+    fn placement_spreads_replicas_and_leaders_evenly() {
+        let mut s = cluster(3);
+        assert_eq!(put(&mut s, "a", 6, None), MetaOutcome::Done);
+        assert_eq!(put(&mut s, "b", 3, None), MetaOutcome::Done);
+        let mut replicas = BTreeMap::<BrokerId, usize>::new();
+        let mut leaders = BTreeMap::<BrokerId, usize>::new();
+        for t in s.topics.values() {
+            assert_eq!(t.replication_factor, 3);
+            for r in &t.placement {
+                assert_eq!(
+                    r.iter().collect::<BTreeSet<_>>().len(),
+                    3,
+                    "distinct: {r:?}"
+                );
+                *leaders.entry(r[0]).or_default() += 1;
+                for b in r {
+                    *replicas.entry(*b).or_default() += 1;
+                }
+            }
+        }
+        assert_eq!(replicas.values().copied().collect::<Vec<_>>(), [9, 9, 9]);
+        assert_eq!(leaders.values().copied().collect::<Vec<_>>(), [3, 3, 3]);
+    }
+
+    #[test]
+    fn replication_factor_defaults_to_min_3_brokers_and_is_checked() {
+        let mut s = cluster(5);
+        put(&mut s, "t", 10, None);
+        assert_eq!(s.topics["t"].replication_factor, 3);
+        let mut leaders = BTreeMap::<BrokerId, usize>::new();
+        for r in &s.topics["t"].placement {
+            *leaders.entry(r[0]).or_default() += 1;
+        }
+        assert_eq!(
+            leaders.values().copied().collect::<Vec<_>>(),
+            [2, 2, 2, 2, 2]
+        );
+        assert!(matches!(
+            put(&mut s, "x", 1, Some(6)),
+            MetaOutcome::Refused(_)
+        ));
+        let mut two = cluster(2);
+        assert!(
+            matches!(put(&mut two, "x", 1, Some(3)), MetaOutcome::Refused(m) if m.contains("2"))
+        );
+        put(&mut two, "y", 1, None);
+        assert_eq!(two.topics["y"].replication_factor, 2);
+    }
+
+    #[test]
+    fn partitions_grow_keeping_placement_and_never_shrink() {
+        let mut s = cluster(3);
+        put(&mut s, "t", 2, None);
+        let before = s.topics["t"].placement.clone();
+        put(&mut s, "t", 4, None);
+        assert_eq!(s.topics["t"].placement[..2], before[..]);
+        assert_eq!(s.topics["t"].placement.len(), 4);
+        assert!(matches!(put(&mut s, "t", 3, None), MetaOutcome::Refused(_)));
+        assert_eq!(s.topics["t"].placement.len(), 4);
+    }
+
+    #[test]
+    fn a_removed_broker_id_is_never_reused_and_one_with_replicas_stays() {
+        let mut s = cluster(3);
+        put(&mut s, "t", 1, Some(2));
+        let holder = s.topics["t"].placement[0][0];
+        let idle = (1..=3)
+            .find(|b| !s.topics["t"].placement[0].contains(b))
+            .unwrap();
+        let refused = s.apply(&MetaCommand::RemoveBroker { id: holder });
+        assert!(matches!(refused, MetaOutcome::Refused(m) if m.contains("t/0")));
+        assert_eq!(
+            s.apply(&MetaCommand::RemoveBroker { id: idle }),
+            MetaOutcome::Done
+        );
+        let again = MetaCommand::AddBroker {
+            id: idle,
+            addr: "x:1".into(),
+        };
+        assert!(matches!(s.apply(&again), MetaOutcome::Refused(_)));
+        assert!(!s.brokers.contains_key(&idle));
+    }
+
+    #[test]
+    fn a_topic_created_again_is_a_new_incarnation() {
+        let mut s = cluster(1);
+        put(&mut s, "t", 1, None);
+        let first = s.topics["t"].incarnation;
+        s.apply(&MetaCommand::DeleteTopic { name: "t".into() });
+        put(&mut s, "t", 1, None);
+        assert_ne!(s.topics["t"].incarnation, first);
+    }
+}
