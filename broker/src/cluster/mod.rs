@@ -2,6 +2,9 @@
 //! the forwarding that makes any broker answer for all. Every use of openraft is in this module.
 
 pub mod faults;
+pub mod meta_machine;
 pub mod meta_state;
 pub mod network;
+pub mod node;
+pub mod rpc;
 pub mod types;

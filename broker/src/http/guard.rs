@@ -40,6 +40,8 @@ use crate::metrics::{HttpMetrics, Refusal};
 
 const JSON: &str = "application/json";
 const WASM: &str = "application/wasm";
+/// Raft's traffic between brokers (docs/cluster.md, "Raft traffic") is binary.
+const BINARY: &str = "application/octet-stream";
 
 /// The checks, as configured.
 pub(crate) struct Guard {
@@ -124,6 +126,8 @@ impl Guard {
         if has_body(headers) {
             let want = if is_plugin_upload(request) {
                 WASM
+            } else if request.uri().path().starts_with("/mmmq/internal/raft/") {
+                BINARY
             } else {
                 JSON
             };

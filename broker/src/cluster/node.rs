@@ -1,0 +1,396 @@
+//! One broker's place in a cluster (docs/cluster.md, "Design"): its Raft groups, the router to
+//! its peers, and the metadata group it joins at boot.
+//!
+//! Boot: the metadata group's log and machine open from `{root}/cluster/meta/`; the broker with
+//! the lowest id of `--peers` initializes the group once, with every peer a voter (one broker
+//! initializing is what keeps two fresh brokers from writing two different first entries);
+//! once the group has a leader every broker makes sure the metadata names it at its address.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::Instant as _;
+use openraft::async_runtime::WatchReceiver;
+use openraft::storage::RaftLogStorage;
+use parking_lot::RwLock;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use super::faults::Faults;
+use super::meta_machine::MetaMachine;
+use super::meta_state::{MetaCommand, MetaOutcome, MetaState};
+use super::network::{GroupId, NetworkFactory, RAFT_PATH, Router};
+use super::rpc::{Endpoint, Groups, WriteRefused};
+use super::types::{Applied, BrokerId, Command, Raft};
+
+/// How a broker takes part in a cluster (`serve --node-id N --peers …`).
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// This broker's id.
+    pub node_id: BrokerId,
+    /// Every initial broker's HTTP address (`host:port`), this one's included.
+    pub peers: BTreeMap<BrokerId, String>,
+    /// `{root}/cluster`.
+    pub dir: PathBuf,
+    /// The token peers present (`--auth-token`).
+    pub token: Option<String>,
+    /// Raft's timing: heartbeats, and the election timeout's range (ms).
+    pub heartbeat_ms: u64,
+    /// The election timeout's lower bound (ms); the upper is twice it.
+    pub election_ms: u64,
+}
+
+impl ClusterConfig {
+    /// This broker's own address, from its entry in the peers.
+    pub fn addr(&self) -> &str {
+        &self.peers[&self.node_id]
+    }
+
+    fn raft_config(&self, kind: &str) -> Arc<openraft::Config> {
+        let config = openraft::Config {
+            cluster_name: format!("mmmq-{kind}"),
+            heartbeat_interval: self.heartbeat_ms,
+            election_timeout_min: self.election_ms,
+            election_timeout_max: self.election_ms * 2,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(1000),
+            max_in_snapshot_log_to_keep: 100,
+            ..Default::default()
+        };
+        Arc::new(
+            config
+                .validate()
+                .expect("the cluster's Raft timings are valid"),
+        )
+    }
+}
+
+/// Why a cluster operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The group has no leader now (an election is under way, or a majority is down).
+    #[error("no leader for {group} now")]
+    NoLeader {
+        /// The group.
+        group: String,
+        /// The last leader's address, if known.
+        leader: Option<String>,
+    },
+    /// The metadata refused the change.
+    #[error("{0}")]
+    Refused(String),
+    /// A peer could not be asked.
+    #[error("cannot reach broker {0}: {1}")]
+    Unreachable(BrokerId, String),
+    /// Raft or storage failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// A broker's part of the cluster. Cheap to clone.
+#[derive(Clone)]
+pub struct Cluster {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ClusterConfig,
+    router: Router,
+    meta: openraft::Raft<Raft, MetaMachine>,
+    machine: MetaMachine,
+    /// Partition groups this broker holds a replica of.
+    partitions: RwLock<HashMap<GroupId, Arc<dyn Endpoint>>>,
+    stop: CancellationToken,
+}
+
+impl Groups for Inner {
+    fn endpoint(&self, group: &GroupId) -> Option<Arc<dyn Endpoint>> {
+        match group {
+            GroupId::Meta => Some(Arc::new(self.meta.clone())),
+            other => self.partitions.read().get(other).cloned(),
+        }
+    }
+}
+
+impl Cluster {
+    /// Starts this broker's metadata group on `meta_log` (the group's log store in
+    /// `{root}/cluster/meta/log`) and joins the cluster.
+    pub async fn start<LS>(
+        config: ClusterConfig,
+        meta_log: LS,
+        faults: Faults,
+    ) -> Result<Self, ClusterError>
+    where
+        LS: RaftLogStorage<Raft>,
+    {
+        let peers: HashMap<_, _> = config.peers.clone().into_iter().collect();
+        let router = Router::new(&peers, config.token.clone(), faults);
+        let meta_dir = config.dir.join("meta");
+        let machine = {
+            let dir = meta_dir.clone();
+            tokio::task::spawn_blocking(move || MetaMachine::open(&dir))
+                .await
+                .map_err(|e| ClusterError::Failed(e.to_string()))?
+                .map_err(|e| ClusterError::Failed(format!("{}: {e}", meta_dir.display())))?
+        };
+        let network = NetworkFactory::new(router.clone(), GroupId::Meta);
+        let meta = openraft::Raft::new(
+            config.node_id,
+            config.raft_config("meta"),
+            network,
+            meta_log,
+            machine.clone(),
+        )
+        .await
+        .map_err(|e| ClusterError::Failed(e.to_string()))?;
+        let first = *config.peers.keys().next().expect("peers name this broker");
+        let initialized = meta
+            .is_initialized()
+            .await
+            .map_err(|e| ClusterError::Failed(e.to_string()))?;
+        if !initialized && first == config.node_id {
+            let members: BTreeMap<BrokerId, openraft::BasicNode> = config
+                .peers
+                .iter()
+                .map(|(id, addr)| (*id, openraft::BasicNode::new(addr)))
+                .collect();
+            meta.initialize(members)
+                .await
+                .map_err(|e| ClusterError::Failed(format!("initializing the cluster: {e}")))?;
+            tracing::info!(node = config.node_id, "cluster initialized");
+        }
+        let cluster = Self {
+            inner: Arc::new(Inner {
+                config,
+                router,
+                meta,
+                machine,
+                partitions: RwLock::new(HashMap::new()),
+                stop: CancellationToken::new(),
+            }),
+        };
+        tokio::spawn(cluster.clone().announce());
+        Ok(cluster)
+    }
+
+    /// This broker's id.
+    pub fn id(&self) -> BrokerId {
+        self.inner.config.node_id
+    }
+
+    /// The metadata as applied on this broker.
+    pub fn metadata(&self) -> Arc<MetaState> {
+        self.inner.machine.current()
+    }
+
+    /// Follows every change of the metadata.
+    pub fn watch_metadata(&self) -> tokio::sync::watch::Receiver<Arc<MetaState>> {
+        self.inner.machine.subscribe()
+    }
+
+    /// The routes of Raft's traffic, to merge into the broker's HTTP router (behind its guard).
+    pub fn routes(&self) -> axum::Router {
+        let groups: Arc<Inner> = self.inner.clone();
+        axum::Router::new()
+            .route(
+                &format!("{RAFT_PATH}/{{rpc}}"),
+                axum::routing::post(super::rpc::handle::<Inner>),
+            )
+            .with_state(groups)
+    }
+
+    /// Keeps this broker named at its address in the metadata: proposed once the group has a
+    /// leader, again whenever the metadata lost it (a snapshot from before the join).
+    async fn announce(self) {
+        let mut metadata = self.watch_metadata();
+        loop {
+            let me = self.id();
+            let addr = self.inner.config.addr().to_owned();
+            let named = metadata
+                .borrow()
+                .brokers
+                .get(&me)
+                .is_some_and(|b| b.addr == addr);
+            if !named {
+                match self.propose(MetaCommand::AddBroker { id: me, addr }).await {
+                    Ok(MetaOutcome::Done) => continue,
+                    Ok(MetaOutcome::Refused(why)) => {
+                        tracing::error!(node = me, %why, "the cluster refused this broker");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::debug!(node = me, error = %e, "announcing this broker, retrying");
+                        tokio::select! {
+                            _ = tokio::time::sleep(Duration::from_millis(200)) => continue,
+                            _ = self.inner.stop.cancelled() => return,
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                changed = metadata.changed() => if changed.is_err() { return },
+                _ = self.inner.stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// Proposes a metadata change through the group's leader, wherever it is.
+    pub async fn propose(&self, command: MetaCommand) -> Result<MetaOutcome, ClusterError> {
+        let bytes =
+            serde_json::to_vec(&command).map_err(|e| ClusterError::Failed(e.to_string()))?;
+        let applied = self
+            .write(GroupId::Meta, vec![Command::Meta(bytes.into())])
+            .await?;
+        match applied.first() {
+            Some(Applied::Meta(outcome)) => serde_json::from_slice(outcome)
+                .map_err(|e| ClusterError::Failed(format!("a metadata answer: {e}"))),
+            other => Err(ClusterError::Failed(format!(
+                "a metadata answer: {other:?}"
+            ))),
+        }
+    }
+
+    /// Writes commands to a group: here if this broker leads it, else at its leader (one hop).
+    pub async fn write(
+        &self,
+        group: GroupId,
+        commands: Vec<Command>,
+    ) -> Result<Vec<Applied>, ClusterError> {
+        let local = self.inner.endpoint(&group);
+        let mut refused = match &local {
+            Some(ep) => match ep.write(commands.clone()).await {
+                Ok(applied) => return Ok(applied),
+                Err(e) => e,
+            },
+            None => WriteRefused::NotLeader { leader: None },
+        };
+        for _ in 0..2 {
+            let leader = match &refused {
+                WriteRefused::NotLeader { leader: Some(l) } if *l != self.id() => *l,
+                WriteRefused::NotLeader { leader } => {
+                    return Err(ClusterError::NoLeader {
+                        group: group.to_string(),
+                        leader: leader.and_then(|l| self.inner.router.peer(l)),
+                    });
+                }
+                WriteRefused::Failed(why) => return Err(ClusterError::Failed(why.clone())),
+            };
+            refused = match self.forward_write(leader, &group, &commands).await? {
+                Ok(applied) => return Ok(applied),
+                Err(e) => e,
+            };
+        }
+        Err(ClusterError::NoLeader {
+            group: group.to_string(),
+            leader: None,
+        })
+    }
+
+    async fn forward_write(
+        &self,
+        leader: BrokerId,
+        group: &GroupId,
+        commands: &[Command],
+    ) -> Result<Result<Vec<Applied>, WriteRefused>, ClusterError> {
+        let router = &self.inner.router;
+        let base = router
+            .peer(leader)
+            .ok_or_else(|| ClusterError::Unreachable(leader, "no address known".into()))?;
+        let body = postcard::to_stdvec(&(group, commands))
+            .map_err(|e| ClusterError::Failed(e.to_string()))?;
+        let mut request = router
+            .http()
+            .post(format!("{base}{RAFT_PATH}/write"))
+            .header("content-type", "application/octet-stream")
+            .timeout(Duration::from_secs(10))
+            .body(body);
+        if let Some(token) = router.token() {
+            request = request.bearer_auth(token);
+        }
+        let unreachable =
+            |e: &dyn std::fmt::Display| ClusterError::Unreachable(leader, e.to_string());
+        let response = request.send().await.map_err(|e| unreachable(&e))?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(|e| unreachable(&e))?;
+        if !status.is_success() {
+            return Err(unreachable(&format!(
+                "{status}: {}",
+                String::from_utf8_lossy(&bytes)
+            )));
+        }
+        postcard::from_bytes(&bytes).map_err(|e| unreachable(&e))
+    }
+
+    /// What `GET /mmmq/cluster` shows of the metadata group, as this broker sees it.
+    pub fn status(&self) -> ClusterStatus {
+        let metrics = self.inner.meta.metrics().borrow_watched().clone();
+        let state = self.metadata();
+        let acked = metrics.heartbeat.clone().unwrap_or_default();
+        let leader = metrics.current_leader;
+        let brokers = state
+            .brokers
+            .iter()
+            .map(|(id, b)| BrokerStatus {
+                id: *id,
+                addr: b.addr.clone(),
+                alive: if Some(*id) == leader || *id == self.id() {
+                    Some(true)
+                } else {
+                    acked.get(id).map(|at| {
+                        at.is_some_and(|at| {
+                            at.elapsed() < Duration::from_millis(self.inner.config.election_ms * 2)
+                        })
+                    })
+                },
+            })
+            .collect();
+        ClusterStatus {
+            node_id: self.id(),
+            leader,
+            term: metrics.current_term,
+            brokers,
+            topics: state.topics.len(),
+        }
+    }
+
+    /// Stops every group of this broker.
+    pub async fn shutdown(&self) {
+        self.inner.stop.cancel();
+        let _ = self.inner.meta.shutdown().await;
+    }
+
+    /// The directory of a group's files.
+    pub fn dir(&self) -> &Path {
+        &self.inner.config.dir
+    }
+}
+
+/// A broker in [`ClusterStatus`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BrokerStatus {
+    /// Its id.
+    pub id: BrokerId,
+    /// Its HTTP address.
+    pub addr: String,
+    /// Whether it answered the metadata leader within two election timeouts; `null` when this
+    /// broker does not lead the metadata group (ask the leader).
+    pub alive: Option<bool>,
+}
+
+/// `GET /mmmq/cluster`, the metadata group's part.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterStatus {
+    /// The broker that answered.
+    pub node_id: BrokerId,
+    /// The metadata group's leader.
+    pub leader: Option<BrokerId>,
+    /// Its term.
+    pub term: u64,
+    /// The brokers.
+    pub brokers: Vec<BrokerStatus>,
+    /// How many topics the metadata holds.
+    pub topics: usize,
+}

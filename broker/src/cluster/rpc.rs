@@ -1,0 +1,225 @@
+//! The receiving end of Raft's traffic (docs/cluster.md, "Raft traffic"):
+//! `POST /mmmq/internal/raft/{rpc}` with a postcard body `(group, request)`, answered with the
+//! postcard of `Result<response, RaftError>`. The broker's guard has checked the token already.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use openraft::error::{ClientWriteError, Fatal, RaftError};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
+};
+use openraft::storage::RaftStateMachine;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::network::{GroupId, SnapshotBytes};
+use super::types::{Applied, BrokerId, Command, Raft};
+
+type SnapshotMeta = openraft::alias::SnapshotMetaOf<Raft>;
+type Vote = openraft::alias::VoteOf<Raft>;
+
+/// Why a write was not applied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, thiserror::Error)]
+pub enum WriteRefused {
+    /// This broker does not lead the group; the leader, if known.
+    #[error("not the leader (leader: {leader:?})")]
+    NotLeader {
+        /// The leader's id.
+        leader: Option<BrokerId>,
+    },
+    /// The write failed for another reason.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// What a group's Raft answers, whatever its state machine: the handler finds one by group.
+#[async_trait::async_trait]
+pub trait Endpoint: Send + Sync {
+    /// `append`
+    async fn append(
+        &self,
+        req: AppendEntriesRequest<Raft>,
+    ) -> Result<AppendEntriesResponse<Raft>, RaftError<Raft>>;
+    /// `vote`
+    async fn vote(&self, req: VoteRequest<Raft>) -> Result<VoteResponse<Raft>, RaftError<Raft>>;
+    /// `pre-vote`
+    async fn pre_vote(&self, req: VoteRequest<Raft>)
+    -> Result<VoteResponse<Raft>, RaftError<Raft>>;
+    /// `snapshot`
+    async fn snapshot(
+        &self,
+        vote: Vote,
+        meta: SnapshotMeta,
+        data: SnapshotBytes,
+    ) -> Result<SnapshotResponse<Raft>, RaftError<Raft>>;
+    /// `transfer-leader`
+    async fn transfer_leader(
+        &self,
+        req: TransferLeaderRequest<Raft>,
+    ) -> Result<TransferLeaderResponse<Raft>, RaftError<Raft>>;
+    /// `write`: appends commands as one batch if this broker leads the group, and answers once
+    /// a majority holds them and they are applied.
+    async fn write(&self, commands: Vec<Command>) -> Result<Vec<Applied>, WriteRefused>;
+}
+
+#[async_trait::async_trait]
+impl<SM> Endpoint for openraft::Raft<Raft, SM>
+where
+    SM: RaftStateMachine<Raft, SnapshotData = SnapshotBytes>,
+{
+    async fn append(
+        &self,
+        req: AppendEntriesRequest<Raft>,
+    ) -> Result<AppendEntriesResponse<Raft>, RaftError<Raft>> {
+        self.append_entries(req).await
+    }
+
+    async fn vote(&self, req: VoteRequest<Raft>) -> Result<VoteResponse<Raft>, RaftError<Raft>> {
+        openraft::Raft::vote(self, req).await
+    }
+
+    async fn pre_vote(
+        &self,
+        req: VoteRequest<Raft>,
+    ) -> Result<VoteResponse<Raft>, RaftError<Raft>> {
+        openraft::Raft::pre_vote(self, req).await
+    }
+
+    async fn snapshot(
+        &self,
+        vote: Vote,
+        meta: SnapshotMeta,
+        data: SnapshotBytes,
+    ) -> Result<SnapshotResponse<Raft>, RaftError<Raft>> {
+        let snapshot = openraft::alias::SnapshotOf::<Raft, SnapshotBytes> {
+            meta,
+            snapshot: data,
+        };
+        self.install_full_snapshot(vote, snapshot)
+            .await
+            .map_err(RaftError::Fatal)
+    }
+
+    async fn transfer_leader(
+        &self,
+        req: TransferLeaderRequest<Raft>,
+    ) -> Result<TransferLeaderResponse<Raft>, RaftError<Raft>> {
+        self.handle_transfer_leader(req)
+            .await
+            .map_err(RaftError::Fatal)
+    }
+
+    async fn write(&self, commands: Vec<Command>) -> Result<Vec<Applied>, WriteRefused> {
+        let count = commands.len();
+        let mut results = self
+            .client_write_many(commands)
+            .await
+            .map_err(|e| WriteRefused::Failed(e.to_string()))?;
+        let mut out = Vec::with_capacity(count);
+        while let Some(result) = results.next().await {
+            match result.map_err(|e| WriteRefused::Failed(e.to_string()))? {
+                Ok(written) => out.push(written.response),
+                Err(ClientWriteError::ForwardToLeader(f)) => {
+                    return Err(WriteRefused::NotLeader {
+                        leader: f.leader_id,
+                    });
+                }
+                Err(e) => return Err(WriteRefused::Failed(e.to_string())),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Finds the group a message is for.
+pub trait Groups: Send + Sync + 'static {
+    /// The group's endpoint on this broker, if it has a replica of it.
+    fn endpoint(&self, group: &GroupId) -> Option<Arc<dyn Endpoint>>;
+}
+
+/// A body that does not decode is answered `400` with why.
+fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<(GroupId, T), (StatusCode, String)> {
+    postcard::from_bytes(body).map_err(|e| {
+        (
+            StatusCode::BAD_REQUEST,
+            format!("a Raft message that does not decode: {e}"),
+        )
+    })
+}
+
+fn encode<T: Serialize>(answer: &Result<T, RaftError<Raft>>) -> Response {
+    match postcard::to_stdvec(answer) {
+        Ok(bytes) => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// The group is not here (not yet created on this broker, or moved away): answered as a stopped
+/// Raft, which the sender treats as a failed exchange and retries.
+fn absent<T: Serialize>() -> Response {
+    encode::<T>(&Err(RaftError::Fatal(Fatal::Stopped)))
+}
+
+fn encode_write(answer: &Result<Vec<Applied>, WriteRefused>) -> Response {
+    match postcard::to_stdvec(answer) {
+        Ok(bytes) => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// `POST /mmmq/internal/raft/{rpc}`.
+pub async fn handle<G: Groups>(
+    State(groups): State<Arc<G>>,
+    Path(rpc): Path<String>,
+    body: Bytes,
+) -> Response {
+    macro_rules! serve {
+        ($req:ty, $resp:ty, |$ep:ident, $r:ident| $call:expr) => {{
+            let (group, $r) = match decode::<$req>(&body) {
+                Ok(x) => x,
+                Err(refusal) => return refusal.into_response(),
+            };
+            match groups.endpoint(&group) {
+                Some($ep) => encode::<$resp>(&$call.await),
+                None => absent::<$resp>(),
+            }
+        }};
+    }
+    match rpc.as_str() {
+        "append" => serve!(
+            AppendEntriesRequest<Raft>,
+            AppendEntriesResponse<Raft>,
+            |ep, r| ep.append(r)
+        ),
+        "vote" => serve!(VoteRequest<Raft>, VoteResponse<Raft>, |ep, r| ep.vote(r)),
+        "pre-vote" => serve!(VoteRequest<Raft>, VoteResponse<Raft>, |ep, r| ep
+            .pre_vote(r)),
+        "snapshot" => serve!(
+            (Vote, SnapshotMeta, SnapshotBytes),
+            SnapshotResponse<Raft>,
+            |ep, r| ep.snapshot(r.0, r.1, r.2)
+        ),
+        "transfer-leader" => serve!(
+            TransferLeaderRequest<Raft>,
+            TransferLeaderResponse<Raft>,
+            |ep, r| ep.transfer_leader(r)
+        ),
+        "write" => {
+            let (group, commands) = match decode::<Vec<Command>>(&body) {
+                Ok(x) => x,
+                Err(refusal) => return refusal.into_response(),
+            };
+            match groups.endpoint(&group) {
+                Some(ep) => encode_write(&ep.write(commands).await),
+                None => encode_write(&Err(WriteRefused::NotLeader { leader: None })),
+            }
+        }
+        other => (StatusCode::NOT_FOUND, format!("no Raft message {other:?}")).into_response(),
+    }
+}
