@@ -6,8 +6,10 @@
 //! - [`dispatchers`]: the strict `dispatchers.json` loader and the specs it yields.
 //! - `plugin_spec`: an entry's `plugin` object ([`PluginSpec`]).
 //! - [`allowed_hosts`]: the origins a plugin may call (`plugin.allowedHosts`).
+//! - [`cluster`]: `--node-id` and `--peers` of a cluster member.
 
 pub mod allowed_hosts;
+pub mod cluster;
 pub mod dispatchers;
 mod plugin_spec;
 pub mod serve;

@@ -91,6 +91,8 @@ pub struct ServeConfig {
     pub max_groups: usize,
     /// Cap on partitions over all topics (creating or growing a topic past it is refused).
     pub max_partitions: usize,
+    /// Set when this broker is a cluster member (`--node-id`, `--peers`; contract §13).
+    pub cluster: Option<super::cluster::ClusterSettings>,
 }
 
 /// A batch request may be this many times the single-message body limit.
@@ -156,6 +158,7 @@ impl ServeConfig {
             max_produce_ids: defaults::MAX_PRODUCE_IDS,
             max_groups: defaults::MAX_GROUPS,
             max_partitions: defaults::MAX_PARTITIONS,
+            cluster: None,
         }
     }
 
