@@ -8,3 +8,4 @@ pub mod network;
 pub mod node;
 pub mod rpc;
 pub mod types;
+pub mod forward;

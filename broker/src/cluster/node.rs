@@ -22,7 +22,7 @@ use super::faults::Faults;
 use super::meta_machine::MetaMachine;
 use super::meta_state::{MetaCommand, MetaOutcome, MetaState};
 use super::network::{GroupId, NetworkFactory, RAFT_PATH, Router};
-use super::rpc::{Endpoint, Groups, WriteRefused};
+use super::rpc::{Endpoint, Groups};
 use super::types::{Applied, BrokerId, Command, Raft};
 
 /// How a broker takes part in a cluster (`serve --node-id N --peers …`).
@@ -91,17 +91,26 @@ pub enum ClusterError {
 /// A broker's part of the cluster. Cheap to clone.
 #[derive(Clone)]
 pub struct Cluster {
-    inner: Arc<Inner>,
+    pub(super) inner: Arc<Inner>,
 }
 
-struct Inner {
-    config: ClusterConfig,
-    router: Router,
-    meta: openraft::Raft<Raft, MetaMachine>,
+pub(super) struct Inner {
+    pub(super) config: ClusterConfig,
+    pub(super) router: Router,
+    pub(super) meta: openraft::Raft<Raft, MetaMachine>,
     machine: MetaMachine,
     /// Partition groups this broker holds a replica of.
-    partitions: RwLock<HashMap<GroupId, Arc<dyn Endpoint>>>,
+    pub(super) partitions: RwLock<HashMap<GroupId, Arc<dyn Endpoint>>>,
+    /// The last leader each group's writes were forwarded to (learnt from answers).
+    pub(super) hints: RwLock<HashMap<GroupId, BrokerId>>,
     stop: CancellationToken,
+}
+
+impl Inner {
+    /// The group's endpoint on this broker: the metadata group, or a partition it replicates.
+    pub(super) fn partitions_or_meta(&self, group: &GroupId) -> Option<Arc<dyn Endpoint>> {
+        self.endpoint(group)
+    }
 }
 
 impl Groups for Inner {
@@ -167,6 +176,7 @@ impl Cluster {
                 meta,
                 machine,
                 partitions: RwLock::new(HashMap::new()),
+                hints: RwLock::new(HashMap::new()),
                 stop: CancellationToken::new(),
             }),
         };
@@ -249,77 +259,6 @@ impl Cluster {
                 "a metadata answer: {other:?}"
             ))),
         }
-    }
-
-    /// Writes commands to a group: here if this broker leads it, else at its leader (one hop).
-    pub async fn write(
-        &self,
-        group: GroupId,
-        commands: Vec<Command>,
-    ) -> Result<Vec<Applied>, ClusterError> {
-        let local = self.inner.endpoint(&group);
-        let mut refused = match &local {
-            Some(ep) => match ep.write(commands.clone()).await {
-                Ok(applied) => return Ok(applied),
-                Err(e) => e,
-            },
-            None => WriteRefused::NotLeader { leader: None },
-        };
-        for _ in 0..2 {
-            let leader = match &refused {
-                WriteRefused::NotLeader { leader: Some(l) } if *l != self.id() => *l,
-                WriteRefused::NotLeader { leader } => {
-                    return Err(ClusterError::NoLeader {
-                        group: group.to_string(),
-                        leader: leader.and_then(|l| self.inner.router.peer(l)),
-                    });
-                }
-                WriteRefused::Failed(why) => return Err(ClusterError::Failed(why.clone())),
-            };
-            refused = match self.forward_write(leader, &group, &commands).await? {
-                Ok(applied) => return Ok(applied),
-                Err(e) => e,
-            };
-        }
-        Err(ClusterError::NoLeader {
-            group: group.to_string(),
-            leader: None,
-        })
-    }
-
-    async fn forward_write(
-        &self,
-        leader: BrokerId,
-        group: &GroupId,
-        commands: &[Command],
-    ) -> Result<Result<Vec<Applied>, WriteRefused>, ClusterError> {
-        let router = &self.inner.router;
-        let base = router
-            .peer(leader)
-            .ok_or_else(|| ClusterError::Unreachable(leader, "no address known".into()))?;
-        let body = postcard::to_stdvec(&(group, commands))
-            .map_err(|e| ClusterError::Failed(e.to_string()))?;
-        let mut request = router
-            .http()
-            .post(format!("{base}{RAFT_PATH}/write"))
-            .header("content-type", "application/octet-stream")
-            .timeout(Duration::from_secs(10))
-            .body(body);
-        if let Some(token) = router.token() {
-            request = request.bearer_auth(token);
-        }
-        let unreachable =
-            |e: &dyn std::fmt::Display| ClusterError::Unreachable(leader, e.to_string());
-        let response = request.send().await.map_err(|e| unreachable(&e))?;
-        let status = response.status();
-        let bytes = response.bytes().await.map_err(|e| unreachable(&e))?;
-        if !status.is_success() {
-            return Err(unreachable(&format!(
-                "{status}: {}",
-                String::from_utf8_lossy(&bytes)
-            )));
-        }
-        postcard::from_bytes(&bytes).map_err(|e| unreachable(&e))
     }
 
     /// What `GET /mmmq/cluster` shows of the metadata group, as this broker sees it.

@@ -9,6 +9,7 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
+use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ClientWriteError, Fatal, RaftError};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
@@ -66,6 +67,28 @@ pub trait Endpoint: Send + Sync {
     /// `write`: appends commands as one batch if this broker leads the group, and answers once
     /// a majority holds them and they are applied.
     async fn write(&self, commands: Vec<Command>) -> Result<Vec<Applied>, WriteRefused>;
+    /// The group as this broker sees it now.
+    fn view(&self) -> GroupView;
+    /// Stops the group on this broker.
+    async fn stop(&self);
+}
+
+/// A group as one broker sees it (`GET /mmmq/cluster`, metrics).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupView {
+    /// The leader this broker knows of.
+    pub leader: Option<BrokerId>,
+    /// The term.
+    pub term: u64,
+    /// This broker's last log index (`null`: empty).
+    pub last_log_index: Option<u64>,
+    /// The last index applied here.
+    pub last_applied: Option<u64>,
+    /// When this broker leads: each replica's last index it holds (`null`: none yet).
+    pub matched: std::collections::BTreeMap<BrokerId, Option<u64>>,
+    /// The voters.
+    pub voters: Vec<BrokerId>,
 }
 
 #[async_trait::async_trait]
@@ -113,6 +136,27 @@ where
         self.handle_transfer_leader(req)
             .await
             .map_err(RaftError::Fatal)
+    }
+
+    fn view(&self) -> GroupView {
+        let m = self.metrics().borrow_watched().clone();
+        GroupView {
+            leader: m.current_leader,
+            term: m.current_term,
+            last_log_index: m.last_log_index,
+            last_applied: m.last_applied.map(|l| l.index),
+            matched: m
+                .replication
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(id, l)| (id, l.map(|l| l.index)))
+                .collect(),
+            voters: m.membership_config.membership().voter_ids().collect(),
+        }
+    }
+
+    async fn stop(&self) {
+        let _ = self.shutdown().await;
     }
 
     async fn write(&self, commands: Vec<Command>) -> Result<Vec<Applied>, WriteRefused> {

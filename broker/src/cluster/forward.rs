@@ -1,0 +1,147 @@
+//! Writes to a group through its leader, wherever it is (docs/cluster.md, "Design"): here when
+//! this broker leads, else one hop to the leader this broker knows of (its own replica's view, or
+//! the last leader a forward found), else to a replica that can name it. While a group has no
+//! leader (an election), a write waits for one up to [`LEADER_WAIT`], then is refused with the
+//! last leader's address, which the HTTP layer answers as `503` (contract §13).
+
+use std::time::{Duration, Instant};
+
+use super::network::{GroupId, RAFT_PATH};
+use super::node::{Cluster, ClusterError};
+use super::rpc::WriteRefused;
+use super::types::{Applied, BrokerId, Command};
+
+/// How long a write waits for a group to have a leader. Longer than an election (0.5–1 s) and a
+/// retry, shorter than a client's patience.
+pub const LEADER_WAIT: Duration = Duration::from_secs(3);
+
+impl Cluster {
+    /// Writes commands to a group at its leader and answers what it applied: after a majority of
+    /// the group's replicas hold them durably.
+    pub async fn write(
+        &self,
+        group: GroupId,
+        commands: Vec<Command>,
+    ) -> Result<Vec<Applied>, ClusterError> {
+        let deadline = Instant::now() + LEADER_WAIT;
+        let mut last_leader = None;
+        let mut tried_unreachable: Vec<BrokerId> = Vec::new();
+        loop {
+            let target = self.leader_guess(&group, &tried_unreachable);
+            let outcome = match target {
+                Some(t) if t == self.id() => match self.inner.partitions_or_meta(&group) {
+                    Some(ep) => Ok(ep.write(commands.clone()).await),
+                    None => Ok(Err(WriteRefused::NotLeader { leader: None })),
+                },
+                Some(t) => self.forward_write(t, &group, &commands).await,
+                None => Ok(Err(WriteRefused::NotLeader { leader: None })),
+            };
+            match outcome {
+                Ok(Ok(applied)) => {
+                    if let Some(t) = target {
+                        self.inner.hints.write().insert(group, t);
+                    }
+                    return Ok(applied);
+                }
+                Ok(Err(WriteRefused::Failed(why))) => return Err(ClusterError::Failed(why)),
+                Ok(Err(WriteRefused::NotLeader { leader })) => {
+                    let mut hints = self.inner.hints.write();
+                    match leader {
+                        Some(l) if Some(l) != target => {
+                            hints.insert(group.clone(), l);
+                            last_leader = Some(l);
+                            continue;
+                        }
+                        _ => {
+                            hints.remove(&group);
+                        }
+                    }
+                }
+                Err(ClusterError::Unreachable(b, why)) => {
+                    tracing::debug!(broker = b, %why, %group, "forwarding a write: unreachable");
+                    self.inner.hints.write().remove(&group);
+                    tried_unreachable.push(b);
+                }
+                Err(e) => return Err(e),
+            }
+            if Instant::now() >= deadline {
+                return Err(ClusterError::NoLeader {
+                    group: group.to_string(),
+                    leader: last_leader.and_then(|l| self.inner.router.peer(l)),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if tried_unreachable.len() > 8 {
+                tried_unreachable.clear();
+            }
+        }
+    }
+
+    /// Where a write to `group` should go first: the leader this broker's replica knows, else the
+    /// last leader a forward found, else a replica (from the metadata) not known unreachable.
+    fn leader_guess(&self, group: &GroupId, unreachable: &[BrokerId]) -> Option<BrokerId> {
+        if let Some(ep) = self.inner.partitions_or_meta(group) {
+            let view = ep.view();
+            if let Some(l) = view.leader.filter(|l| !unreachable.contains(l)) {
+                return Some(l);
+            }
+            if matches!(group, GroupId::Meta) {
+                return None;
+            }
+        }
+        if let Some(l) = self.inner.hints.read().get(group).copied()
+            && !unreachable.contains(&l)
+        {
+            return Some(l);
+        }
+        match group {
+            GroupId::Meta => None,
+            GroupId::Partition(topic, p) => {
+                let meta = self.metadata();
+                let replicas = meta.topics.get(topic)?.placement.get(*p as usize)?.clone();
+                replicas
+                    .iter()
+                    .copied()
+                    .find(|b| *b != self.id() && !unreachable.contains(b))
+            }
+        }
+    }
+
+    async fn forward_write(
+        &self,
+        leader: BrokerId,
+        group: &GroupId,
+        commands: &[Command],
+    ) -> Result<Result<Vec<Applied>, WriteRefused>, ClusterError> {
+        let router = &self.inner.router;
+        let base = router
+            .peer(leader)
+            .ok_or_else(|| ClusterError::Unreachable(leader, "no address known".into()))?;
+        if router.faults().outgoing(leader) == Some(None) {
+            return Err(ClusterError::Unreachable(leader, "cut off (fault injection)".into()));
+        }
+        let body = postcard::to_stdvec(&(group, commands))
+            .map_err(|e| ClusterError::Failed(e.to_string()))?;
+        let mut request = router
+            .http()
+            .post(format!("{base}{RAFT_PATH}/write"))
+            .header("content-type", "application/octet-stream")
+            .timeout(Duration::from_secs(10))
+            .body(body);
+        if let Some(token) = router.token() {
+            request = request.bearer_auth(token);
+        }
+        let unreachable =
+            |e: &dyn std::fmt::Display| ClusterError::Unreachable(leader, e.to_string());
+        let response = request.send().await.map_err(|e| unreachable(&e))?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(|e| unreachable(&e))?;
+        if !status.is_success() {
+            return Err(unreachable(&format!(
+                "{status}: {}",
+                String::from_utf8_lossy(&bytes)
+            )));
+        }
+        postcard::from_bytes(&bytes).map_err(|e| unreachable(&e))
+    }
+}
