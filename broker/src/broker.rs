@@ -128,6 +128,8 @@ pub struct Broker {
     groups: Arc<crate::groups::Groups>,
     /// Deployed plugins and their versions.
     plugins: Arc<crate::plugin::store::PluginStore>,
+    /// This broker's part of a cluster, when it is a member (contract §13).
+    cluster: std::sync::OnceLock<crate::cluster::node::Cluster>,
 }
 
 impl Broker {
@@ -226,7 +228,18 @@ impl Broker {
             background,
             groups,
             plugins,
+            cluster: std::sync::OnceLock::new(),
         })
+    }
+
+    /// This broker's part of a cluster, when it is a member.
+    pub fn cluster(&self) -> Option<&crate::cluster::node::Cluster> {
+        self.cluster.get()
+    }
+
+    /// Makes this broker a cluster member's (once; later calls change nothing).
+    pub fn attach_cluster(&self, cluster: crate::cluster::node::Cluster) {
+        let _ = self.cluster.set(cluster);
     }
 
     /// The settings it runs with.

@@ -165,6 +165,9 @@ async fn answers_of_every_endpoint_fit_their_schemas() {
         .dispatcher_when("p", |s| s["deadLettered"] == 1 && s["lag"] == 0)
         .await;
     ok("GET", "/mmmq/topics", broker.get("/mmmq/topics").await);
+    let single = broker.get("/mmmq/cluster").await;
+    assert_eq!(single.1["clustered"], false, "{}", single.1);
+    ok("GET", "/mmmq/cluster", single);
     ok(
         "GET",
         "/mmmq/topics/{topic}",

@@ -118,7 +118,10 @@ impl Cluster {
             .peer(leader)
             .ok_or_else(|| ClusterError::Unreachable(leader, "no address known".into()))?;
         if router.faults().outgoing(leader) == Some(None) {
-            return Err(ClusterError::Unreachable(leader, "cut off (fault injection)".into()));
+            return Err(ClusterError::Unreachable(
+                leader,
+                "cut off (fault injection)".into(),
+            ));
         }
         let body = postcard::to_stdvec(&(group, commands))
             .map_err(|e| ClusterError::Failed(e.to_string()))?;

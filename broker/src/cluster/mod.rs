@@ -2,10 +2,11 @@
 //! the forwarding that makes any broker answer for all. Every use of openraft is in this module.
 
 pub mod faults;
+pub mod forward;
 pub mod meta_machine;
 pub mod meta_state;
 pub mod network;
 pub mod node;
 pub mod rpc;
+pub mod status;
 pub mod types;
-pub mod forward;

@@ -11,11 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::Instant as _;
-use openraft::async_runtime::WatchReceiver;
 use openraft::storage::RaftLogStorage;
 use parking_lot::RwLock;
-use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use super::faults::Faults;
@@ -110,6 +107,11 @@ impl Inner {
     /// The group's endpoint on this broker: the metadata group, or a partition it replicates.
     pub(super) fn partitions_or_meta(&self, group: &GroupId) -> Option<Arc<dyn Endpoint>> {
         self.endpoint(group)
+    }
+
+    /// The metadata group as this broker sees it.
+    pub(super) fn meta_view(&self) -> super::rpc::GroupView {
+        Endpoint::view(&self.meta)
     }
 }
 
@@ -261,38 +263,6 @@ impl Cluster {
         }
     }
 
-    /// What `GET /mmmq/cluster` shows of the metadata group, as this broker sees it.
-    pub fn status(&self) -> ClusterStatus {
-        let metrics = self.inner.meta.metrics().borrow_watched().clone();
-        let state = self.metadata();
-        let acked = metrics.heartbeat.clone().unwrap_or_default();
-        let leader = metrics.current_leader;
-        let brokers = state
-            .brokers
-            .iter()
-            .map(|(id, b)| BrokerStatus {
-                id: *id,
-                addr: b.addr.clone(),
-                alive: if Some(*id) == leader || *id == self.id() {
-                    Some(true)
-                } else {
-                    acked.get(id).map(|at| {
-                        at.is_some_and(|at| {
-                            at.elapsed() < Duration::from_millis(self.inner.config.election_ms * 2)
-                        })
-                    })
-                },
-            })
-            .collect();
-        ClusterStatus {
-            node_id: self.id(),
-            leader,
-            term: metrics.current_term,
-            brokers,
-            topics: state.topics.len(),
-        }
-    }
-
     /// Stops every group of this broker.
     pub async fn shutdown(&self) {
         self.inner.stop.cancel();
@@ -303,33 +273,4 @@ impl Cluster {
     pub fn dir(&self) -> &Path {
         &self.inner.config.dir
     }
-}
-
-/// A broker in [`ClusterStatus`].
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BrokerStatus {
-    /// Its id.
-    pub id: BrokerId,
-    /// Its HTTP address.
-    pub addr: String,
-    /// Whether it answered the metadata leader within two election timeouts; `null` when this
-    /// broker does not lead the metadata group (ask the leader).
-    pub alive: Option<bool>,
-}
-
-/// `GET /mmmq/cluster`, the metadata group's part.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ClusterStatus {
-    /// The broker that answered.
-    pub node_id: BrokerId,
-    /// The metadata group's leader.
-    pub leader: Option<BrokerId>,
-    /// Its term.
-    pub term: u64,
-    /// The brokers.
-    pub brokers: Vec<BrokerStatus>,
-    /// How many topics the metadata holds.
-    pub topics: usize,
 }

@@ -6,6 +6,7 @@
 //! - `produce`: `POST /mmmq/messages` and `/mmmq/messages/batch`.
 //! - `consume`: topic list and pull with long poll.
 //! - `admin`: dispatcher status, reload, health, metrics.
+//! - `cluster`: `GET /mmmq/cluster`.
 //! - `dashboard`: `GET /`, the page for people.
 //! - `openapi`: `GET /mmmq/openapi.json`, and the schemas of answers the handlers build by hand.
 //! - `guard`: what every request passes first: `Host`, the site it comes from, the token, the
@@ -19,6 +20,7 @@
 
 mod admin;
 mod body;
+mod cluster;
 mod consume;
 mod dashboard;
 mod groups;
@@ -202,6 +204,7 @@ fn described_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(groups::commit))
         .routes(routes!(groups::leave))
         .routes(routes!(admin::dispatchers))
+        .routes(routes!(cluster::view))
         .routes(routes!(admin::redrive))
         .routes(routes!(admin::reload))
         .routes(routes!(plugins::list))
