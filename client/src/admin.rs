@@ -132,6 +132,12 @@ impl Admin {
         }
     }
 
+    /// The cluster as the broker sees it: brokers, and per partition its leader, replicas, term
+    /// and lag (`clustered: false` from a single-node broker).
+    pub async fn cluster(&self) -> Result<mmmq_core::cluster::ClusterView, ClientError> {
+        self.get("/mmmq/cluster").await
+    }
+
     /// Every dispatcher.
     pub async fn dispatchers(&self) -> Result<Vec<DispatcherStatus>, ClientError> {
         self.get("/mmmq/dispatchers").await

@@ -15,6 +15,7 @@
 #![deny(missing_docs)]
 
 pub mod ack;
+pub mod cluster;
 pub mod handler;
 pub mod message;
 pub mod partition;

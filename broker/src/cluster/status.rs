@@ -4,74 +4,13 @@
 //! every other live broker for its own view (`?local=true`) and takes each partition's figures
 //! from the broker that leads it.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
-
-use serde::{Deserialize, Serialize};
 
 use super::network::GroupId;
 use super::node::Cluster;
 use super::rpc::GroupView;
 use super::types::BrokerId;
-
-/// The answer of `GET /mmmq/cluster`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ClusterView {
-    /// Whether the broker is a cluster member (`false`: a single-node broker, contract §1–§12).
-    pub clustered: bool,
-    /// The broker that answered.
-    pub node_id: Option<BrokerId>,
-    /// The metadata group.
-    pub meta: Option<MetaView>,
-    /// The brokers.
-    pub brokers: Vec<BrokerView>,
-    /// Every partition of every topic.
-    pub partitions: Vec<PartitionView>,
-}
-
-/// The metadata group in a [`ClusterView`].
-#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct MetaView {
-    /// Its leader.
-    pub leader: Option<BrokerId>,
-    /// Its term.
-    pub term: u64,
-    /// Its voters.
-    pub voters: Vec<BrokerId>,
-}
-
-/// A broker in a [`ClusterView`].
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct BrokerView {
-    /// Its id.
-    pub id: BrokerId,
-    /// Its HTTP address.
-    pub addr: String,
-    /// Whether it answered just now (`null`: not asked).
-    pub alive: Option<bool>,
-}
-
-/// A partition in a [`ClusterView`].
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PartitionView {
-    /// Its topic.
-    pub topic: String,
-    /// Its number.
-    pub partition: u32,
-    /// Its replicas, preferred leader first.
-    pub replicas: Vec<BrokerId>,
-    /// Its leader, if it has one.
-    pub leader: Option<BrokerId>,
-    /// The leader's term.
-    pub term: Option<u64>,
-    /// Per replica, how many entries it is behind the leader's log (`null` without a leader's
-    /// report).
-    pub lag: Option<BTreeMap<BrokerId, Option<u64>>>,
-}
+pub use mmmq_core::cluster::{BrokerView, ClusterView, MetaView, PartitionView};
 
 impl Cluster {
     /// This broker's own view: the metadata, and the groups it replicates.

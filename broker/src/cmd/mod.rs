@@ -4,6 +4,7 @@
 //! - this module: the command line ([`Cli`]), `serve`, `inspect` and `plugin`, which hand over to
 //!   the library at once.
 //! - `client`: `produce`, `tail`, `topics`, `dispatchers`, over `mmmq-client`.
+//! - `cluster`: `mmmq cluster status`.
 //! - `plugin`: `mmmq plugin …` (`deploy`: the commands on deployed plugins; `replay`).
 //! - `shell`: `completions` and `man`, generated from [`Cli`].
 //! - `table`: how tables and `--json` lines are printed (used by `client`, `deploy`, `dlq`).
@@ -11,6 +12,7 @@
 
 mod bench;
 mod client;
+mod cluster;
 mod deploy;
 mod dlq;
 mod plugin;
@@ -104,6 +106,11 @@ enum Command {
     Topic {
         #[command(subcommand)]
         what: topic::TopicCommand,
+    },
+    /// A cluster of brokers: its brokers and partitions.
+    Cluster {
+        #[command(subcommand)]
+        what: cluster::ClusterCommand,
     },
     /// A dispatcher's dead letters, and delivering them again (redrive).
     Dlq {
@@ -363,6 +370,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Topic { what } => topic::run(what),
+        Command::Cluster { what } => cluster::run(what),
         Command::Completions(args) => {
             shell::completions(&args, &mut std::io::stdout())?;
             Ok(ExitCode::SUCCESS)

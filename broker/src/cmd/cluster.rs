@@ -1,0 +1,124 @@
+//! `mmmq cluster …` (docs/cluster.md, "Status"): a cluster's brokers and partitions as any of
+//! its brokers sees them.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Subcommand;
+use mmmq_core::cluster::ClusterView;
+
+use super::BrokerArg;
+use super::client::CliError;
+use super::table::{print_json, table};
+
+/// `mmmq cluster …`.
+#[derive(Subcommand)]
+pub enum ClusterCommand {
+    /// The brokers (alive or not), the metadata leader, and per partition its leader, replicas,
+    /// term and lag (GET /mmmq/cluster).
+    Status {
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        broker: BrokerArg,
+    },
+}
+
+/// Runs `mmmq cluster …`.
+pub fn run(what: ClusterCommand) -> anyhow::Result<ExitCode> {
+    let ClusterCommand::Status { json, broker } = what;
+    let rt = tokio::runtime::Runtime::new()?;
+    let view = rt.block_on(async { broker.conn().admin()?.cluster().await })?;
+    status(&view, json, &mut std::io::stdout())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints a [`ClusterView`]: the brokers, then the partitions, lagging ones first.
+pub fn status(view: &ClusterView, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
+    if print_json(json, view, out)? {
+        return Ok(());
+    }
+    if !view.clustered {
+        writeln!(out, "a single broker (not a cluster member)")?;
+        return Ok(());
+    }
+    let meta = view.meta.clone().unwrap_or_default();
+    let leader = meta.leader.map_or("none".to_owned(), |l| l.to_string());
+    writeln!(out, "metadata leader: {leader} (term {})", meta.term)?;
+    let rows: Vec<Vec<String>> = view
+        .brokers
+        .iter()
+        .map(|b| {
+            let leads = view
+                .partitions
+                .iter()
+                .filter(|p| p.leader == Some(b.id))
+                .count();
+            let holds = view
+                .partitions
+                .iter()
+                .filter(|p| p.replicas.contains(&b.id))
+                .count();
+            vec![
+                b.id.to_string(),
+                b.addr.clone(),
+                match b.alive {
+                    Some(true) => "yes",
+                    Some(false) => "NO",
+                    None => "?",
+                }
+                .to_owned(),
+                leads.to_string(),
+                holds.to_string(),
+            ]
+        })
+        .collect();
+    table(
+        &["BROKER", "ADDRESS", "ALIVE", "LEADS", "REPLICAS"],
+        &rows,
+        out,
+    )?;
+    let max_lag = |p: &mmmq_core::cluster::PartitionView| {
+        p.lag
+            .as_ref()
+            .map(|l| l.values().map(|v| v.unwrap_or(u64::MAX)).max().unwrap_or(0))
+    };
+    let mut partitions: Vec<_> = view.partitions.iter().collect();
+    partitions.sort_by_key(|p| std::cmp::Reverse(max_lag(p).unwrap_or(0)));
+    let rows: Vec<Vec<String>> = partitions
+        .iter()
+        .map(|p| {
+            vec![
+                p.topic.clone(),
+                p.partition.to_string(),
+                p.leader.map_or("none".to_owned(), |l| l.to_string()),
+                p.replicas
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+                p.term.map_or("-".to_owned(), |t| t.to_string()),
+                match max_lag(p) {
+                    None => "?".to_owned(),
+                    Some(u64::MAX) => "no ack yet".to_owned(),
+                    Some(l) => l.to_string(),
+                },
+            ]
+        })
+        .collect();
+    writeln!(out)?;
+    table(
+        &[
+            "TOPIC",
+            "PARTITION",
+            "LEADER",
+            "REPLICAS",
+            "TERM",
+            "MAX LAG",
+        ],
+        &rows,
+        out,
+    )?;
+    Ok(())
+}
