@@ -86,6 +86,15 @@ pub enum StorageError {
         /// The checkpoint directory.
         dir: PathBuf,
     },
+    /// An operation this log cannot do in its mode: an append without a log id to a clustered
+    /// log (or one with a log id to a single-node log), a cut below what readers already see.
+    #[error("{dir}: {reason}")]
+    Refused {
+        /// The log's directory.
+        dir: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// The log was closed while the operation waited.
     #[error("log closed")]
     Closed,

@@ -8,6 +8,38 @@ pub const HEADER_LEN: usize = 8;
 /// Payloads are capped so that a corrupted length field cannot make a reader allocate gigabytes.
 pub const MAX_PAYLOAD_LEN: usize = 64 * 1024 * 1024;
 
+/// Bytes of the log id that starts every frame's payload in a clustered log: the Raft term and
+/// index of the entry, big-endian u64s, covered by the frame's length and CRC like the message
+/// after them (docs/cluster.md, "Clustered partitions on disk").
+pub const LOG_ID_LEN: usize = 16;
+
+/// Appends the frame of a clustered log's entry to `out`: `[u32 length][u32 CRC32C][u64 term][u64
+/// index][payload]`, length and CRC covering the log id and the payload.
+pub fn encode_with_log_id_into(term: u64, index: u64, payload: &[u8], out: &mut Vec<u8>) {
+    debug_assert!(payload.len() + LOG_ID_LEN <= MAX_PAYLOAD_LEN);
+    let mut log_id = [0u8; LOG_ID_LEN];
+    log_id[..8].copy_from_slice(&term.to_be_bytes());
+    log_id[8..].copy_from_slice(&index.to_be_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&log_id), payload);
+    out.reserve(HEADER_LEN + LOG_ID_LEN + payload.len());
+    out.extend_from_slice(&((LOG_ID_LEN + payload.len()) as u32).to_be_bytes());
+    out.extend_from_slice(&crc.to_be_bytes());
+    out.extend_from_slice(&log_id);
+    out.extend_from_slice(payload);
+}
+
+/// The `(term, index)` a clustered frame's payload starts with, and the message after it; `None`
+/// when the payload is shorter than a log id.
+pub fn split_log_id(payload: &[u8]) -> Option<((u64, u64), &[u8])> {
+    if payload.len() < LOG_ID_LEN {
+        return None;
+    }
+    let (id, rest) = payload.split_at(LOG_ID_LEN);
+    let term = u64::from_be_bytes(id[..8].try_into().expect("8 bytes"));
+    let index = u64::from_be_bytes(id[8..].try_into().expect("8 bytes"));
+    Some(((term, index), rest))
+}
+
 /// Appends the frame of `payload` to `out`.
 pub fn encode_into(payload: &[u8], out: &mut Vec<u8>) {
     debug_assert!(payload.len() <= MAX_PAYLOAD_LEN);
@@ -80,6 +112,11 @@ pub enum FrameFault {
         /// The CRC of the payload bytes.
         computed: u32,
     },
+    /// A clustered log's frame whose CRC-valid payload is too short to hold its log id.
+    MissingLogId {
+        /// The payload's length.
+        len: u32,
+    },
 }
 
 impl std::fmt::Display for FrameFault {
@@ -98,6 +135,10 @@ impl std::fmt::Display for FrameFault {
             Self::CrcMismatch { stored, computed } => write!(
                 f,
                 "CRC32C mismatch: stored {stored:#010x}, payload has {computed:#010x}"
+            ),
+            Self::MissingLogId { len } => write!(
+                f,
+                "a clustered entry of {len} bytes, shorter than its {LOG_ID_LEN}-byte log id"
             ),
         }
     }
@@ -180,9 +221,26 @@ mod tests {
             match err {
                 FrameFault::ShortHeader { .. } => assert!(cut < HEADER_LEN),
                 FrameFault::Truncated { .. } => assert!(cut >= HEADER_LEN),
-                FrameFault::CrcMismatch { .. } => panic!("cut {cut} seen as CRC mismatch"),
+                other => panic!("cut {cut} seen as {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_clustered_frame_is_a_frame_whose_payload_starts_with_the_log_id() {
+        let mut frame = Vec::new();
+        encode_with_log_id_into(3, 258, b"{}", &mut frame);
+        assert_eq!(&frame[..4], &[0, 0, 0, 18]);
+        let mut covered = Vec::new();
+        covered.extend_from_slice(&3u64.to_be_bytes());
+        covered.extend_from_slice(&258u64.to_be_bytes());
+        covered.extend_from_slice(b"{}");
+        assert_eq!(&frame[4..8], &crc32c::crc32c(&covered).to_be_bytes());
+        assert_eq!(&frame[8..], &covered[..]);
+        assert_eq!(frame, encode(&covered));
+        let payload = decode(&frame).unwrap();
+        assert_eq!(split_log_id(payload), Some(((3, 258), &b"{}"[..])));
+        assert_eq!(split_log_id(&payload[..15]), None);
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub mod vfs;
 pub use checkpoint::{Checkpoints, Position};
 pub use error::{CorruptEntry, Limit, StorageError};
 pub use files::FileCache;
-pub use log::{FlushMode, Log, LogConfig, LogStats, SegmentSummary, Settle};
+pub use log::{Committing, FlushMode, Log, LogConfig, LogStats, RaftFrame, SegmentSummary, Settle};
 pub use segment::Entry;
 pub use vfs::{OsFs, Vfs};
 

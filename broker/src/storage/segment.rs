@@ -32,6 +32,18 @@ pub struct Entry {
     pub payload: Result<Vec<u8>, CorruptEntry>,
 }
 
+/// What a read does with the log id a clustered log's payloads start with (docs/cluster.md,
+/// "Clustered partitions on disk").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LogIdPart {
+    /// A single-node log: payloads have none.
+    Absent,
+    /// Leave it out: what the log's readers above storage get.
+    Strip,
+    /// Keep it in front of the message: what the Raft log store reads.
+    Keep,
+}
+
 /// What readers see of a segment's committed entries.
 #[derive(Debug, Default)]
 struct Committed {
@@ -299,6 +311,25 @@ impl Segment {
         Ok(())
     }
 
+    /// Keeps only the first `keep` committed entries in memory, as the tail (a clustered log cut
+    /// back, docs/cluster.md, "Clustered partitions on disk"): a sealed segment reads its
+    /// positions back from its index and becomes the tail again. The files are cut by
+    /// [`Segment::cut_uncommitted`] next, which makes them agree with this.
+    pub fn forget_after(&self, keep: u64) -> Result<(), StorageError> {
+        let (positions, end) = match self.spans_of(0, keep)? {
+            Some((positions, end)) if keep > 0 => (positions, end),
+            _ => (Vec::new(), 0),
+        };
+        let mut committed = self.committed.write();
+        let keep = positions.len() as u64;
+        committed.positions = positions;
+        committed.count = keep;
+        committed.sealed = false;
+        self.committed_end.store(end, Ordering::Release);
+        self.indexed.fetch_min(keep, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Leaves the exact layout of a sealed segment (a clean shutdown): index complete and synced,
     /// preallocated zeros cut.
     pub fn close(&self) -> Result<(), StorageError> {
@@ -367,12 +398,14 @@ impl Segment {
 
     /// Reads up to `max_count` committed entries from `offset`, stopping early once `max_bytes` of
     /// payload are gathered (always returning at least one entry when there is one). One `pread`
-    /// of the data covers the whole run.
+    /// of the data covers the whole run. `log_id` says what becomes of the log id a clustered
+    /// log's payloads start with.
     pub fn read_from(
         &self,
         offset: u64,
         max_count: usize,
         max_bytes: usize,
+        log_id: LogIdPart,
     ) -> Result<Vec<Entry>, StorageError> {
         let Some(i) = offset.checked_sub(self.start()) else {
             return Ok(Vec::new());
@@ -411,13 +444,19 @@ impl Segment {
                     .unwrap_or(&[]);
                 Entry {
                     offset,
-                    payload: self.decode(bytes, offset, start),
+                    payload: self.decode(bytes, offset, start, log_id),
                 }
             })
             .collect())
     }
 
-    fn decode(&self, bytes: &[u8], offset: u64, position: u64) -> Result<Vec<u8>, CorruptEntry> {
+    fn decode(
+        &self,
+        bytes: &[u8],
+        offset: u64,
+        position: u64,
+        log_id: LogIdPart,
+    ) -> Result<Vec<u8>, CorruptEntry> {
         let corrupt = |fault| CorruptEntry {
             path: self.files.data.clone(),
             offset,
@@ -432,7 +471,19 @@ impl Segment {
                 available: bytes.len().saturating_sub(HEADER_LEN),
             }));
         }
-        frame::decode(bytes).map(<[u8]>::to_vec).map_err(corrupt)
+        let payload = frame::decode(bytes).map_err(corrupt)?;
+        if log_id == LogIdPart::Absent {
+            return Ok(payload.to_vec());
+        }
+        if payload.len() < frame::LOG_ID_LEN {
+            return Err(corrupt(FrameFault::MissingLogId {
+                len: payload.len() as u32,
+            }));
+        }
+        Ok(match log_id {
+            LogIdPart::Strip => payload[frame::LOG_ID_LEN..].to_vec(),
+            _ => payload.to_vec(),
+        })
     }
 }
 

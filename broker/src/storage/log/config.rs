@@ -69,6 +69,11 @@ pub struct LogConfig {
     /// The tail's index is written after each commit but synced at most this often (and at
     /// rotation and close): it only saves recovery the re-indexing of the frames past it.
     pub index_sync_interval: Duration,
+    /// A clustered partition's log (docs/cluster.md, "Clustered partitions on disk"): every frame's
+    /// payload starts with the entry's Raft log id, readers see entries only once the state
+    /// machine made them visible, and the log can be cut back or reset. Off (a single-node log,
+    /// byte for byte the layout of docs/storage.md) by default.
+    pub raft_header: bool,
 }
 
 impl std::fmt::Debug for LogConfig {
@@ -80,6 +85,7 @@ impl std::fmt::Debug for LogConfig {
             .field("retry_after", &self.retry_after)
             .field("max_open_files", &self.files.capacity())
             .field("preallocate_bytes", &self.preallocate_bytes)
+            .field("raft_header", &self.raft_header)
             .finish_non_exhaustive()
     }
 }
@@ -96,6 +102,7 @@ impl Default for LogConfig {
             tail_check: TailCheck::Full,
             preallocate_bytes: 1024 * 1024,
             index_sync_interval: Duration::from_secs(1),
+            raft_header: false,
         }
     }
 }

@@ -21,7 +21,7 @@ impl Inner {
     /// resume without a restart. Runs on the writer.
     pub(super) fn heal(&self) -> Result<(), StorageError> {
         let mut tail = self.tail.lock();
-        let committed = *self.committed.borrow();
+        let committed = self.durable.load(std::sync::atomic::Ordering::Acquire);
         let last = {
             let mut segments = self.segments.write();
             // Segments that a failed batch rotated into hold nothing committed; the one before
@@ -59,9 +59,18 @@ impl Inner {
     ///   on its way holds synced index entries, and an index left without its data file, or a
     ///   data file without its index, would stop the boot. An empty index past the tail is an
     ///   empty segment, and its data, if the cut leaves it, is re-indexed like any tail's.
-    fn remove_segments_after(&self, tail: u64) -> Result<(), StorageError> {
+    ///
+    /// A clustered log cut back or started over removes segments the same way, entries and all:
+    /// what a cut leaves is then a prefix of the log (docs/cluster.md, "Clustered partitions on
+    /// disk").
+    pub(super) fn remove_segments_after(&self, tail: u64) -> Result<(), StorageError> {
+        self.remove_segments_from(tail.saturating_add(1))
+    }
+
+    /// [`Inner::remove_segments_after`] for every segment that starts at `from` or later.
+    pub(super) fn remove_segments_from(&self, from: u64) -> Result<(), StorageError> {
         let listing = scan::list_segments(&*self.vfs, &self.dir)?;
-        for files in listing.segments.iter().rev().filter(|f| f.start > tail) {
+        for files in listing.segments.iter().rev().filter(|f| f.start >= from) {
             if self.vfs.exists(&files.index) {
                 let index = self
                     .vfs

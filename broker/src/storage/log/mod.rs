@@ -41,15 +41,20 @@
 //! - `heal`: poison after a failure, and recovery in place.
 //! - `state`: what both of those share (the queue of operations, the poison, the tail); it
 //!   imports neither, and `heal` imports nothing of `writer`.
+//! - `raft`: what a clustered partition's log does besides (docs/cluster.md, "Clustered
+//!   partitions on disk"): appends that carry log ids, a visible end apart from the durable one,
+//!   reads of the log ids, cutting back and starting over.
 //! - this module: [`Log`], its recovery at open, and the segment chain readers go through.
 
 mod config;
 mod heal;
+mod raft;
 mod state;
 mod writer;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::{oneshot, watch};
@@ -57,9 +62,10 @@ use tokio::sync::{oneshot, watch};
 use super::error::{IoContext, StorageError};
 use super::frame::{self, MAX_PAYLOAD_LEN};
 use super::scan::{self, ChainGap};
-use super::segment::{Entry, Segment};
+use super::segment::{Entry, LogIdPart, Segment};
 use super::vfs::{Vfs, create_dir_durably};
 pub use config::{CommitObserver, DEFAULT_FD_RESERVE, FlushMode, LogConfig, TailCheck};
+pub use raft::{Committing, RaftFrame};
 pub use state::Settle;
 use state::{Op, Pending, Reply, Tail, Writer};
 pub use writer::LEAD_MAX_BATCH;
@@ -94,8 +100,15 @@ struct Inner {
     config: LogConfig,
     runtime: tokio::runtime::Handle,
     segments: RwLock<Vec<Arc<Segment>>>,
-    /// The next offset past the last committed entry; readers and subscribers watch it.
+    /// The next offset past the last entry readers may see; readers and subscribers watch it. In
+    /// a single-node log that is the durable end; in a clustered log, the lower of the durable
+    /// end and `applied`.
     committed: watch::Sender<u64>,
+    /// The next offset past the last durable entry: the writer's commit point.
+    durable: AtomicU64,
+    /// A clustered log's end as its state machine applied it (entries a majority holds); readers
+    /// see up to it once it is durable here too. Its lock orders the updates of `committed`.
+    applied: Mutex<u64>,
     writer: Mutex<Writer>,
     tail: Mutex<Tail>,
     /// Commits an append led on its own thread (counted for the tests only).
@@ -177,6 +190,12 @@ impl Log {
         }
         let tail_segment = segments.last().expect("at least one segment").clone();
         let next_offset = tail_segment.start() + tail_segment.committed_count();
+        // A clustered log shows nothing until its state machine says what was applied.
+        let visible = if config.raft_header {
+            segments[0].start()
+        } else {
+            next_offset
+        };
         let tail = Tail {
             write_pos: tail_segment.committed_bytes(),
             segment: tail_segment,
@@ -190,7 +209,9 @@ impl Log {
                 config,
                 runtime,
                 segments: RwLock::new(segments),
-                committed: watch::Sender::new(next_offset),
+                committed: watch::Sender::new(visible),
+                durable: AtomicU64::new(next_offset),
+                applied: Mutex::new(visible),
                 writer: Mutex::new(Writer::default()),
                 tail: Mutex::new(tail),
                 #[cfg(test)]
@@ -212,6 +233,7 @@ impl Log {
     /// Appends payloads at consecutive offsets, all in the same commit; resolves with the first
     /// offset. An empty batch resolves at once with the next offset.
     pub async fn append_batch<P: AsRef<[u8]>>(&self, payloads: &[P]) -> Result<u64, StorageError> {
+        self.refuse_if_clustered()?;
         if payloads.is_empty() {
             return Ok(self.next_offset());
         }
@@ -251,6 +273,12 @@ impl Log {
         write: impl FnOnce(&mut Vec<u8>),
         settle: Option<Settle>,
     ) -> Result<u64, StorageError> {
+        if let Err(error) = self.refuse_if_clustered() {
+            if let Some(settle) = settle {
+                settle(Err(&error));
+            }
+            return Err(error);
+        }
         let mut frames = Vec::with_capacity(frame::HEADER_LEN + capacity);
         frames.resize(frame::HEADER_LEN, 0);
         write(&mut frames);
@@ -316,7 +344,8 @@ impl Log {
         self.inner.led.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// The offset after the last committed entry: entries below it can be read.
+    /// The offset after the last committed entry: entries below it can be read. In a clustered
+    /// log, the visible end: entries its state machine applied and that are durable here.
     pub fn next_offset(&self) -> u64 {
         *self.inner.committed.borrow()
     }
@@ -362,7 +391,23 @@ impl Log {
         max_count: usize,
         max_bytes: usize,
     ) -> Result<Vec<Entry>, StorageError> {
-        let committed = self.next_offset();
+        let log_id = if self.inner.config.raft_header {
+            LogIdPart::Strip
+        } else {
+            LogIdPart::Absent
+        };
+        self.read_below(self.next_offset(), offset, max_count, max_bytes, log_id)
+    }
+
+    /// [`Log::read_from`] up to `committed` (the visible end, or a clustered log's durable end).
+    fn read_below(
+        &self,
+        committed: u64,
+        offset: u64,
+        max_count: usize,
+        max_bytes: usize,
+        log_id: LogIdPart,
+    ) -> Result<Vec<Entry>, StorageError> {
         let mut out = Vec::new();
         let mut at = offset;
         let mut budget = max_bytes;
@@ -371,7 +416,7 @@ impl Log {
                 break;
             };
             let want = (max_count - out.len()).min((committed - at) as usize);
-            let got = match segment.read_from(at, want, budget) {
+            let got = match segment.read_from(at, want, budget, log_id) {
                 Ok(got) => got,
                 // Retention deleted the segment under the read (its files went after it was
                 // found): what was read before it is answered. A read that found nothing yet

@@ -76,13 +76,19 @@ pub(super) enum Op {
     Roll(Done),
     /// Leave the exact layout (index synced, preallocation cut) and take no more appends.
     Close(Done),
+    /// A clustered log: remove every entry from this offset on.
+    Truncate(u64, Done),
+    /// A clustered log: remove every entry and start over, empty, at this offset.
+    Reset(u64, Done),
 }
 
 impl Op {
     pub(super) fn fail(self, error: StorageError) {
         match self {
             Op::Append(p) => p.reply.send(Err(error)),
-            Op::Roll(done) | Op::Close(done) => drop(done.send(Err(error))),
+            Op::Roll(done) | Op::Close(done) | Op::Truncate(_, done) | Op::Reset(_, done) => {
+                drop(done.send(Err(error)))
+            }
         }
     }
 }

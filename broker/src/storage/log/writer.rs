@@ -3,6 +3,7 @@
 //! then writes their index entries without syncing. See the module documentation of [`super`].
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::state::{Op, Pending, Writer};
@@ -167,6 +168,22 @@ impl Inner {
             Err(Op::Close(done)) => {
                 let _ = done.send(self.tail.lock().segment.close());
             }
+            Err(Op::Truncate(end, done)) => {
+                let result = self.truncate(end);
+                if let Err(e) = &result
+                    && !matches!(e, StorageError::Refused { .. })
+                {
+                    self.poison(e, []);
+                }
+                let _ = done.send(result);
+            }
+            Err(Op::Reset(next, done)) => {
+                let result = self.reset(next);
+                if let Err(e) = &result {
+                    self.poison(e, []);
+                }
+                let _ = done.send(result);
+            }
             Err(Op::Append(_)) => unreachable!("appends come as a batch"),
         }
     }
@@ -185,7 +202,8 @@ impl Inner {
             }
         }
         let next = tail.next_offset;
-        let before = self.committed.send_replace(next);
+        let before = self.durable.swap(next, Ordering::AcqRel);
+        self.publish(next);
         if let Some(observe) = &self.config.on_commit {
             observe(next - before);
         }

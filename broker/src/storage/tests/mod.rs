@@ -3,6 +3,7 @@
 //! the open-file cache (`faults`); this module holds the layout tests and the shared helpers.
 
 mod appends;
+mod clustered;
 mod faults;
 mod recovery;
 
