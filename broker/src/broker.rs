@@ -18,6 +18,7 @@ pub use crate::produce::{ProduceError, ProduceItem};
 use crate::storage::{FileCache, OsFs, StorageError, Vfs, clean};
 use crate::topics::Registry;
 
+mod cluster_api;
 mod plugin_admin;
 mod plugin_logs;
 mod produce_api;
@@ -70,6 +71,9 @@ pub enum BrokerError {
     /// A produce named a partition the topic does not have.
     #[error(transparent)]
     NoSuchPartition(#[from] crate::topics::NoSuchPartition),
+    /// The cluster could not do it now (no leader, a peer unreachable, the metadata refused).
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::node::ClusterError),
 }
 
 /// How an in-process handler is delivered to ([`Broker::handle_with`]).
@@ -175,6 +179,9 @@ impl Broker {
         tracing::debug!(max_open_files = files.capacity(), "segment file cache");
         let mut log_config =
             config.log_config(files.clone(), Some(Arc::new(move |n| m.observe_commit(n))));
+        // A cluster member's partitions are Raft logs (docs/cluster.md, "Clustered partitions
+        // on disk").
+        log_config.raft_header = config.cluster.is_some();
         let (root, marker_vfs) = (config.root_dir.clone(), vfs.clone());
         log_config.tail_check =
             tokio::task::spawn_blocking(move || clean::take(&*marker_vfs, &root))
@@ -237,9 +244,17 @@ impl Broker {
         self.cluster.get()
     }
 
-    /// Makes this broker a cluster member's (once; later calls change nothing).
+    /// Makes this broker a cluster member's (once; later calls change nothing): from now on
+    /// its topics follow the cluster's metadata and its produces go through Raft.
     pub fn attach_cluster(&self, cluster: crate::cluster::node::Cluster) {
-        let _ = self.cluster.set(cluster);
+        if self.cluster.set(cluster.clone()).is_ok() {
+            tokio::spawn(cluster_api::follow(
+                self.registry.clone(),
+                cluster,
+                self.vfs.clone(),
+                self.background.clone(),
+            ));
+        }
     }
 
     /// The settings it runs with.

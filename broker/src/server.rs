@@ -8,10 +8,14 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Broker, BrokerError};
+use crate::cluster::faults::Faults;
+use crate::cluster::log_store::SegmentLogStore;
+use crate::cluster::node::{Cluster, ClusterConfig};
+use crate::cluster::types::GroupKind;
 use crate::config::ServeConfig;
 use crate::dispatch::Targets;
 use crate::http::serve::serve;
-use crate::http::{AppState, router};
+use crate::http::{AppState, router_with};
 use crate::metrics::HttpMetrics;
 use crate::storage::{OsFs, StorageError, Vfs};
 
@@ -24,6 +28,9 @@ pub enum ServeError {
     /// The HTTP server failed.
     #[error("HTTP server: {0}")]
     Http(#[from] std::io::Error),
+    /// The cluster could not be joined (its metadata log, its first election).
+    #[error("cluster: {0}")]
+    Cluster(String),
 }
 
 /// Serves the HTTP API on `listener` while recovering and then running the broker, until
@@ -53,7 +60,13 @@ pub async fn run_on(
     let loopback = listener.local_addr()?.ip().is_loopback();
     let http_metrics = Arc::new(HttpMetrics::new(config.http.max_inflight_body_bytes));
     let state = AppState::new(&config, loopback, http_metrics.clone(), stopping.clone());
-    let app = router(state.clone());
+    // A cluster member joins its metadata group before it recovers its topics: Raft's traffic
+    // is served from the start (docs/cluster.md, "Design").
+    let cluster = match &config.cluster {
+        Some(settings) => Some(start_cluster(settings, &config, &vfs).await?),
+        None => None,
+    };
+    let app = router_with(state.clone(), cluster.as_ref().map(Cluster::routes));
     let limits = config.http.clone();
     let server = tokio::spawn({
         let stop = stopping.clone();
@@ -95,6 +108,9 @@ pub async fn run_on(
             return Err(e.into());
         }
     };
+    if let Some(cluster) = &cluster {
+        broker.attach_cluster(cluster.clone());
+    }
     state.ready(broker.clone());
     spawn_sighup_reload(broker.clone(), hup, stopping.clone());
 
@@ -102,9 +118,34 @@ pub async fn run_on(
     tracing::info!("shutting down: no new requests, finishing accepted ones");
     stopping.cancel();
     let served = server.await.expect("server task panicked");
+    if let Some(cluster) = &cluster {
+        cluster.shutdown().await;
+    }
     broker.shutdown().await;
     tracing::info!("stopped");
     served.map_err(ServeError::Http)
+}
+
+/// Opens the metadata group's log (`{root}/cluster/meta/log`) and joins the cluster.
+async fn start_cluster(
+    settings: &crate::config::cluster::ClusterSettings,
+    config: &ServeConfig,
+    vfs: &Arc<dyn Vfs>,
+) -> Result<Cluster, ServeError> {
+    let cluster_config = ClusterConfig::new(settings, &config.root_dir, config.auth_token.clone());
+    let log_config = config.log_config(config.file_cache(), None);
+    let dir = cluster_config.dir.join("meta").join("log");
+    let store = SegmentLogStore::open(&dir, vfs.clone(), log_config, GroupKind::Meta)
+        .await
+        .map_err(|e| ServeError::Cluster(e.to_string()))?;
+    tracing::info!(
+        node = settings.node_id,
+        peers = settings.peers.len(),
+        "joining the cluster"
+    );
+    Cluster::start(cluster_config, store, Faults::default())
+        .await
+        .map_err(|e| ServeError::Cluster(e.to_string()))
 }
 
 /// SIGHUP, listened for from the start so that one during boot is not fatal (it reloads once the

@@ -22,6 +22,12 @@ impl Broker {
     /// wait out the whole dedupe window and then store a second copy — the very case ids exist
     /// for. No await comes between the claim and the append taking charge of it.
     pub async fn produce(&self, item: ProduceItem) -> Result<Produced, BrokerError> {
+        if let Some(cluster) = self.cluster() {
+            let mut one = self
+                .produce_clustered(cluster, std::slice::from_ref(&item))
+                .await?;
+            return Ok(one.pop().expect("one item, one answer"));
+        }
         let topic = self.registry.get_or_create(item.topic()).await?;
         if item.id().is_none() {
             return append_one(&topic, &self.metrics, &item).await;
@@ -42,6 +48,9 @@ impl Broker {
         &self,
         items: Vec<ProduceItem>,
     ) -> Result<Vec<Produced>, BrokerError> {
+        if let Some(cluster) = self.cluster() {
+            return self.produce_clustered(cluster, &items).await;
+        }
         let mut names: Vec<Topic> = Vec::new();
         for item in &items {
             if !names.contains(item.topic()) {

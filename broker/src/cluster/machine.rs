@@ -23,6 +23,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::log_store::{SegmentLogStore, Shared, StoreError, blocking};
+use super::network::SnapshotBytes;
 use super::types::{Applied, Command, GroupKind, LogId, Raft};
 
 /// The state machine's file of its last applied state, in `raft/`.
@@ -38,7 +39,7 @@ pub type Membership = openraft::alias::StoredMembershipOf<Raft>;
 /// A snapshot's metadata.
 pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<Raft>;
 /// A snapshot of a partition.
-pub type Snapshot = openraft::alias::SnapshotOf<Raft, PartitionSnapshot>;
+pub type Snapshot = openraft::alias::SnapshotOf<Raft, SnapshotBytes>;
 
 /// All a partition's state machine holds, and so its snapshot: a follower that installs it
 /// continues at `next_offset`.
@@ -83,6 +84,11 @@ pub struct PartitionSnapshotBuilder {
     shared: Arc<Shared>,
     state: PartitionSnapshot,
     current: Arc<Mutex<Option<SnapshotFile>>>,
+}
+
+/// A snapshot on the wire: its state as JSON (one snapshot type serves every group's traffic).
+fn encode(state: &PartitionSnapshot) -> Result<SnapshotBytes, io::Error> {
+    serde_json::to_vec(state).map_err(io::Error::other)
 }
 
 fn file(shared: &Shared, name: &str) -> PathBuf {
@@ -189,7 +195,7 @@ impl PartitionMachine {
 }
 
 impl RaftStateMachine<Raft> for PartitionMachine {
-    type SnapshotData = PartitionSnapshot;
+    type SnapshotData = SnapshotBytes;
     type SnapshotBuilder = PartitionSnapshotBuilder;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, Membership), io::Error> {
@@ -261,8 +267,10 @@ impl RaftStateMachine<Raft> for PartitionMachine {
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        snapshot: PartitionSnapshot,
+        snapshot: SnapshotBytes,
     ) -> Result<(), io::Error> {
+        let snapshot: PartitionSnapshot = serde_json::from_slice(&snapshot)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         let data = PartitionSnapshot {
             last_log_id: meta.last_log_id,
             membership: meta.last_membership.clone(),
@@ -292,15 +300,20 @@ impl RaftStateMachine<Raft> for PartitionMachine {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
-        Ok(self.current.lock().clone().map(|s| Snapshot {
-            meta: s.meta,
-            snapshot: s.data,
-        }))
+        let current = self.current.lock().clone();
+        current
+            .map(|s| {
+                Ok(Snapshot {
+                    meta: s.meta,
+                    snapshot: encode(&s.data)?,
+                })
+            })
+            .transpose()
     }
 }
 
 impl RaftSnapshotBuilder<Raft> for PartitionSnapshotBuilder {
-    type SnapshotData = PartitionSnapshot;
+    type SnapshotData = SnapshotBytes;
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         let meta = SnapshotMeta {
@@ -320,7 +333,7 @@ impl RaftSnapshotBuilder<Raft> for PartitionSnapshotBuilder {
         *self.current.lock() = Some(stored);
         Ok(Snapshot {
             meta,
-            snapshot: self.state.clone(),
+            snapshot: encode(&self.state)?,
         })
     }
 }

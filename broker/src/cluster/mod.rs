@@ -18,6 +18,7 @@ pub mod meta_machine;
 pub mod meta_state;
 pub mod network;
 pub mod node;
+pub mod partitions;
 pub mod rpc;
 pub mod status;
 pub mod types;

@@ -37,6 +37,27 @@ pub struct ClusterConfig {
     pub heartbeat_ms: u64,
     /// The election timeout's lower bound (ms); the upper is twice it.
     pub election_ms: u64,
+    /// Whether `PUT /mmmq/internal/faults` may cut or slow this broker's Raft traffic.
+    pub fault_injection: bool,
+}
+
+impl ClusterConfig {
+    /// The configuration of a broker started with `settings`, its files under `root/cluster`.
+    pub fn new(
+        settings: &crate::config::cluster::ClusterSettings,
+        root: &Path,
+        token: Option<String>,
+    ) -> Self {
+        Self {
+            node_id: settings.node_id,
+            peers: settings.peers.clone(),
+            dir: root.join("cluster"),
+            token,
+            heartbeat_ms: settings.heartbeat_ms,
+            election_ms: settings.election_ms,
+            fault_injection: settings.fault_injection,
+        }
+    }
 }
 
 impl ClusterConfig {
@@ -45,13 +66,20 @@ impl ClusterConfig {
         &self.peers[&self.node_id]
     }
 
-    fn raft_config(&self, kind: &str) -> Arc<openraft::Config> {
+    pub(super) fn raft_config(&self, kind: &str) -> Arc<openraft::Config> {
         let config = openraft::Config {
             cluster_name: format!("mmmq-{kind}"),
             heartbeat_interval: self.heartbeat_ms,
             election_timeout_min: self.election_ms,
             election_timeout_max: self.election_ms * 2,
-            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(1000),
+            // The metadata's snapshot is its whole state, and its log is purged behind it. A
+            // partition's log is its messages: only retention deletes them, never a snapshot
+            // (docs/cluster.md, "Clustered partitions on disk").
+            snapshot_policy: if kind == "meta" {
+                openraft::SnapshotPolicy::LogsSinceLast(1000)
+            } else {
+                openraft::SnapshotPolicy::Never
+            },
             max_in_snapshot_log_to_keep: 100,
             ..Default::default()
         };
@@ -204,12 +232,29 @@ impl Cluster {
     /// The routes of Raft's traffic, to merge into the broker's HTTP router (behind its guard).
     pub fn routes(&self) -> axum::Router {
         let groups: Arc<Inner> = self.inner.clone();
-        axum::Router::new()
+        let raft = axum::Router::new()
             .route(
                 &format!("{RAFT_PATH}/{{rpc}}"),
                 axum::routing::post(super::rpc::handle::<Inner>),
             )
-            .with_state(groups)
+            .with_state(groups);
+        if !self.inner.config.fault_injection {
+            return raft;
+        }
+        let faults = self.inner.router.faults().clone();
+        raft.route(
+            "/mmmq/internal/faults",
+            axum::routing::put(
+                move |axum::Json(rules): axum::Json<HashMap<BrokerId, super::faults::Rule>>| {
+                    let faults = faults.clone();
+                    async move {
+                        tracing::warn!(?rules, "fault injection: Raft traffic rules set");
+                        faults.set(rules);
+                        axum::Json(serde_json::json!({"ok": true}))
+                    }
+                },
+            ),
+        )
     }
 
     /// Keeps this broker named at its address in the metadata: proposed once the group has a

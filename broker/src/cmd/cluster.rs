@@ -5,11 +5,50 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Subcommand;
+use mmmq::config::cluster::ClusterSettings;
 use mmmq_core::cluster::ClusterView;
 
 use super::BrokerArg;
 use super::client::CliError;
 use super::table::{print_json, table};
+
+/// `serve`'s cluster flags (contract §13).
+#[derive(clap::Args)]
+pub struct ClusterFlags {
+    /// This broker's id in a cluster (1, 2, …; never reused). With --peers the broker is a
+    /// cluster member; without both it is a single broker.
+    #[arg(long, env = "MMMQ_NODE_ID", requires = "peers")]
+    node_id: Option<u64>,
+    /// Every broker of the cluster, this one too, by id and HTTP address:
+    /// `1=HOST:PORT,2=HOST:PORT,3=HOST:PORT`.
+    #[arg(long, env = "MMMQ_PEERS", requires = "node_id")]
+    peers: Option<String>,
+    /// Let tests cut or slow this broker's Raft traffic (PUT /mmmq/internal/faults); never in
+    /// production.
+    #[arg(long, hide = true)]
+    fault_injection: bool,
+}
+
+impl ClusterFlags {
+    /// The settings these flags ask for, checked; `listen` must be the port `--peers` gives
+    /// this broker (its peers reach it there).
+    pub fn settings(&self, listen: &str) -> anyhow::Result<Option<ClusterSettings>> {
+        let (Some(id), Some(peers)) = (self.node_id, &self.peers) else {
+            return Ok(None);
+        };
+        let mut settings = ClusterSettings::parse(id, peers).map_err(anyhow::Error::msg)?;
+        settings.fault_injection = self.fault_injection;
+        let port = |a: &str| a.rsplit_once(':').map(|(_, p)| p.to_owned());
+        if port(listen) != port(settings.addr()) {
+            anyhow::bail!(
+                "--listen {listen} is not the address --peers gives broker {id} ({}): its peers \
+                 would not reach it",
+                settings.addr()
+            );
+        }
+        Ok(Some(settings))
+    }
+}
 
 /// `mmmq cluster …`.
 #[derive(Subcommand)]

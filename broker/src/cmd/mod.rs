@@ -263,6 +263,8 @@ struct ServeArgs {
     /// Most partitions over all topics; creating or growing a topic past it is refused with 403.
     #[arg(long, env = "MMMQ_MAX_PARTITIONS", default_value_t = defaults::MAX_PARTITIONS)]
     max_partitions: usize,
+    #[command(flatten)]
+    cluster: cluster::ClusterFlags,
 }
 
 #[derive(Subcommand)]
@@ -427,7 +429,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 impl ServeArgs {
     /// The settings these flags ask for (checked by [`ServeConfig::validate`] when the broker
     /// opens).
-    fn config(&self) -> ServeConfig {
+    fn config(&self) -> anyhow::Result<ServeConfig> {
         let mut config = ServeConfig::new(&self.root_dir).with_flush(self.flush);
         config.segment_max_bytes = self.segment_max_bytes;
         config.max_body_bytes = self.max_body_bytes;
@@ -447,12 +449,13 @@ impl ServeArgs {
         config.topic_defaults.retention_ms = self.default_retention_ms.0;
         config.retention_check = Duration::from_millis(self.retention_check_ms);
         config.max_partitions = self.max_partitions;
-        config
+        config.cluster = self.cluster.settings(&self.listen)?;
+        Ok(config)
     }
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let config = args.config();
+    let config = args.config()?;
     // Refused before the port is taken, so a typo is one clear line, not a half-started broker.
     config.validate()?;
     // So is a broken dispatchers.json.

@@ -148,6 +148,12 @@ impl AppState {
 /// unknown path or method is `401` like the rest. Each request has a deadline (`408` past it),
 /// which covers a body that trickles in.
 pub fn router(state: AppState) -> App {
+    router_with(state, None)
+}
+
+/// As [`router`], with routes of its own state beside the API's, behind the same guard (a
+/// cluster member's Raft traffic: docs/cluster.md, "Raft traffic").
+pub fn router_with(state: AppState, extra: Option<Router>) -> App {
     let (api, doc) = described_routes().split_for_parts();
     let state = state.with_openapi(&doc);
     let guard = GuardLayer(state.guard.clone());
@@ -159,6 +165,7 @@ pub fn router(state: AppState) -> App {
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state)
+        .merge(extra.unwrap_or_default())
         .layer(axum::middleware::from_fn_with_state(
             deadline,
             request_deadline,
@@ -273,6 +280,14 @@ pub enum ApiError {
     /// Still recovering at boot.
     #[error("starting: recovering topics")]
     Starting,
+    /// What needs a leader has none now (contract §13): `503` with the last leader's address.
+    #[error("{error}")]
+    NoLeader {
+        /// Why.
+        error: String,
+        /// The last leader's HTTP address, if known.
+        leader: Option<String>,
+    },
     /// The message could not be made durable.
     #[error("{0}")]
     NotDurable(String),
@@ -306,6 +321,21 @@ impl From<BrokerError> for ApiError {
             }
             BrokerError::Storage(s) => Self::NotDurable(s.to_string()),
             BrokerError::UnknownTopic(_) => Self::NotFound(e.to_string()),
+            BrokerError::Cluster(c) => {
+                use crate::cluster::node::ClusterError as C;
+                match c {
+                    C::NoLeader { ref leader, .. } => Self::NoLeader {
+                        error: c.to_string(),
+                        leader: leader.clone(),
+                    },
+                    C::Refused(why) => Self::BadRequest(why),
+                    C::Unreachable(..) => Self::NoLeader {
+                        error: c.to_string(),
+                        leader: None,
+                    },
+                    C::Failed(why) => Self::Internal(why),
+                }
+            }
             other => Self::Internal(other.to_string()),
         }
     }
@@ -369,6 +399,7 @@ impl IntoResponse for ApiError {
             Self::Conflict(_) => StatusCode::CONFLICT,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Starting
+            | Self::NoLeader { .. }
             | Self::Busy(_)
             | Self::BusyMidBody(_)
             | Self::NotDurable(_)
@@ -380,6 +411,9 @@ impl IntoResponse for ApiError {
             Self::NotDurable(_) => serde_json::json!({"ack": "NACK", "error": self.to_string()}),
             Self::PartialBatch { error, results } => {
                 serde_json::json!({"ack": "NACK", "error": error, "results": results})
+            }
+            Self::NoLeader { error, leader } => {
+                serde_json::json!({"error": error, "leader": leader})
             }
             _ => serde_json::json!({"error": self.to_string()}),
         };

@@ -170,15 +170,28 @@ impl SegmentLogStore {
             raft_header: true,
             ..config
         };
+        let log = {
+            let (dir, vfs) = (dir.to_owned(), vfs.clone());
+            blocking(move || Ok(Log::open(&dir, vfs, config)?)).await?
+        };
+        Self::on_log(log, vfs, kind).await
+    }
+
+    /// The Raft log of a group on a clustered segment log already open (a topic's partition,
+    /// which its readers share): its `raft/` files beside it, and recovery of the longest run
+    /// of indexes (see `recover`). Must run within a Tokio runtime.
+    pub async fn on_log(log: Log, vfs: Arc<dyn Vfs>, kind: GroupKind) -> Result<Self, StoreError> {
+        let dir = log.dir().to_owned();
+        if !log.clustered() {
+            return Err(StoreError::Inconsistent {
+                dir,
+                reason: "a Raft log on a segment log without log ids".to_owned(),
+            });
+        }
         let raft_dir = dir.join(RAFT_DIR);
-        let (log, recovered) = {
-            let (dir, vfs, raft_dir) = (dir.to_owned(), vfs.clone(), raft_dir.clone());
-            blocking(move || {
-                let log = Log::open(&dir, vfs.clone(), config)?;
-                let recovered = recover::recover(&log, &vfs, &raft_dir)?;
-                Ok((log, recovered))
-            })
-            .await?
+        let recovered = {
+            let (log, vfs, raft_dir) = (log.clone(), vfs.clone(), raft_dir.clone());
+            blocking(move || recover::recover(&log, &vfs, &raft_dir)).await?
         };
         match recovered.fix {
             Fix::None => {}
@@ -187,7 +200,7 @@ impl SegmentLogStore {
         }
         let failed = Arc::new(Mutex::new(None));
         let (flusher, queue) = mpsc::unbounded_channel();
-        tokio::spawn(storage::flush(queue, failed.clone(), dir.to_owned()));
+        tokio::spawn(storage::flush(queue, failed.clone(), dir));
         Ok(Self {
             shared: Arc::new(Shared {
                 log,

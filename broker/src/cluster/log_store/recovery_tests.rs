@@ -192,11 +192,9 @@ async fn leader_snapshot(h: &[Entry]) -> (SnapshotMeta, PartitionSnapshot) {
         .build_snapshot()
         .await
         .unwrap();
-    assert_eq!(
-        snap.snapshot.next_offset,
-        messages_before(h.len() as u64 + 1)
-    );
-    (snap.meta, snap.snapshot)
+    let data: PartitionSnapshot = serde_json::from_slice(&snap.snapshot).unwrap();
+    assert_eq!(data.next_offset, messages_before(h.len() as u64 + 1));
+    (snap.meta, data)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -207,7 +205,11 @@ async fn a_follower_behind_a_snapshot_starts_over_at_its_next_offset() {
     let tmp = tempfile::tempdir().unwrap();
     let (mut store, mut machine) = open(tmp.path()).await.unwrap();
     append(&mut store, &entries(1, 1, 5)).await;
-    machine.install_snapshot(&meta, data.clone()).await.unwrap();
+    let bytes = serde_json::to_vec(&data).unwrap();
+    machine
+        .install_snapshot(&meta, bytes.clone())
+        .await
+        .unwrap();
     let log = store.log().clone();
     assert_eq!(
         (log.first_offset(), log.durable_end(), log.next_offset()),
@@ -241,7 +243,7 @@ async fn a_follower_behind_a_snapshot_starts_over_at_its_next_offset() {
     let tmp = tempfile::tempdir().unwrap();
     let (mut store, mut machine) = open(tmp.path()).await.unwrap();
     append(&mut store, &h).await;
-    machine.install_snapshot(&meta, data).await.unwrap();
+    machine.install_snapshot(&meta, bytes).await.unwrap();
     assert_eq!(all(&mut store).await, h);
     assert_eq!(store.log().first_offset(), 0);
     assert_eq!(store.log().next_offset(), next);

@@ -1,0 +1,269 @@
+//! The broker as a cluster member (docs/cluster.md, "Topics and produce in a cluster"): topics
+//! live in the metadata group, every broker keeps its local topics in step with it, and a
+//! produce is written through the partition's Raft group, acknowledged once a majority of its
+//! replicas hold it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mmmq_core::{Topic, TopicConfig, now_ms, write_produced_payload};
+use tokio_util::sync::CancellationToken;
+
+use super::{Broker, BrokerError, Produced};
+use crate::cluster::meta_state::{MetaCommand, MetaOutcome, MetaState};
+use crate::cluster::network::GroupId;
+use crate::cluster::node::{Cluster, ClusterError};
+use crate::cluster::types::{Applied, Command};
+use crate::produce::ProduceItem;
+use crate::storage::Vfs;
+use crate::topics::dedup::Claim;
+use crate::topics::{Registry, TopicLog};
+
+/// How long a produce to a new topic waits for the metadata to create it here.
+const CREATE_WAIT: Duration = Duration::from_secs(5);
+
+impl Broker {
+    /// Produces `items` through their partitions' leaders; answers in request order.
+    pub(super) async fn produce_clustered(
+        &self,
+        cluster: &Cluster,
+        items: &[ProduceItem],
+    ) -> Result<Vec<Produced>, BrokerError> {
+        let mut topics: Vec<Arc<TopicLog>> = Vec::with_capacity(items.len());
+        for item in items {
+            let t = match topics.iter().find(|t| &t.topic == item.topic()) {
+                Some(t) => t.clone(),
+                None => self.clustered_topic(cluster, item.topic()).await?,
+            };
+            topics.push(t);
+        }
+        let mut answers: Vec<Option<Produced>> = vec![None; items.len()];
+        let mut groups: Vec<(GroupId, Vec<usize>)> = Vec::new();
+        let mut tickets = Vec::with_capacity(items.len());
+        let now = now_ms();
+        for (i, (item, t)) in items.iter().zip(&topics).enumerate() {
+            let ticket = match item.id() {
+                Some(id) => {
+                    let window = self.registry.config_of(t).dedup_window_ms;
+                    match t.dedup.claim(id, now, window) {
+                        Claim::Stored(partition, offset) => {
+                            answers[i] = Some(duplicate(partition, offset));
+                            tickets.push(None);
+                            continue;
+                        }
+                        Claim::Pending(ticket) => {
+                            if let Some((partition, offset)) = t.dedup.wait(&ticket).await {
+                                answers[i] = Some(duplicate(partition, offset));
+                                tickets.push(None);
+                                continue;
+                            }
+                            None
+                        }
+                        Claim::New(ticket) => Some(ticket),
+                    }
+                }
+                None => None,
+            };
+            let partition = match t.route(item.partition(), item.key()) {
+                Ok(p) => p.number,
+                Err(e) => {
+                    if let Some(ticket) = &ticket {
+                        t.dedup.withdraw(ticket);
+                    }
+                    return Err(e.into());
+                }
+            };
+            tickets.push(ticket);
+            let group = GroupId::Partition(item.topic().to_string(), partition);
+            match groups.iter_mut().find(|(g, _)| *g == group) {
+                Some((_, v)) => v.push(i),
+                None => groups.push((group, vec![i])),
+            }
+        }
+        let writes = groups.iter().map(|(group, indexes)| {
+            let commands = indexes
+                .iter()
+                .map(|&i| Command::Message(stored_payload(&items[i]).into()))
+                .collect();
+            cluster.write(group.clone(), commands)
+        });
+        let results = futures_util::future::join_all(writes).await;
+        let mut failure = None;
+        for ((group, indexes), result) in groups.iter().zip(results) {
+            let GroupId::Partition(_, partition) = group else {
+                unreachable!("produce writes to partitions")
+            };
+            match result {
+                Ok(applied) => {
+                    for (&i, a) in indexes.iter().zip(applied) {
+                        let Applied::Offset(offset) = a else {
+                            failure = failure.or(Some(ClusterError::Failed(format!(
+                                "a message was applied as {a:?}"
+                            ))));
+                            continue;
+                        };
+                        if let Some(ticket) = &tickets[i] {
+                            topics[i].dedup.stored(ticket, *partition, offset);
+                        }
+                        let bytes = items[i].content().get().len();
+                        self.metrics.count_in(items[i].topic(), 1, bytes);
+                        answers[i] = Some(Produced {
+                            partition: *partition,
+                            offset,
+                            duplicate: false,
+                        });
+                    }
+                }
+                Err(e) => {
+                    for &i in indexes {
+                        if let Some(ticket) = &tickets[i] {
+                            topics[i].dedup.withdraw(ticket);
+                        }
+                    }
+                    failure = failure.or(Some(e));
+                }
+            }
+        }
+        match failure {
+            None => Ok(answers.into_iter().map(|a| a.expect("answered")).collect()),
+            Some(e) if answers.iter().all(Option::is_none) => Err(e.into()),
+            Some(e) => Err(BrokerError::PartialBatch {
+                error: crate::storage::StorageError::Refused {
+                    dir: self.config.root_dir.clone(),
+                    reason: e.to_string(),
+                },
+                stored: answers,
+            }),
+        }
+    }
+
+    /// The local topic of a clustered topic, created in the metadata first (with the broker's
+    /// defaults) if the cluster does not have it.
+    async fn clustered_topic(
+        &self,
+        cluster: &Cluster,
+        topic: &Topic,
+    ) -> Result<Arc<TopicLog>, BrokerError> {
+        let wanted = match cluster.metadata().topics.get(topic.as_str()) {
+            Some(t) => t.placement.len() as u32,
+            None => {
+                let config = serde_json::to_value(&self.config.topic_defaults)
+                    .map_err(|e| ClusterError::Failed(e.to_string()))?;
+                let put = MetaCommand::PutTopic {
+                    name: topic.to_string(),
+                    config,
+                    replication_factor: None,
+                };
+                match cluster.propose(put).await? {
+                    MetaOutcome::Done => {}
+                    MetaOutcome::Refused(why) => return Err(ClusterError::Refused(why).into()),
+                }
+                self.config.topic_defaults.partitions
+            }
+        };
+        self.local_topic(topic, wanted).await
+    }
+
+    /// Waits until the metadata's topic exists here with `partitions` partitions (the follower
+    /// task makes it).
+    pub(super) async fn local_topic(
+        &self,
+        topic: &Topic,
+        partitions: u32,
+    ) -> Result<Arc<TopicLog>, BrokerError> {
+        let deadline = Instant::now() + CREATE_WAIT;
+        loop {
+            if let Some(t) = self.registry.get(topic)
+                && t.partition_count() >= partitions
+            {
+                return Ok(t);
+            }
+            if Instant::now() > deadline {
+                return Err(ClusterError::Failed(format!(
+                    "topic {topic:?} is in the cluster's metadata but was not opened here in {} s",
+                    CREATE_WAIT.as_secs()
+                ))
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+fn duplicate(partition: u32, offset: u64) -> Produced {
+    Produced {
+        partition,
+        offset,
+        duplicate: true,
+    }
+}
+
+fn stored_payload(item: &ProduceItem) -> Vec<u8> {
+    let mut out = Vec::with_capacity(item.content().get().len() + 64);
+    write_produced_payload(&mut out, now_ms(), item.key(), item.content(), item.id());
+    out
+}
+
+/// Keeps the local topics in step with the metadata: every topic it names exists here with its
+/// configuration and partitions, and each partition this broker replicates runs its Raft group;
+/// a topic it no longer names is deleted here.
+pub(super) async fn follow(
+    registry: Arc<Registry>,
+    cluster: Cluster,
+    vfs: Arc<dyn Vfs>,
+    stop: CancellationToken,
+) {
+    let mut metadata = cluster.watch_metadata();
+    loop {
+        let state = metadata.borrow_and_update().clone();
+        if let Err(e) = reconcile(&registry, &cluster, &vfs, &state).await {
+            tracing::warn!(error = %e, "following the cluster's metadata; retrying");
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
+                _ = stop.cancelled() => return,
+            }
+        }
+        tokio::select! {
+            changed = metadata.changed() => if changed.is_err() { return },
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+async fn reconcile(
+    registry: &Registry,
+    cluster: &Cluster,
+    vfs: &Arc<dyn Vfs>,
+    state: &MetaState,
+) -> Result<(), BrokerError> {
+    let me = cluster.id();
+    for (name, meta) in &state.topics {
+        let topic =
+            Topic::new(name.clone()).map_err(|e| BrokerError::InvalidName(e.to_string()))?;
+        let config: TopicConfig = serde_json::from_value(meta.config.clone())
+            .map_err(|e| ClusterError::Failed(format!("topic {name:?}'s configuration: {e}")))?;
+        let partitions = meta.placement.len() as u32;
+        let local = match registry.get(&topic) {
+            Some(t) => t,
+            None => registry.get_or_create_by_api(&topic, partitions).await?,
+        };
+        let current = registry.config_of(&local);
+        if current != config || local.partition_count() < partitions {
+            let mut config = config.clone();
+            config.partitions = partitions.max(config.partitions);
+            registry.set_config(&local, config).await?;
+        }
+        for (p, replicas) in meta.placement.iter().enumerate() {
+            if !replicas.contains(&me) {
+                continue;
+            }
+            let partition = local
+                .partition(p as u32)
+                .ok_or_else(|| ClusterError::Failed(format!("{name}/{p} was not opened here")))?;
+            cluster
+                .serve_partition(name, p as u32, partition.log.clone(), vfs.clone(), replicas)
+                .await?;
+        }
+    }
+    Ok(())
+}

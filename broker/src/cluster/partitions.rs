@@ -1,0 +1,99 @@
+//! The partition groups this broker replicates (docs/cluster.md, "Topics and produce in a
+//! cluster"): each runs on the partition's own segment log, shared with the topic registry's
+//! readers; the first replica of the placement initializes the group once, with the placement's
+//! brokers as voters.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::log_store::SegmentLogStore;
+use super::machine::PartitionMachine;
+use super::network::{GroupId, NetworkFactory};
+use super::node::{Cluster, ClusterError};
+use super::rpc::Endpoint;
+use super::types::{BrokerId, GroupKind};
+use crate::storage::{Log, Vfs};
+
+impl Cluster {
+    /// Runs partition `p` of `topic`'s group here, on `log`, if it does not run yet.
+    pub async fn serve_partition(
+        &self,
+        topic: &str,
+        p: u32,
+        log: Log,
+        vfs: Arc<dyn Vfs>,
+        replicas: &[BrokerId],
+    ) -> Result<(), ClusterError> {
+        let group = GroupId::Partition(topic.to_owned(), p);
+        if self.inner.partitions.read().contains_key(&group) {
+            return Ok(());
+        }
+        let failed = |e: &dyn std::fmt::Display| ClusterError::Failed(format!("{group}: {e}"));
+        let store = SegmentLogStore::on_log(log, vfs, GroupKind::Partition)
+            .await
+            .map_err(|e| failed(&e))?;
+        let machine = PartitionMachine::open(&store)
+            .await
+            .map_err(|e| failed(&e))?;
+        let network = NetworkFactory::new(self.inner.router.clone(), group.clone());
+        let raft = openraft::Raft::new(
+            self.id(),
+            self.inner.config.raft_config("partition"),
+            network,
+            store,
+            machine,
+        )
+        .await
+        .map_err(|e| failed(&e))?;
+        if replicas.first() == Some(&self.id())
+            && !raft.is_initialized().await.map_err(|e| failed(&e))?
+        {
+            let meta = self.metadata();
+            let members: BTreeMap<BrokerId, openraft::BasicNode> = replicas
+                .iter()
+                .map(|b| {
+                    let addr = meta.brokers.get(b).map_or_else(
+                        || self.inner.router.peer(*b).unwrap_or_default(),
+                        |m| m.addr.clone(),
+                    );
+                    (*b, openraft::BasicNode::new(addr))
+                })
+                .collect();
+            raft.initialize(members).await.map_err(|e| failed(&e))?;
+        }
+        let endpoint: Arc<dyn Endpoint> = Arc::new(raft);
+        self.inner.partitions.write().insert(group, endpoint);
+        Ok(())
+    }
+
+    /// The leader of a partition as this broker knows it (its replica's view, or the last
+    /// leader a forward found).
+    pub fn leader_of(&self, topic: &str, p: u32) -> Option<BrokerId> {
+        let group = GroupId::Partition(topic.to_owned(), p);
+        if let Some(ep) = self.inner.partitions.read().get(&group) {
+            return ep.view().leader;
+        }
+        self.inner.hints.read().get(&group).copied()
+    }
+
+    /// A broker's HTTP base address (`http://host:port`).
+    pub fn address_of(&self, broker: BrokerId) -> Option<String> {
+        self.inner.router.peer(broker)
+    }
+
+    /// Stops every partition group of `topic` here.
+    pub async fn stop_topic(&self, topic: &str) {
+        let stopped: Vec<Arc<dyn Endpoint>> = {
+            let mut groups = self.inner.partitions.write();
+            let keys: Vec<GroupId> = groups
+                .keys()
+                .filter(|g| matches!(g, GroupId::Partition(t, _) if t == topic))
+                .cloned()
+                .collect();
+            keys.iter().filter_map(|k| groups.remove(k)).collect()
+        };
+        for ep in stopped {
+            ep.stop().await;
+        }
+    }
+}
