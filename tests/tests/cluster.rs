@@ -290,3 +290,68 @@ async fn a_killed_leader_is_replaced_and_the_cluster_keeps_one_history() {
     );
     assert!(report.clean(), "{report}");
 }
+
+/// The topic API on any broker changes the cluster's topic; `replicationFactor` places fewer
+/// replicas than brokers, a pull through a broker without a replica is forwarded to the
+/// leader, and a delete through another broker removes the topic everywhere.
+#[tokio::test(flavor = "multi_thread")]
+async fn topics_are_the_clusters_whichever_broker_is_asked() {
+    let c = Cluster::start(3, &[]).await;
+    c.meta_leader(1).await;
+    let (code, body) = c
+        .broker(3)
+        .put(
+            "/mmmq/topics/two",
+            &json!({"partitions": 3, "replicationFactor": 2}),
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["config"]["partitions"], 3);
+    let (code, body) = c
+        .broker(1)
+        .put("/mmmq/topics/two", &json!({"replicationFactor": 9}))
+        .await;
+    assert_eq!(code, 400, "{body}");
+    let (_, view) = c.broker(2).get("/mmmq/cluster").await;
+    let parts: Vec<&Value> = view["partitions"].as_array().unwrap().iter().collect();
+    assert_eq!(parts.len(), 3, "{view}");
+    // Each partition on two brokers; some broker lacks each one.
+    for p in &parts {
+        assert_eq!(p["replicas"].as_array().unwrap().len(), 2, "{p}");
+    }
+    for p in 0..3u64 {
+        for seq in 0..5u64 {
+            let content = MsgId { producer: p, seq }.content();
+            let (code, body) = c
+                .broker(1)
+                .post(
+                    "/mmmq/messages",
+                    &json!({"topic": "two", "partition": p, "content": content}),
+                )
+                .await;
+            assert_eq!((code, body["offset"].as_u64()), (200, Some(seq)), "{body}");
+        }
+    }
+    // Every broker reads every partition, replica or not.
+    for via in 1..=3 {
+        for p in 0..3u64 {
+            let (code, page) = c
+                .broker(via)
+                .get(&format!("/mmmq/topics/two/messages?partition={p}&from=0"))
+                .await;
+            assert_eq!(code, 200, "{page}");
+            let got: Vec<&Value> = page["messages"].as_array().unwrap().iter().collect();
+            assert_eq!(got.len(), 5, "broker {via}, partition {p}: {page}");
+            assert_eq!(got[4]["content"], json!({"p": p, "s": 4}));
+        }
+    }
+    let (code, _) = c.broker(2).delete("/mmmq/topics/two").await;
+    assert_eq!(code, 200);
+    for via in 1..=3 {
+        let b = c.broker(via);
+        mmmq_tests::eventually_async(Duration::from_secs(10), "the topic gone", || async {
+            (b.get("/mmmq/topics/two").await.0 == 404).then_some(())
+        })
+        .await;
+    }
+}

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mmmq_core::{Topic, TopicConfig, now_ms, write_produced_payload};
+use mmmq_core::{Topic, TopicConfig, TopicId, now_ms, write_produced_payload};
 use tokio_util::sync::CancellationToken;
 
 use super::{Broker, BrokerError, Produced};
@@ -17,6 +17,7 @@ use crate::cluster::types::{Applied, Command};
 use crate::produce::ProduceItem;
 use crate::storage::Vfs;
 use crate::topics::dedup::Claim;
+use crate::topics::settings::TopicUpdate;
 use crate::topics::{Registry, TopicLog};
 
 /// How long a produce to a new topic waits for the metadata to create it here.
@@ -149,10 +150,12 @@ impl Broker {
             None => {
                 let config = serde_json::to_value(&self.config.topic_defaults)
                     .map_err(|e| ClusterError::Failed(e.to_string()))?;
+                let id = crate::topics::incarnation::random()?;
                 let put = MetaCommand::PutTopic {
                     name: topic.to_string(),
                     config,
                     replication_factor: None,
+                    id: Some(id.to_string()),
                 };
                 match cluster.propose(put).await? {
                     MetaOutcome::Done => {}
@@ -190,6 +193,68 @@ impl Broker {
     }
 }
 
+impl Broker {
+    /// `PUT /mmmq/topics/{topic}` in a cluster: the change is proposed to the metadata (from the
+    /// metadata's configuration of the topic, or the defaults), and answered once this broker
+    /// opened the topic as the metadata says.
+    pub(super) async fn put_clustered_topic(
+        &self,
+        cluster: &Cluster,
+        topic: &Topic,
+        update: &TopicUpdate,
+    ) -> Result<Arc<TopicLog>, BrokerError> {
+        let existing = cluster.metadata().topics.get(topic.as_str()).cloned();
+        let current: TopicConfig = match &existing {
+            Some(t) => serde_json::from_value(t.config.clone())
+                .map_err(|e| ClusterError::Failed(format!("topic {topic:?}: {e}")))?,
+            None => self.config.topic_defaults.clone(),
+        };
+        let next = update.apply(&current)?;
+        let id = match existing {
+            Some(_) => None,
+            None => Some(crate::topics::incarnation::random()?.to_string()),
+        };
+        let put = MetaCommand::PutTopic {
+            name: topic.to_string(),
+            config: serde_json::to_value(&next).map_err(|e| ClusterError::Failed(e.to_string()))?,
+            replication_factor: update.replication_factor(),
+            id,
+        };
+        if let MetaOutcome::Refused(why) = cluster.propose(put).await? {
+            return Err(ClusterError::Refused(why).into());
+        }
+        let deadline = Instant::now() + CREATE_WAIT;
+        loop {
+            let t = self.local_topic(topic, next.partitions).await?;
+            if self.registry.config_of(&t) == next || Instant::now() > deadline {
+                return Ok(t);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// `DELETE /mmmq/topics/{topic}` in a cluster: proposed to the metadata; answered once this
+    /// broker deleted its own copy (every other broker deletes its copy as it applies it).
+    pub(super) async fn delete_clustered_topic(
+        &self,
+        cluster: &Cluster,
+        topic: &Topic,
+    ) -> Result<(), BrokerError> {
+        let delete = MetaCommand::DeleteTopic {
+            name: topic.to_string(),
+        };
+        match cluster.propose(delete).await? {
+            MetaOutcome::Done => {}
+            MetaOutcome::Refused(_) => return Err(BrokerError::UnknownTopic(topic.to_string())),
+        }
+        let deadline = Instant::now() + CREATE_WAIT;
+        while self.registry.get(topic).is_some() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(())
+    }
+}
+
 fn duplicate(partition: u32, offset: u64) -> Produced {
     Produced {
         partition,
@@ -214,15 +279,17 @@ pub(super) async fn follow(
     stop: CancellationToken,
 ) {
     let mut metadata = cluster.watch_metadata();
+    let mut previous = metadata.borrow().clone();
     loop {
         let state = metadata.borrow_and_update().clone();
-        if let Err(e) = reconcile(&registry, &cluster, &vfs, &state).await {
+        if let Err(e) = reconcile(&registry, &cluster, &vfs, &previous, &state).await {
             tracing::warn!(error = %e, "following the cluster's metadata; retrying");
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
                 _ = stop.cancelled() => return,
             }
         }
+        previous = state;
         tokio::select! {
             changed = metadata.changed() => if changed.is_err() { return },
             _ = stop.cancelled() => return,
@@ -234,18 +301,54 @@ async fn reconcile(
     registry: &Registry,
     cluster: &Cluster,
     vfs: &Arc<dyn Vfs>,
+    previous: &MetaState,
     state: &MetaState,
 ) -> Result<(), BrokerError> {
     let me = cluster.id();
+    // Topics the metadata deleted (present in the state followed last, absent now). Never
+    // "absent from the metadata" alone: a broker replaying its metadata at boot starts from an
+    // empty state and must not delete what the replay will name again.
+    for name in previous.topics.keys() {
+        if state.topics.contains_key(name) {
+            continue;
+        }
+        let topic =
+            Topic::new(name.clone()).map_err(|e| BrokerError::InvalidName(e.to_string()))?;
+        cluster.stop_topic(name).await;
+        if let Some(old) = registry.begin_delete(&topic).await {
+            old.close().await;
+            registry.finish_delete(&old).await?;
+            tracing::info!(topic = %name, "topic deleted (cluster metadata)");
+        }
+    }
     for (name, meta) in &state.topics {
         let topic =
             Topic::new(name.clone()).map_err(|e| BrokerError::InvalidName(e.to_string()))?;
         let config: TopicConfig = serde_json::from_value(meta.config.clone())
             .map_err(|e| ClusterError::Failed(format!("topic {name:?}'s configuration: {e}")))?;
         let partitions = meta.placement.len() as u32;
+        let id: TopicId = meta
+            .id
+            .parse()
+            .map_err(|_| ClusterError::Failed(format!("topic {name:?} has no usable id")))?;
         let local = match registry.get(&topic) {
+            // A topic of another incarnation (deleted and created again while this broker was
+            // away) goes, with its groups, before the new one opens.
+            Some(t) if t.id != id => {
+                cluster.stop_topic(name).await;
+                if let Some(old) = registry.begin_delete(&topic).await {
+                    registry.finish_delete(&old).await?;
+                }
+                registry
+                    .get_or_create_for_cluster(&topic, partitions, id)
+                    .await?
+            }
             Some(t) => t,
-            None => registry.get_or_create_by_api(&topic, partitions).await?,
+            None => {
+                registry
+                    .get_or_create_for_cluster(&topic, partitions, id)
+                    .await?
+            }
         };
         let current = registry.config_of(&local);
         if current != config || local.partition_count() < partitions {

@@ -56,6 +56,17 @@ impl Broker {
     pub async fn put_topic(&self, name: &str, body: &[u8]) -> Result<TopicDetail, BrokerError> {
         let topic = Self::topic_name(name)?;
         let update = TopicUpdate::parse(body)?;
+        if let Some(cluster) = self.cluster() {
+            let t = self.put_clustered_topic(cluster, &topic, &update).await?;
+            return Ok(self.detail(&t));
+        }
+        if update.replication_factor().is_some_and(|rf| rf > 1) {
+            return Err(crate::topics::settings::SettingsError::Invalid {
+                field: "replicationFactor",
+                reason: "a single broker holds one replica of each partition".into(),
+            }
+            .into());
+        }
         let (registry, defaults) = (self.registry.clone(), self.config.topic_defaults.clone());
         // In a task of its own, to its end: a request dropped half-way would release the
         // topic's lock while its partitions are still being opened.
@@ -90,6 +101,9 @@ impl Broker {
     /// restart, its workers gone, its files back at the next boot.
     pub async fn delete_topic(&self, name: &str) -> Result<(), BrokerError> {
         let topic = Self::topic_name(name)?;
+        if let Some(cluster) = self.cluster() {
+            return self.delete_clustered_topic(cluster, &topic).await;
+        }
         let (registry, dispatch) = (self.registry.clone(), self.dispatch.clone());
         tokio::spawn(async move {
             let _admin = registry.administer(&topic).await;

@@ -35,6 +35,10 @@ pub enum MetaCommand {
         /// Replicas per partition (1–5); `None` keeps the topic's (or the default for a new one).
         #[serde(default)]
         replication_factor: Option<u8>,
+        /// The topic id a new topic gets (drawn at random by the proposer, so that every broker
+        /// shows the same); ignored for an existing topic.
+        #[serde(default)]
+        id: Option<String>,
     },
     /// Deletes a topic.
     DeleteTopic {
@@ -83,6 +87,9 @@ pub struct TopicMeta {
     /// Bumped by every delete, so that a topic created again under the same name is a new
     /// group (its old replicas' files are not mistaken for the new one's).
     pub incarnation: u64,
+    /// Its topic id (contract §7's `topicId`), the same on every broker.
+    #[serde(default)]
+    pub id: String,
 }
 
 /// The whole metadata.
@@ -149,7 +156,8 @@ impl MetaState {
                 name,
                 config,
                 replication_factor,
-            } => self.put_topic(name, config, *replication_factor),
+                id,
+            } => self.put_topic(name, config, *replication_factor, id.as_deref()),
             MetaCommand::DeleteTopic { name } => match self.topics.remove(name) {
                 Some(_) => Ok(()),
                 None => Err(format!("no topic {name:?}")),
@@ -167,6 +175,7 @@ impl MetaState {
         name: &str,
         config: &serde_json::Value,
         rf: Option<u8>,
+        id: Option<&str>,
     ) -> Result<(), String> {
         let live = self.brokers.len();
         if let Some(rf) = rf
@@ -200,11 +209,12 @@ impl MetaState {
             let replicas = self.place(rf as usize, &placement);
             placement.push(replicas);
         }
-        let incarnation = match existing {
-            Some(t) => t.incarnation,
+        let (incarnation, id) = match existing {
+            Some(t) => (t.incarnation, t.id.clone()),
             None => {
                 self.created += 1;
-                self.created
+                let id = id.ok_or("a new topic needs its id")?;
+                (self.created, id.to_owned())
             }
         };
         self.topics.insert(
@@ -214,6 +224,7 @@ impl MetaState {
                 replication_factor: rf,
                 placement,
                 incarnation,
+                id,
             },
         );
         Ok(())
@@ -311,6 +322,7 @@ mod tests {
             name: name.into(),
             config: serde_json::json!({ "partitions": partitions }),
             replication_factor: rf,
+            id: Some(format!("id-of-{name}")),
         })
     }
 

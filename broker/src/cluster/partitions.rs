@@ -97,3 +97,89 @@ impl Cluster {
         }
     }
 }
+
+/// The header a forwarded request carries: the broker it was forwarded by. A broker that gets
+/// one answers itself, never forwards again (one hop, no loops while leaders move).
+pub const FORWARDED: &str = "x-mmmq-forwarded-by";
+
+/// An answer of another broker, passed on as it came.
+#[derive(Debug)]
+pub struct Forwarded {
+    /// Its status.
+    pub status: u16,
+    /// Its `Content-Type`.
+    pub content_type: Option<String>,
+    /// Its body.
+    pub body: bytes::Bytes,
+}
+
+impl Cluster {
+    /// Where a request about partition `p` of `topic` must go: `Some(leader)` when another
+    /// broker leads it, `None` when this broker answers (it leads, or holds a replica while no
+    /// leader is known).
+    pub fn forward_target(&self, topic: &str, p: u32) -> Result<Option<BrokerId>, ClusterError> {
+        match self.leader_of(topic, p) {
+            Some(l) if l == self.id() => Ok(None),
+            Some(l) => Ok(Some(l)),
+            None => {
+                let group = GroupId::Partition(topic.to_owned(), p);
+                if self.inner.partitions.read().contains_key(&group) {
+                    return Ok(None);
+                }
+                // Not a replica and no leader known: ask the first replica, which knows.
+                let meta = self.metadata();
+                let replica = meta
+                    .topics
+                    .get(topic)
+                    .and_then(|t| t.placement.get(p as usize))
+                    .and_then(|r| r.iter().copied().find(|b| *b != self.id()));
+                match replica {
+                    Some(r) => Ok(Some(r)),
+                    None => Ok(None),
+                }
+            }
+        }
+    }
+
+    /// Sends an HTTP request to another broker (one hop) and answers what it answered.
+    pub async fn forward_http(
+        &self,
+        to: BrokerId,
+        method: reqwest::Method,
+        path_and_query: &str,
+        body: Option<bytes::Bytes>,
+        timeout: std::time::Duration,
+    ) -> Result<Forwarded, ClusterError> {
+        let router = &self.inner.router;
+        let base = router
+            .peer(to)
+            .ok_or_else(|| ClusterError::Unreachable(to, "no address known".into()))?;
+        let mut request = router
+            .http()
+            .request(method, format!("{base}{path_and_query}"))
+            .header(FORWARDED, self.id().to_string())
+            .timeout(timeout);
+        if let Some(token) = router.token() {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body);
+        }
+        let unreachable = |e: reqwest::Error| ClusterError::Unreachable(to, e.to_string());
+        let response = request.send().await.map_err(unreachable)?;
+        let status = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let body = response.bytes().await.map_err(unreachable)?;
+        Ok(Forwarded {
+            status,
+            content_type,
+            body,
+        })
+    }
+}

@@ -6,6 +6,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
+use axum::response::IntoResponse;
 use mmmq_core::{PullPage, TopicInfo};
 use serde::Deserialize;
 
@@ -46,13 +47,28 @@ pub(super) struct PullQuery {
 #[tracing::instrument(skip_all, fields(topic))]
 pub(super) async fn pull(
     State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+    uri: axum::http::Uri,
     path: Result<Path<String>, PathRejection>,
     query: Result<Query<PullQuery>, QueryRejection>,
-) -> Result<Json<PullPage>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     let broker = state.broker()?;
     let Path(topic) = path.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     tracing::Span::current().record("topic", topic.as_str());
+    let partition = q.partition.unwrap_or(0);
+    if let Some(answer) = super::forward::to_leader(
+        broker,
+        &headers,
+        &uri,
+        &topic,
+        partition,
+        state.request_timeout,
+    )
+    .await?
+    {
+        return Ok(answer);
+    }
     let page = broker
         .pull(
             &topic,
@@ -63,5 +79,5 @@ pub(super) async fn pull(
             &state.stopping,
         )
         .await?;
-    Ok(Json(page))
+    Ok(Json(page).into_response())
 }

@@ -23,6 +23,7 @@ mod body;
 mod cluster;
 mod consume;
 mod dashboard;
+mod forward;
 mod groups;
 mod guard;
 mod openapi;

@@ -62,16 +62,40 @@ pub const STAGING_PREFIX: &str = ".staging~";
 /// it under [`STAGING_PREFIX`] (what a crash leaves there is removed at boot) and renamed into
 /// place. Blocking.
 pub fn create(vfs: &dyn Vfs, dir: &Path) -> Result<TopicId, StorageError> {
-    let id = loop {
+    create_with(vfs, dir, None)
+}
+
+/// A new random id, as Kafka draws them.
+pub fn random() -> Result<TopicId, StorageError> {
+    loop {
         let mut bytes = [0u8; 16];
         getrandom::fill(&mut bytes).map_err(|e| StorageError::Inconsistent {
-            path: dir.to_owned(),
+            path: Path::new("topic.id").to_owned(),
             reason: format!("no randomness for a topic id: {e}"),
         })?;
         let id = TopicId::from_bytes(bytes);
         if usable(&id) {
-            break id;
+            return Ok(id);
         }
+    }
+}
+
+/// As [`create`], with the id given (a cluster's topic has the id its metadata gave it, the
+/// same on every broker); a random one when `None`.
+pub fn create_with(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    id: Option<TopicId>,
+) -> Result<TopicId, StorageError> {
+    let id = match id {
+        Some(id) => id,
+        None => random().map_err(|e| match e {
+            StorageError::Inconsistent { reason, .. } => StorageError::Inconsistent {
+                path: dir.to_owned(),
+                reason,
+            },
+            other => other,
+        })?,
     };
     let parent = dir.parent().unwrap_or(Path::new("."));
     let staged = parent.join(format!("{STAGING_PREFIX}{id}"));

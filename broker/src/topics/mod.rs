@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use mmmq_core::{Topic, TopicConfig};
+use mmmq_core::{Topic, TopicConfig, TopicId};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
@@ -326,6 +326,23 @@ impl Registry {
         Ok(all.pop().expect("one topic asked, one given"))
     }
 
+    /// A cluster's topic as its metadata has it: created with `partitions` partitions and the
+    /// metadata's id `id` if it does not exist here (counted as the topic API's are).
+    pub async fn get_or_create_for_cluster(
+        &self,
+        topic: &Topic,
+        partitions: u32,
+        id: TopicId,
+    ) -> Result<Arc<TopicLog>, StorageError> {
+        let mut all = self
+            .get_or_create_as(
+                std::slice::from_ref(topic),
+                Creator::Cluster(partitions, id),
+            )
+            .await?;
+        Ok(all.pop().expect("one topic asked, one given"))
+    }
+
     async fn get_or_create_as(
         &self,
         topics: &[Topic],
@@ -380,7 +397,7 @@ impl Registry {
         // failed and a redrive's `from`/`to` name them (docs/delivery.md, "Dead-letter redrive"); the topic
         // API can still grow it.
         let partitions = |t: &Topic| match creator {
-            Creator::Api(n) => n,
+            Creator::Api(n) | Creator::Cluster(n, _) => n,
             Creator::Broker if t.is_internal() => 1,
             Creator::Broker => self.defaults.partitions,
         };
@@ -397,9 +414,13 @@ impl Registry {
             let topic_name = topic.clone();
             let ids = self.ids.clone();
             let partitions = partitions(topic);
+            let given = match creator {
+                Creator::Cluster(_, id) => Some(id),
+                _ => None,
+            };
             let t = tokio::task::spawn_blocking(move || {
                 if !vfs.is_dir(&dir) {
-                    incarnation::create(&*vfs, &dir)?;
+                    incarnation::create_with(&*vfs, &dir, given)?;
                 }
                 open_topic(topic_name, dir, vfs, config, partitions, ids).map(|(t, _)| t)
             })
@@ -459,6 +480,8 @@ enum Creator {
     Broker,
     /// `PUT /mmmq/topics/{topic}`, with this many partitions.
     Api(u32),
+    /// A cluster's metadata, with this many partitions and this id.
+    Cluster(u32, TopicId),
 }
 
 #[cfg(test)]

@@ -17,7 +17,8 @@ pub use mmmq_core::MAX_PARTITIONS;
 /// Longest produce-id memory a topic may ask for (the window is held in memory).
 pub const MAX_DEDUP_WINDOW_MS: u64 = 24 * 60 * 60 * 1000;
 
-const FIELDS: &str = "partitions, retentionMs, retentionBytes, keepUndelivered, dedupWindowMs";
+const FIELDS: &str =
+    "partitions, retentionMs, retentionBytes, keepUndelivered, dedupWindowMs, replicationFactor";
 
 /// Why a configuration was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -46,6 +47,7 @@ pub struct TopicUpdate {
     retention_bytes: Option<Option<u64>>,
     keep_undelivered: Option<bool>,
     dedup_window_ms: Option<u64>,
+    replication_factor: Option<u8>,
 }
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> SettingsError {
@@ -122,10 +124,21 @@ impl TopicUpdate {
                     }
                     update.dedup_window_ms = Some(n);
                 }
+                "replicationFactor" => {
+                    let n = v.as_u64().filter(|n| (1..=5).contains(n)).ok_or_else(|| {
+                        invalid("replicationFactor", format!("must be 1–5, got {v}"))
+                    })?;
+                    update.replication_factor = Some(n as u8);
+                }
                 other => return Err(SettingsError::UnknownField(other.to_owned())),
             }
         }
         Ok(update)
+    }
+
+    /// The replicas per partition it asks for (contract §13), if any.
+    pub fn replication_factor(&self) -> Option<u8> {
+        self.replication_factor
     }
 
     /// The configuration after this update of `current`.

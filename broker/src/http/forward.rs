@@ -1,0 +1,49 @@
+//! Requests that need a partition's leader, forwarded to it by the broker that got them
+//! (contract §13; docs/cluster.md, "Topics and produce in a cluster"): one hop, the leader's
+//! answer passed on as it came.
+
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+
+use super::ApiError;
+use crate::broker::Broker;
+use crate::cluster::partitions::FORWARDED;
+
+/// `Some(answer)` when another broker leads partition `p` of `topic` and answered for it;
+/// `None` when this broker answers (single broker, leader, a forwarded request, no leader known
+/// while holding a replica).
+pub(super) async fn to_leader(
+    broker: &Broker,
+    headers: &HeaderMap,
+    uri: &Uri,
+    topic: &str,
+    p: u32,
+    timeout: std::time::Duration,
+) -> Result<Option<Response>, ApiError> {
+    let Some(cluster) = broker.cluster() else {
+        return Ok(None);
+    };
+    if headers.contains_key(FORWARDED) {
+        return Ok(None);
+    }
+    let Some(leader) = cluster
+        .forward_target(topic, p)
+        .map_err(crate::broker::BrokerError::from)?
+    else {
+        return Ok(None);
+    };
+    let path = uri.path_and_query().map_or(uri.path(), |pq| pq.as_str());
+    let answer = cluster
+        .forward_http(leader, reqwest::Method::GET, path, None, timeout)
+        .await
+        .map_err(crate::broker::BrokerError::from)?;
+    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let mut response = (status, answer.body).into_response();
+    if let Some(t) = answer
+        .content_type
+        .and_then(|t| HeaderValue::from_str(&t).ok())
+    {
+        response.headers_mut().insert(header::CONTENT_TYPE, t);
+    }
+    Ok(Some(response))
+}
