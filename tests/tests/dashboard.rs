@@ -134,6 +134,11 @@ async fn with_an_auth_token_the_dashboard_asks_for_it_and_keeps_it() {
     b.click("#token-form button").await;
     b.text("#health", "ok").await;
     b.text("#topic-count", "0").await;
+    // The overview's calls carry the token too: the version (from the API description) and the
+    // cluster view (404 with the token: a single broker).
+    b.text("#version", env!("CARGO_PKG_VERSION")).await;
+    b.text("#cluster-summary", "single broker (not clustered)")
+        .await;
     // Kept for the session: a reload does not ask again.
     b.client.refresh().await.unwrap();
     b.text("#topic-count", "0").await;
