@@ -149,8 +149,15 @@ impl Browser {
     }
 
     /// Ends the session and chromedriver.
-    pub async fn close(mut self) {
+    pub async fn close(self) {
         let _ = self.client.clone().close().await;
+        // chromedriver ends in `drop`.
+    }
+}
+
+/// A test that fails before [`Browser::close`] leaves no chromedriver behind.
+impl Drop for Browser {
+    fn drop(&mut self) {
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }
