@@ -27,7 +27,7 @@ async fn the_dashboard_shows_topics_produces_browses_and_shows_dispatchers() {
         "orders (and the plugin's log topic) counted: {topics}"
     );
     b.text("#rate-in", ".").await;
-    b.screenshot("overview").await;
+    b.screenshot("overview-at-start").await;
     b.click("nav button[data-view=topics]").await;
     b.text("tr[data-topic=orders]", "orders").await;
     // Create a topic of 3 partitions, see its partitions and configuration, delete it.
