@@ -4,6 +4,7 @@
 //! author builds it ([`build_plugin_snippet`]), and the cluster [`checker`].
 
 mod broker;
+pub mod browser;
 pub mod checker;
 mod consumer;
 pub mod doc_run;

@@ -1,132 +1,13 @@
-//! The dashboard (docs/operations.md, "Dashboard") in a real browser: Debian's Chromium, headless, driven
-//! through chromedriver (WebDriver, `fantoccini`) against the real broker. `./scripts/test`
-//! installs both when they are missing. Screenshots of each view go to
+//! The dashboard (docs/operations.md, "Dashboard") in a real browser ([`mmmq_tests::browser`]:
+//! headless Chromium through chromedriver) against the real broker. Screenshots of each view go to
 //! `target/dashboard-screenshots/`.
 
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fantoccini::{Client, ClientBuilder, Locator};
+use fantoccini::Locator;
+use mmmq_tests::browser::{Browser, WAIT};
 use mmmq_tests::{Broker, plugin_wasm, testbed_root};
 use serde_json::{Value, json};
-
-const WAIT: Duration = Duration::from_secs(30);
-
-/// A headless Chromium session; chromedriver ends with it.
-struct Browser {
-    client: Client,
-    driver: Child,
-    _profile: tempfile::TempDir,
-}
-
-impl Browser {
-    async fn start() -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let driver = Command::new("chromedriver")
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect(
-                "chromedriver is missing: ./scripts/test installs chromium and chromium-driver",
-            );
-        let profile = tempfile::tempdir().unwrap();
-        let mut caps = serde_json::Map::new();
-        // The flags this machine's closed network needs (no background connections, no QUIC).
-        caps.insert(
-            "goog:chromeOptions".into(),
-            json!({"binary": "/usr/bin/chromium", "args": [
-                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--window-size=1280,900", format!("--user-data-dir={}", profile.path().display()),
-            ]}),
-        );
-        let started = Instant::now();
-        let client = loop {
-            match ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-                .capabilities(caps.clone())
-                .connect(&format!("http://127.0.0.1:{port}"))
-                .await
-            {
-                Ok(c) => break c,
-                Err(e) if started.elapsed() < WAIT => {
-                    let _ = e;
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => panic!("cannot start a browser session: {e}"),
-            }
-        };
-        Self {
-            client,
-            driver,
-            _profile: profile,
-        }
-    }
-
-    /// Waits until the element at `css` exists and its text contains `needle`; returns the text.
-    async fn text(&self, css: &str, needle: &str) -> String {
-        let started = Instant::now();
-        loop {
-            let mut seen = String::new();
-            if let Ok(e) = self.client.find(Locator::Css(css)).await {
-                seen = e.text().await.unwrap_or_default();
-                if seen.contains(needle) {
-                    return seen;
-                }
-            }
-            assert!(
-                started.elapsed() < WAIT,
-                "{css} never showed {needle:?} (last: {seen:?})"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn click(&self, css: &str) {
-        self.client
-            .wait()
-            .at_most(WAIT)
-            .for_element(Locator::Css(css))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
-    }
-
-    async fn select(&self, css: &str, value: &str) {
-        let e = self.client.find(Locator::Css(css)).await.unwrap();
-        e.select_by_value(value).await.unwrap();
-    }
-
-    async fn fill(&self, css: &str, value: &str) {
-        let e = self.client.find(Locator::Css(css)).await.unwrap();
-        e.clear().await.unwrap();
-        e.send_keys(value).await.unwrap();
-    }
-
-    async fn screenshot(&self, name: &str) {
-        let dir = PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../target/dashboard-screenshots"
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let png = self.client.screenshot().await.unwrap();
-        std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
-    }
-
-    async fn close(mut self) {
-        let _ = self.client.clone().close().await;
-        let _ = self.driver.kill();
-        let _ = self.driver.wait();
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_dashboard_shows_topics_produces_browses_and_shows_dispatchers() {
@@ -146,7 +27,7 @@ async fn the_dashboard_shows_topics_produces_browses_and_shows_dispatchers() {
         "orders (and the plugin's log topic) counted: {topics}"
     );
     b.text("#rate-in", ".").await;
-    b.screenshot("overview").await;
+    b.screenshot("overview-at-start").await;
     b.click("nav button[data-view=topics]").await;
     b.text("tr[data-topic=orders]", "orders").await;
     // Create a topic of 3 partitions, see its partitions and configuration, delete it.
@@ -253,6 +134,11 @@ async fn with_an_auth_token_the_dashboard_asks_for_it_and_keeps_it() {
     b.click("#token-form button").await;
     b.text("#health", "ok").await;
     b.text("#topic-count", "0").await;
+    // The overview's calls carry the token too: the version (from the API description) and the
+    // cluster view (404 with the token: a single broker).
+    b.text("#version", env!("CARGO_PKG_VERSION")).await;
+    b.text("#cluster-summary", "single broker (not clustered)")
+        .await;
     // Kept for the session: a reload does not ask again.
     b.client.refresh().await.unwrap();
     b.text("#topic-count", "0").await;
