@@ -355,3 +355,124 @@ async fn topics_are_the_clusters_whichever_broker_is_asked() {
         .await;
     }
 }
+
+/// Three consecutive free ports on 127.0.0.1 (`scripts/cluster` takes the first).
+fn free_ports_in_a_row(n: u16) -> u16 {
+    for _ in 0..200 {
+        let base = 20_000 + (rand_u16() % 30_000);
+        let held: Vec<_> = (0..n)
+            .map_while(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).ok())
+            .collect();
+        if held.len() == n as usize {
+            return base;
+        }
+    }
+    panic!("no {n} free ports in a row");
+}
+
+fn rand_u16() -> u16 {
+    let mut b = [0u8; 2];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .unwrap();
+    u16::from_le_bytes(b)
+}
+
+/// The README's cluster section, as written: `scripts/cluster 3`, a produce through broker 1,
+/// a SIGKILL of the partition's leader (its pid as the script printed it), a produce through
+/// another broker that waits out the election, and every message read from a third.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_readme_cluster_runs_as_written() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::CommandExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let port = free_ports_in_a_row(3);
+    let mut cmd = std::process::Command::new(mmmq_tests::workspace_root().join("scripts/cluster"));
+    mmmq_tests::doc_run::die_with_parent(&mut cmd)
+        .arg("3")
+        .env("MMMQ_BIN", mmmq_tests::mmmq_bin())
+        .env("MMMQ_CLUSTER_DIR", tmp.path().join("mmmq-cluster"))
+        .env("MMMQ_CLUSTER_PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0);
+    let mut script = cmd.spawn().unwrap();
+    let stderr = script.stderr.take().unwrap();
+    // "  broker 2  http://127.0.0.1:8082  pid 1234"
+    let pids: Vec<(u64, String, u32)> = tokio::task::spawn_blocking(move || {
+        let mut found = Vec::new();
+        for line in BufReader::new(stderr).lines() {
+            let line = line.unwrap();
+            eprintln!("[cluster] {line}");
+            let words: Vec<&str> = line.split_whitespace().collect();
+            if let ["broker", id, url, "pid", pid] = words[..] {
+                found.push((id.parse().unwrap(), url.to_owned(), pid.parse().unwrap()));
+                if found.len() == 3 {
+                    return found;
+                }
+            }
+        }
+        found
+    })
+    .await
+    .unwrap();
+    let stop = || {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", "--", &format!("-{}", script.id())])
+            .status();
+    };
+    assert_eq!(pids.len(), 3, "scripts/cluster did not print three brokers");
+    let http = reqwest::Client::new();
+    let produce = |url: String, n: u64| {
+        let http = http.clone();
+        async move {
+            let r = http
+                .post(format!("{url}/mmmq/messages"))
+                .header("content-type", "application/json")
+                .body(json!({"topic": "orders", "content": {"n": n}}).to_string())
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (code, body) = produce(pids[0].1.clone(), 1).await;
+    assert_eq!(code, 200, "{body}");
+    let view: Value = http
+        .get(format!("{}/mmmq/cluster", pids[1].1))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let leader = view["partitions"][0]["leader"].as_u64().expect("a leader");
+    let pid = pids.iter().find(|p| p.0 == leader).unwrap().2;
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let others: Vec<_> = pids.iter().filter(|p| p.0 != leader).collect();
+    let (code, body) = produce(others[0].1.clone(), 2).await;
+    assert_eq!(
+        code, 200,
+        "one produce after the kill is acknowledged: {body}"
+    );
+    let page: Value = http
+        .get(format!(
+            "{}/mmmq/topics/orders/messages?from=0",
+            others[1].1
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let contents: Vec<&Value> = page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| &m["content"])
+        .collect();
+    stop();
+    let _ = script.wait();
+    assert_eq!(contents, [&json!({"n": 1}), &json!({"n": 2})], "{page}");
+}

@@ -148,6 +148,7 @@ impl Broker {
         let wanted = match cluster.metadata().topics.get(topic.as_str()) {
             Some(t) => t.placement.len() as u32,
             None => {
+                cluster.wait_for_brokers(CREATE_WAIT).await;
                 let config = serde_json::to_value(&self.config.topic_defaults)
                     .map_err(|e| ClusterError::Failed(e.to_string()))?;
                 let id = crate::topics::incarnation::random()?;
@@ -210,6 +211,9 @@ impl Broker {
             None => self.config.topic_defaults.clone(),
         };
         let next = update.apply(&current)?;
+        if existing.is_none() {
+            cluster.wait_for_brokers(CREATE_WAIT).await;
+        }
         let id = match existing {
             Some(_) => None,
             None => Some(crate::topics::incarnation::random()?.to_string()),

@@ -292,6 +292,23 @@ impl Cluster {
         }
     }
 
+    /// Waits (up to `limit`) until the metadata names every voter of the metadata group: right
+    /// after a cluster forms, its brokers are still announcing themselves, and a topic placed
+    /// before they did would be placed on fewer brokers than there are.
+    pub async fn wait_for_brokers(&self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut metadata = self.watch_metadata();
+        loop {
+            let voters = self.inner.meta_view().voters;
+            if voters.iter().all(|v| metadata.borrow().brokers.contains_key(v)) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, metadata.changed()).await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// Proposes a metadata change through the group's leader, wherever it is.
     pub async fn propose(&self, command: MetaCommand) -> Result<MetaOutcome, ClusterError> {
         let bytes =
