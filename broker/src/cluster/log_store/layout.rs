@@ -255,17 +255,10 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use openraft::entry::RaftEntry;
-    use openraft::vote::leader_id_std::CommittedLeaderId;
 
     use super::*;
+    use crate::cluster::log_store::log_id as id;
     use crate::cluster::types::Command;
-
-    fn id(term: u64, index: u64) -> LogId {
-        LogId {
-            leader_id: CommittedLeaderId::new(term),
-            index,
-        }
-    }
 
     fn msg(term: u64, index: u64) -> Entry {
         Entry::new_normal(

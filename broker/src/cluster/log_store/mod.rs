@@ -50,6 +50,15 @@ use crate::cluster::types::{GroupKind, LogId, Raft};
 use crate::storage::vfs::Vfs;
 use crate::storage::{Log, LogConfig, StorageError};
 
+/// The log id of the entry at `index` written by the leader of `term` (standard Raft: one leader a
+/// term).
+pub(crate) fn log_id(term: u64, index: u64) -> LogId {
+    LogId {
+        leader_id: openraft::vote::leader_id_std::CommittedLeaderId::new(term),
+        index,
+    }
+}
+
 /// A vote as the store keeps it.
 pub type Vote = openraft::alias::VoteOf<Raft>;
 

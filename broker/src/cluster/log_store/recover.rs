@@ -11,11 +11,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use openraft::vote::leader_id_std::CommittedLeaderId;
-
 use super::files::{PURGED, Sidecar, VOTE, read_json};
 use super::layout::{Entry, Layout};
-use super::{PurgeFile, StoreError, Vote};
+use super::{PurgeFile, StoreError, Vote, log_id};
 use crate::cluster::types::LogId;
 use crate::storage::Log;
 use crate::storage::vfs::Vfs;
@@ -38,13 +36,6 @@ pub(super) struct Recovered {
     pub vote: Option<Vote>,
     pub sidecar: Sidecar,
     pub fix: Fix,
-}
-
-fn log_id(term: u64, index: u64) -> LogId {
-    LogId {
-        leader_id: CommittedLeaderId::new(term),
-        index,
-    }
 }
 
 /// The `(term, index)` of the frame at `offset`.
