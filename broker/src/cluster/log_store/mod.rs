@@ -282,6 +282,11 @@ impl Shared {
         self.state.lock().layout.last_log_id()
     }
 
+    /// The offset a message after `index` takes.
+    pub(crate) fn next_offset_after(&self, index: u64) -> u64 {
+        self.state.lock().layout.offset_at(index + 1)
+    }
+
     /// The offset of the message at `index`, if the log holds a message there.
     pub(crate) fn offset_of(&self, index: u64) -> Option<u64> {
         self.state.lock().layout.message_offset(index)

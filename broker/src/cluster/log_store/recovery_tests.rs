@@ -270,3 +270,29 @@ async fn a_snapshot_installed_as_the_power_failed_is_finished_at_open() {
     assert_eq!(store.log().first_offset(), data.next_offset);
     assert_eq!(machine.applied_state().await.unwrap().0, last);
 }
+
+/// An applied state past the log (never written so by the state machine, which waits for its
+/// messages to be durable here) is not trusted: the log keeps every entry, and Raft applies them
+/// again.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_applied_state_past_the_log_never_empties_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut store, machine) = open(tmp.path()).await.unwrap();
+    let h = entries(1, 1, 10);
+    append(&mut store, &h).await;
+    store.close().await.unwrap();
+    drop((store, machine));
+    let ahead = PartitionSnapshot {
+        last_log_id: Some(id(1, 12)),
+        next_offset: 11,
+        ..PartitionSnapshot::default()
+    };
+    let raft = tmp.path().join(RAFT_DIR);
+    super::files::write_json(&OsFs, &raft.join(APPLIED), &ahead).unwrap();
+    let (mut store, mut machine) = open(tmp.path()).await.unwrap();
+    assert_eq!(all(&mut store).await, h);
+    assert_eq!(machine.applied_state().await.unwrap().0, None);
+    assert_eq!(store.log().next_offset(), 0);
+    apply(&mut machine, &h).await;
+    assert_eq!(store.log().next_offset(), messages_before(11));
+}
