@@ -23,6 +23,8 @@ mod recover;
 mod storage;
 
 #[cfg(test)]
+mod power_tests;
+#[cfg(test)]
 mod recovery_tests;
 #[cfg(test)]
 mod suite;
@@ -184,6 +186,8 @@ impl SegmentLogStore {
             let (dir, vfs, raft_dir) = (dir.to_owned(), vfs.clone(), raft_dir.clone());
             blocking(move || {
                 let log = Log::open(&dir, vfs.clone(), config)?;
+                // At once, so that the directory says what it is (`mmmq inspect` reads it so).
+                crate::storage::vfs::create_dir_durably(&*vfs, &raft_dir)?;
                 let recovered = recover::recover(&log, &vfs, &raft_dir)?;
                 Ok((log, recovered))
             })
