@@ -119,3 +119,52 @@ async fn a_power_cut_at_any_step_of_appends_keeps_every_flushed_entry_and_no_gap
     }
     assert!(ops > 5, "{ops}");
 }
+
+/// A new leader's entries replace an uncommitted tail while the disk fails at every step: what
+/// opens is the old log or the new one, each as a prefix of at least what was kept, never a mix;
+/// and a purge cut short leaves every entry after its point.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_power_cut_at_any_step_of_a_cut_or_a_purge_leaves_one_history() {
+    let old = history();
+    let new: Vec<Entry> = old[..4]
+        .iter()
+        .cloned()
+        .chain([msg(4, 5), RaftEntry::new_blank(id(4, 6)), msg(4, 7)])
+        .collect();
+    let mut finished = false;
+    let mut ops = 0;
+    while !finished {
+        for mode in [CutMode::SyncedOnly, CutMode::Prefix, CutMode::TornSectors] {
+            let fs = SimFs::new();
+            fs.mkdir_durable(Path::new("/sim"));
+            let vfs: Arc<dyn Vfs> = Arc::new(fs.clone());
+            let mut store = open(&vfs).await.unwrap();
+            assert_eq!(append_all(&mut store, &old, &[old.len()]).await, old.len());
+            fs.die_after(ops);
+            let mut done = store.truncate_after(Some(id(2, 4))).await.is_ok();
+            done = done && append_all(&mut store, &new[4..], &[3]).await == 3;
+            done = done && store.purge(id(2, 3)).await.is_ok();
+            finished = done;
+            drop(store);
+            fs.power_cut(ops * 17 + 3, mode);
+            let what = format!("power failing after {ops} ops, {mode:?}");
+            let mut store = open(&vfs)
+                .await
+                .unwrap_or_else(|e| panic!("opens ({what}): {e}"));
+            let state = store.get_log_state().await.unwrap();
+            let got = all(&mut store).await;
+            let from = state.last_purged_log_id.map_or(0, |p| p.index as usize);
+            let one_of = [&old, &new]
+                .into_iter()
+                .any(|h| got.len() + from <= h.len() && got[..] == h[from..from + got.len()]);
+            assert!(one_of, "{what}: {got:?}");
+            assert!(from + got.len() >= 4, "{what}: the cut keeps 4");
+            if done {
+                assert_eq!((from, &got[..]), (3, &new[3..]), "{what}");
+            }
+        }
+        ops += 1;
+        assert!(ops < 400, "never finished");
+    }
+    assert!(ops > 5, "{ops}");
+}
