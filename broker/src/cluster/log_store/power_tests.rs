@@ -72,6 +72,31 @@ async fn append_all(store: &mut SegmentLogStore, entries: &[Entry], splits: &[us
     flushed
 }
 
+/// A fresh simulated disk and the store on it.
+async fn fresh() -> (SimFs, Arc<dyn Vfs>, SegmentLogStore) {
+    let fs = SimFs::new();
+    fs.mkdir_durable(Path::new("/sim"));
+    let vfs: Arc<dyn Vfs> = Arc::new(fs.clone());
+    let store = open(&vfs).await.unwrap();
+    (fs, vfs, store)
+}
+
+/// Cuts the power and opens the store again, which must work.
+async fn cut_and_reopen(
+    fs: &SimFs,
+    vfs: &Arc<dyn Vfs>,
+    seed: u64,
+    mode: CutMode,
+    what: &str,
+) -> SegmentLogStore {
+    fs.power_cut(seed, mode);
+    open(vfs)
+        .await
+        .unwrap_or_else(|e| panic!("opens ({what}): {e}"))
+}
+
+const MODES: [CutMode; 3] = [CutMode::SyncedOnly, CutMode::Prefix, CutMode::TornSectors];
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_power_cut_at_any_step_of_appends_keeps_every_flushed_entry_and_no_gap() {
     let h = history();
@@ -79,20 +104,14 @@ async fn a_power_cut_at_any_step_of_appends_keeps_every_flushed_entry_and_no_gap
     let mut finished = false;
     let mut ops = 0;
     while !finished {
-        for mode in [CutMode::SyncedOnly, CutMode::Prefix, CutMode::TornSectors] {
-            let fs = SimFs::new();
-            fs.mkdir_durable(Path::new("/sim"));
-            let vfs: Arc<dyn Vfs> = Arc::new(fs.clone());
-            let mut store = open(&vfs).await.unwrap();
+        for mode in MODES {
+            let (fs, vfs, mut store) = fresh().await;
             fs.die_after(ops);
             let flushed = append_all(&mut store, &h, &splits).await;
             finished = flushed == h.len();
             drop(store);
-            fs.power_cut(ops * 31 + 7, mode);
             let what = format!("power failing after {ops} ops, {mode:?}, {flushed} flushed");
-            let mut store = open(&vfs)
-                .await
-                .unwrap_or_else(|e| panic!("opens ({what}): {e}"));
+            let mut store = cut_and_reopen(&fs, &vfs, ops * 31 + 7, mode, &what).await;
             let got = all(&mut store).await;
             assert!(
                 got.len() >= flushed,
@@ -134,11 +153,8 @@ async fn a_power_cut_at_any_step_of_a_cut_or_a_purge_leaves_one_history() {
     let mut finished = false;
     let mut ops = 0;
     while !finished {
-        for mode in [CutMode::SyncedOnly, CutMode::Prefix, CutMode::TornSectors] {
-            let fs = SimFs::new();
-            fs.mkdir_durable(Path::new("/sim"));
-            let vfs: Arc<dyn Vfs> = Arc::new(fs.clone());
-            let mut store = open(&vfs).await.unwrap();
+        for mode in MODES {
+            let (fs, vfs, mut store) = fresh().await;
             assert_eq!(append_all(&mut store, &old, &[old.len()]).await, old.len());
             fs.die_after(ops);
             let mut done = store.truncate_after(Some(id(2, 4))).await.is_ok();
@@ -146,11 +162,8 @@ async fn a_power_cut_at_any_step_of_a_cut_or_a_purge_leaves_one_history() {
             done = done && store.purge(id(2, 3)).await.is_ok();
             finished = done;
             drop(store);
-            fs.power_cut(ops * 17 + 3, mode);
             let what = format!("power failing after {ops} ops, {mode:?}");
-            let mut store = open(&vfs)
-                .await
-                .unwrap_or_else(|e| panic!("opens ({what}): {e}"));
+            let mut store = cut_and_reopen(&fs, &vfs, ops * 17 + 3, mode, &what).await;
             let state = store.get_log_state().await.unwrap();
             let got = all(&mut store).await;
             let from = state.last_purged_log_id.map_or(0, |p| p.index as usize);
