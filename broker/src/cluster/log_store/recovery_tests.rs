@@ -296,3 +296,25 @@ async fn an_applied_state_past_the_log_never_empties_it() {
     apply(&mut machine, &h).await;
     assert_eq!(store.log().next_offset(), messages_before(11));
 }
+
+/// A log that starts later than the index after its purge point keeps its entries, open or
+/// reopened (openraft's suite purges below such a log).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_purge_below_a_log_that_starts_later_keeps_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut store, machine) = open(tmp.path()).await.unwrap();
+    let h = entries(1, 5, 9);
+    append(&mut store, &h).await;
+    store.purge(id(1, 2)).await.unwrap();
+    assert_eq!(all(&mut store).await, h);
+    drop((store, machine));
+    let (mut store, _machine) = open(tmp.path()).await.unwrap();
+    assert_eq!(all(&mut store).await, h);
+    let state = store.get_log_state().await.unwrap();
+    assert_eq!(
+        (state.last_purged_log_id, state.last_log_id),
+        (Some(id(1, 2)), Some(id(1, 9)))
+    );
+    append(&mut store, &[msg(1, 10)]).await;
+    assert_eq!(frame_offset(store.log(), 10), Some(4));
+}
