@@ -186,6 +186,15 @@ impl SegmentLogStore {
             let (dir, vfs, raft_dir) = (dir.to_owned(), vfs.clone(), raft_dir.clone());
             blocking(move || {
                 let log = Log::open(&dir, vfs.clone(), config)?;
+                if !vfs.is_dir(&raft_dir) && log.durable_end() > log.first_offset() {
+                    // Frames without log ids: read with them, their bytes would be misread.
+                    return Err(StoreError::Inconsistent {
+                        dir,
+                        reason: "a single-node log (no raft/ directory) cannot be opened as a \
+                                 clustered partition's"
+                            .to_owned(),
+                    });
+                }
                 // At once, so that the directory says what it is (`mmmq inspect` reads it so).
                 crate::storage::vfs::create_dir_durably(&*vfs, &raft_dir)?;
                 let recovered = recover::recover(&log, &vfs, &raft_dir)?;

@@ -162,6 +162,7 @@ async fn a_sidecar_entry_past_a_gap_is_removed_at_open() {
 #[tokio::test(flavor = "multi_thread")]
 async fn frames_past_a_gap_are_removed_at_open() {
     let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir(tmp.path().join(RAFT_DIR)).unwrap();
     {
         // The sidecar record of the blank at 2 never landed; the frames around it did.
         let config = LogConfig {
@@ -269,6 +270,19 @@ async fn a_snapshot_installed_as_the_power_failed_is_finished_at_open() {
     assert!(all(&mut store).await.is_empty());
     assert_eq!(store.log().first_offset(), data.next_offset);
     assert_eq!(machine.applied_state().await.unwrap().0, last);
+}
+
+/// A single-node log is no clustered partition's: its frames have no log ids.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_single_node_log_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = Log::open(tmp.path(), Arc::new(OsFs), LogConfig::default()).unwrap();
+    log.append(br#"{"timestamp":1,"key":null,"content":"a message of a single node"}"#)
+        .await
+        .unwrap();
+    log.close().await.unwrap();
+    let err = open(tmp.path()).await.unwrap_err();
+    assert!(err.to_string().contains("single-node"), "{err}");
 }
 
 /// An applied state past the log (never written so by the state machine, which waits for its
