@@ -5,16 +5,23 @@
 //! `DIR` may be a topic directory, a `topics/` directory or a root dir; the latter two inspect
 //! every topic under them. Exit status: 0 when everything is sound (an uncommitted tail that
 //! recovery will cut is sound), 1 when any entry is corrupt or the files are inconsistent.
+//!
+//! A clustered partition's directory (one with a `raft/` directory, docs/cluster.md, "Clustered
+//! partitions on disk") is read the same way; each entry shows its Raft term and index, and the
+//! `raft/` files are listed after the segments (`raft`).
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::cluster::log_store::RAFT_DIR;
 use crate::storage::Checkpoints;
 use crate::storage::error::StorageError;
 use crate::storage::frame::{self, FrameFault};
 use crate::storage::scan::{self, ChainGap, SegmentScan, TailCheck};
 use crate::storage::vfs::{OpenMode, Vfs, VfsFile};
+
+mod raft;
 
 /// Options of the command.
 #[derive(Debug, Clone, Default)]
@@ -157,9 +164,10 @@ fn inspect_topic(
         writeln!(out, "  (no segments)")?;
     }
     let scans = scan::scan_log(&**vfs, &listing, TailCheck::Full, true)?;
+    let clustered = vfs.is_dir(&dir.join(RAFT_DIR));
     for scan in &scans {
         summary.segments += 1;
-        inspect_segment(&**vfs, scan, options, out, summary)?;
+        inspect_segment(&**vfs, scan, clustered, options, out, summary)?;
     }
     match scan::check_chain(&scans) {
         None => {}
@@ -172,6 +180,9 @@ fn inspect_topic(
             summary.inconsistencies += 1;
             writeln!(out, "  ! {}: {reason}", scans[index].files.index.display())?;
         }
+    }
+    if clustered {
+        raft::inspect(&**vfs, &dir.join(RAFT_DIR), out, summary)?;
     }
     let checkpoints = Checkpoints::new(dir.join("checkpoints"), vfs.clone());
     match checkpoints.list() {
@@ -193,6 +204,7 @@ fn inspect_topic(
 fn inspect_segment(
     vfs: &dyn Vfs,
     scan: &SegmentScan,
+    clustered: bool,
     options: &InspectOptions,
     out: &mut dyn Write,
     summary: &mut Summary,
@@ -238,9 +250,14 @@ fn inspect_segment(
     }
     summary.entries += scan.count();
     if scan.count() > 0 && scan.data_exists {
+        let log_id_columns = if clustered {
+            format!(" {:>8} {:>12}", "TERM", "INDEX")
+        } else {
+            String::new()
+        };
         writeln!(
             out,
-            "    {:>12} {:>12} {:>9}  {:<9} PAYLOAD",
+            "    {:>12} {:>12} {:>9}  {:<9}{log_id_columns} PAYLOAD",
             "OFFSET", "POSITION", "SIZE", "CRC"
         )?;
         let data = vfs
@@ -250,7 +267,18 @@ fn inspect_segment(
             let offset = files.start + i as u64;
             let bytes = entry_bytes(&*data, scan, i)?;
             let size = frame::Header::parse(&bytes).map_or(0, |h| h.frame_len());
-            let verdict = match frame::decode(&bytes) {
+            let mut log_id = String::new();
+            let verdict = match frame::decode(&bytes).and_then(|payload| {
+                if !clustered {
+                    return Ok(payload);
+                }
+                let ((term, index), message) =
+                    frame::split_log_id(payload).ok_or(FrameFault::MissingLogId {
+                        len: payload.len() as u32,
+                    })?;
+                log_id = format!(" {term:>8} {index:>12}");
+                Ok(message)
+            }) {
                 Ok(payload) => match std::str::from_utf8(payload)
                     .ok()
                     .filter(|s| serde_json::from_str::<&serde_json::value::RawValue>(s).is_ok())
@@ -260,6 +288,9 @@ fn inspect_segment(
                 },
                 Err(fault) => Err(fault.to_string()),
             };
+            if clustered && log_id.is_empty() {
+                log_id = format!(" {:>8} {:>12}", "?", "?");
+            }
             let (crc, text) = match verdict {
                 Ok(json) => (
                     "ok",
@@ -274,6 +305,7 @@ fn inspect_segment(
                     let crc = match frame::decode(&bytes) {
                         Err(FrameFault::CrcMismatch { .. }) => "MISMATCH",
                         Err(_) => "TRUNCATED",
+                        Ok(p) if clustered && p.len() < frame::LOG_ID_LEN => "SHORT",
                         Ok(_) => "ok",
                     };
                     (crc, format!("! {why}"))
@@ -281,7 +313,7 @@ fn inspect_segment(
             };
             writeln!(
                 out,
-                "    {offset:>12} {position:>12} {size:>9}  {crc:<9} {text}"
+                "    {offset:>12} {position:>12} {size:>9}  {crc:<9}{log_id} {text}"
             )?;
         }
     }
@@ -355,7 +387,16 @@ pub fn read_entry(vfs: &dyn Vfs, dir: &Path, offset: u64) -> Result<Entry, Stora
         .open(&files.data, OpenMode::ReadOnly)
         .map_err(|e| StorageError::io(&files.data, e))?;
     let bytes = entry_bytes(&*data, &scan, i)?;
-    Ok(match frame::decode(&bytes) {
+    let clustered = vfs.is_dir(&dir.join(RAFT_DIR));
+    let decoded = frame::decode(&bytes).and_then(|payload| match clustered {
+        false => Ok(payload),
+        true => frame::split_log_id(payload)
+            .map(|(_, message)| message)
+            .ok_or(FrameFault::MissingLogId {
+                len: payload.len() as u32,
+            }),
+    });
+    Ok(match decoded {
         Ok(payload) => Entry::Payload(payload.to_vec()),
         Err(fault) => Entry::Corrupt(format!(
             "offset {offset} in {}: {fault}",

@@ -118,7 +118,27 @@ impl PartitionMachine {
             })
             .await?
         };
+        // A snapshot the log does not reach: an install the power cut short. The log continues
+        // after it.
         let from_snapshot = snapshot.as_ref().map(|s| s.data.clone());
+        if let Some(s) = &from_snapshot
+            && let Some(last) = s.last_log_id
+            && shared.last_log_id().is_none_or(|l| l.index < last.index)
+        {
+            shared.continue_after(last, s.next_offset).await?;
+        }
+        // An applied state is written only once what it applied is durable here; one past the
+        // log anyway is not trusted (a lower bound is: Raft applies the rest again).
+        let log_last = shared.last_log_id();
+        let applied = applied.filter(|a| {
+            let within = a
+                .last_log_id
+                .is_none_or(|last| log_last.is_some_and(|l| l.index >= last.index));
+            if !within {
+                tracing::warn!(dir = %shared.log.dir().display(), applied = ?a.last_log_id, log = ?log_last, "the state machine's applied state is past the log; starting from its snapshot");
+            }
+            within
+        });
         let state = match (applied, from_snapshot) {
             (Some(a), Some(s)) => {
                 if s.last_log_id > a.last_log_id {
@@ -132,12 +152,6 @@ impl PartitionMachine {
                 ..PartitionSnapshot::default()
             }),
         };
-        if let Some(last) = state.last_log_id {
-            let log_last = shared.last_log_id();
-            if log_last.is_none_or(|l| l.index < last.index) {
-                shared.continue_after(last, state.next_offset).await?;
-            }
-        }
         shared.log.advance_visible(state.next_offset);
         Ok(Self {
             shared,
@@ -152,12 +166,20 @@ impl PartitionMachine {
         self.state.next_offset
     }
 
-    /// Writes the applied state (a clean shutdown; it is written about once a second anyway).
+    /// Writes the applied state once what it applied is durable here (a clean shutdown; it is
+    /// written about once a second anyway).
     pub async fn close(&mut self) -> Result<(), StoreError> {
+        self.shared.barrier().await?;
         self.persist().await
     }
 
+    /// Writes the applied state, unless a message it applied is not durable here yet (a leader
+    /// applies what the followers hold before its own fsync returns): written then, it would
+    /// claim, after a power cut, entries this replica lost.
     async fn persist(&mut self) -> Result<(), StoreError> {
+        if self.state.next_offset > self.shared.log.durable_end() {
+            return Ok(());
+        }
         let (shared, state) = (self.shared.clone(), self.state.clone());
         blocking(move || {
             super::log_store::write_json(&*shared.vfs, &file(&shared, APPLIED), &state)
@@ -291,6 +313,19 @@ impl RaftStateMachine<Raft> for PartitionMachine {
         .await?;
         if let Some(last) = data.last_log_id {
             self.shared.continue_after(last, data.next_offset).await?;
+            // A log that holds the snapshot's last entry kept its messages: they must end where
+            // the snapshot says.
+            let end = self.shared.next_offset_after(last.index);
+            if end != data.next_offset {
+                return Err(StoreError::Inconsistent {
+                    dir: self.shared.log.dir().to_owned(),
+                    reason: format!(
+                        "the snapshot at {last} continues at offset {}, the log at {end}",
+                        data.next_offset
+                    ),
+                }
+                .into());
+            }
         }
         self.state = data;
         self.persisted = Instant::now();

@@ -11,7 +11,8 @@
 //! - `segment`: one data file and its index, with committed positions in memory.
 //! - [`log`]: a chain of segments with a pipelined group-commit writer and lock-light readers;
 //!   its configuration, writer, poison-and-heal and the state those two share each in a file of
-//!   their own.
+//!   their own, and what a clustered partition's log does besides (docs/cluster.md, "Clustered
+//!   partitions on disk").
 //! - [`checkpoint`]: per-consumer next offsets, replaced atomically.
 //! - [`clean`]: the clean-shutdown marker that spares the next boot a full check of the tails.
 //! - [`error`]: [`StorageError`], and [`CorruptEntry`] for isolated, skippable corruption.

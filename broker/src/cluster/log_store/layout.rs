@@ -194,11 +194,13 @@ impl Layout {
         let next = upto.index + 1;
         let offset = self.offset_at(next);
         self.others = self.others.split_off(&next);
+        // A log that starts after the purge point keeps its start (nothing between takes an
+        // offset).
         self.held = match self.held {
-            Some((_, last)) if last.index >= next => Some((next, last)),
+            Some((first, last)) if last.index >= next => Some((first.max(next), last)),
             _ => None,
         };
-        self.anchor = (next, offset);
+        self.anchor = (self.held.map_or(next, |(first, _)| first), offset);
         self.purged = Some((upto, offset));
         Some((upto, offset))
     }
@@ -255,17 +257,10 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use openraft::entry::RaftEntry;
-    use openraft::vote::leader_id_std::CommittedLeaderId;
 
     use super::*;
+    use crate::cluster::log_store::log_id as id;
     use crate::cluster::types::Command;
-
-    fn id(term: u64, index: u64) -> LogId {
-        LogId {
-            leader_id: CommittedLeaderId::new(term),
-            index,
-        }
-    }
 
     fn msg(term: u64, index: u64) -> Entry {
         Entry::new_normal(
@@ -380,6 +375,13 @@ mod tests {
         assert!(l.append(&[msg(2, 6)], is_message).is_err());
         l.append(&[msg(2, 10)], is_message).unwrap();
         assert_eq!(offsets(&l, 0, 20), [(10, Some(4))]);
+        // Below a log that starts later: it keeps its start.
+        let mut l = Layout::empty(0);
+        l.append(&[msg(1, 5), blank(1, 6), msg(1, 7)], is_message)
+            .unwrap();
+        assert_eq!(l.purge(id(1, 2)), Some((id(1, 2), 0)));
+        assert_eq!(l.first_index(), Some(5));
+        assert_eq!(offsets(&l, 0, 9), [(5, Some(0)), (6, None), (7, Some(1))]);
     }
 
     #[test]

@@ -23,6 +23,8 @@ mod recover;
 mod storage;
 
 #[cfg(test)]
+mod power_tests;
+#[cfg(test)]
 mod recovery_tests;
 #[cfg(test)]
 mod suite;
@@ -49,6 +51,15 @@ use storage::Flush;
 use crate::cluster::types::{GroupKind, LogId, Raft};
 use crate::storage::vfs::Vfs;
 use crate::storage::{Log, LogConfig, StorageError};
+
+/// The log id of the entry at `index` written by the leader of `term` (standard Raft: one leader a
+/// term).
+pub(crate) fn log_id(term: u64, index: u64) -> LogId {
+    LogId {
+        leader_id: openraft::vote::leader_id_std::CommittedLeaderId::new(term),
+        index,
+    }
+}
 
 /// A vote as the store keeps it.
 pub type Vote = openraft::alias::VoteOf<Raft>;
@@ -191,7 +202,21 @@ impl SegmentLogStore {
         let raft_dir = dir.join(RAFT_DIR);
         let recovered = {
             let (log, vfs, raft_dir) = (log.clone(), vfs.clone(), raft_dir.clone());
-            blocking(move || recover::recover(&log, &vfs, &raft_dir)).await?
+            blocking(move || {
+                if !vfs.is_dir(&raft_dir) && log.durable_end() > log.first_offset() {
+                    // Frames without log ids: read with them, their bytes would be misread.
+                    return Err(StoreError::Inconsistent {
+                        dir: log.dir().to_owned(),
+                        reason: "a single-node log (no raft/ directory) cannot be opened as a \
+                                 clustered partition's"
+                            .to_owned(),
+                    });
+                }
+                // At once, so that the directory says what it is (`mmmq inspect` reads it so).
+                crate::storage::vfs::create_dir_durably(&*vfs, &raft_dir)?;
+                recover::recover(&log, &vfs, &raft_dir)
+            })
+            .await?
         };
         match recovered.fix {
             Fix::None => {}
@@ -284,6 +309,11 @@ impl Shared {
     /// The last log id the log holds (or its purge point).
     pub(crate) fn last_log_id(&self) -> Option<LogId> {
         self.state.lock().layout.last_log_id()
+    }
+
+    /// The offset a message after `index` takes.
+    pub(crate) fn next_offset_after(&self, index: u64) -> u64 {
+        self.state.lock().layout.offset_at(index + 1)
     }
 
     /// The offset of the message at `index`, if the log holds a message there.

@@ -11,11 +11,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use openraft::vote::leader_id_std::CommittedLeaderId;
-
 use super::files::{PURGED, Sidecar, VOTE, read_json};
 use super::layout::{Entry, Layout};
-use super::{PurgeFile, StoreError, Vote};
+use super::{PurgeFile, StoreError, Vote, log_id};
 use crate::cluster::types::LogId;
 use crate::storage::Log;
 use crate::storage::vfs::Vfs;
@@ -38,13 +36,6 @@ pub(super) struct Recovered {
     pub vote: Option<Vote>,
     pub sidecar: Sidecar,
     pub fix: Fix,
-}
-
-fn log_id(term: u64, index: u64) -> LogId {
-    LogId {
-        leader_id: CommittedLeaderId::new(term),
-        index,
-    }
 }
 
 /// The `(term, index)` of the frame at `offset`.
@@ -90,8 +81,10 @@ pub(super) fn recover(
         None
     };
     let mut fix = Fix::None;
-    // The frames that belong to the log start at `from`; the run of indexes at `start`.
-    let (anchor, from, start) = match purged {
+    // The frames that belong to the log start at `from`, and at least the run of indexes at
+    // `start`: the first entry after the purge point (the next index, unless the log started
+    // later).
+    let (from, after) = match purged {
         Some((p, n)) => {
             let only_purged = last_frame.is_none_or(|(_, index)| index <= p.index);
             if only_purged {
@@ -104,26 +97,26 @@ pub(super) fn recover(
                      holds offsets {first_offset}..{durable} and entries after it"
                 )));
             }
-            let from = if only_purged { durable.max(n) } else { n };
-            (Some((p.index + 1, n)), from, p.index + 1)
+            (if only_purged { durable.max(n) } else { n }, p.index + 1)
         }
-        None => {
-            let first_frame = if last_frame.is_some() {
-                Some(frame_at(log, first_offset)?.1)
-            } else {
-                None
-            };
-            let first_other = others.keys().next().copied();
-            let start = match (first_frame, first_other) {
-                (Some(f), Some(o)) => f.min(o),
-                (f, o) => f.or(o).unwrap_or(0),
-            };
-            (first_frame.map(|f| (f, first_offset)), first_offset, start)
-        }
+        None => (first_offset, 0),
     };
     let end = match fix {
         Fix::Reset(n) => n,
         _ => durable,
+    };
+    let first_frame = if from < end {
+        Some(frame_at(log, from)?.1)
+    } else {
+        None
+    };
+    let start = match (first_frame, others.keys().next().copied()) {
+        (Some(f), Some(o)) => f.min(o),
+        (f, o) => f.or(o).unwrap_or(after),
+    };
+    let anchor = match purged {
+        Some((_, n)) => Some((start, n)),
+        None => first_frame.map(|f| (f, first_offset)),
     };
     // Walk the run: each index a sidecar record or the next frame.
     let walk = Walk {

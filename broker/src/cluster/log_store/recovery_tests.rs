@@ -162,6 +162,7 @@ async fn a_sidecar_entry_past_a_gap_is_removed_at_open() {
 #[tokio::test(flavor = "multi_thread")]
 async fn frames_past_a_gap_are_removed_at_open() {
     let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir(tmp.path().join(RAFT_DIR)).unwrap();
     {
         // The sidecar record of the blank at 2 never landed; the frames around it did.
         let config = LogConfig {
@@ -271,4 +272,65 @@ async fn a_snapshot_installed_as_the_power_failed_is_finished_at_open() {
     assert!(all(&mut store).await.is_empty());
     assert_eq!(store.log().first_offset(), data.next_offset);
     assert_eq!(machine.applied_state().await.unwrap().0, last);
+}
+
+/// A single-node log is no clustered partition's: its frames have no log ids.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_single_node_log_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = Log::open(tmp.path(), Arc::new(OsFs), LogConfig::default()).unwrap();
+    log.append(br#"{"timestamp":1,"key":null,"content":"a message of a single node"}"#)
+        .await
+        .unwrap();
+    log.close().await.unwrap();
+    let err = open(tmp.path()).await.unwrap_err();
+    assert!(err.to_string().contains("single-node"), "{err}");
+}
+
+/// An applied state past the log (never written so by the state machine, which waits for its
+/// messages to be durable here) is not trusted: the log keeps every entry, and Raft applies them
+/// again.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_applied_state_past_the_log_never_empties_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut store, machine) = open(tmp.path()).await.unwrap();
+    let h = entries(1, 1, 10);
+    append(&mut store, &h).await;
+    store.close().await.unwrap();
+    drop((store, machine));
+    let ahead = PartitionSnapshot {
+        last_log_id: Some(id(1, 12)),
+        next_offset: 11,
+        ..PartitionSnapshot::default()
+    };
+    let raft = tmp.path().join(RAFT_DIR);
+    super::files::write_json(&OsFs, &raft.join(APPLIED), &ahead).unwrap();
+    let (mut store, mut machine) = open(tmp.path()).await.unwrap();
+    assert_eq!(all(&mut store).await, h);
+    assert_eq!(machine.applied_state().await.unwrap().0, None);
+    assert_eq!(store.log().next_offset(), 0);
+    apply(&mut machine, &h).await;
+    assert_eq!(store.log().next_offset(), messages_before(11));
+}
+
+/// A log that starts later than the index after its purge point keeps its entries, open or
+/// reopened (openraft's suite purges below such a log).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_purge_below_a_log_that_starts_later_keeps_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut store, machine) = open(tmp.path()).await.unwrap();
+    let h = entries(1, 5, 9);
+    append(&mut store, &h).await;
+    store.purge(id(1, 2)).await.unwrap();
+    assert_eq!(all(&mut store).await, h);
+    drop((store, machine));
+    let (mut store, _machine) = open(tmp.path()).await.unwrap();
+    assert_eq!(all(&mut store).await, h);
+    let state = store.get_log_state().await.unwrap();
+    assert_eq!(
+        (state.last_purged_log_id, state.last_log_id),
+        (Some(id(1, 2)), Some(id(1, 9)))
+    );
+    append(&mut store, &[msg(1, 10)]).await;
+    assert_eq!(frame_offset(store.log(), 10), Some(4));
 }

@@ -14,13 +14,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use openraft::storage::{IOFlushed, RaftLogStorage};
-use openraft::vote::leader_id_std::CommittedLeaderId;
 use openraft::{EntryPayload, LogState, OptionalSend, RaftLogReader};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 
 use super::layout::{Entry, Slot};
-use super::{SegmentLogStore, Shared, StoreError, Vote, blocking};
+use super::{SegmentLogStore, Shared, StoreError, Vote, blocking, log_id};
 use crate::cluster::types::{Command, GroupKind, LogId, Raft};
 use crate::storage::frame::{LOG_ID_LEN, MAX_PAYLOAD_LEN};
 use crate::storage::{Committing, StorageError};
@@ -80,13 +79,6 @@ pub(super) async fn flush(
 const READ_MAX_BYTES: usize = 8 << 20;
 /// Most entries one limited read returns.
 const READ_MAX_ENTRIES: u64 = 4096;
-
-fn log_id(term: u64, index: u64) -> LogId {
-    LogId {
-        leader_id: CommittedLeaderId::new(term),
-        index,
-    }
-}
 
 fn is_message(e: &Entry) -> bool {
     matches!(e.payload, EntryPayload::Normal(_))

@@ -9,21 +9,14 @@ use bytes::Bytes;
 use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, RaftLogStorage, RaftStateMachine};
 use openraft::type_config::TypeConfigExt;
-use openraft::vote::leader_id_std::CommittedLeaderId;
 use openraft::{Membership, RaftLogReader};
 
 use super::layout::Entry;
+pub(super) use super::log_id as id;
 use super::{SegmentLogStore, StoreError};
 use crate::cluster::machine::PartitionMachine;
-use crate::cluster::types::{Command, GroupKind, LogId, Raft};
+use crate::cluster::types::{Command, GroupKind, Raft};
 use crate::storage::{LogConfig, OsFs};
-
-pub(super) fn id(term: u64, index: u64) -> LogId {
-    LogId {
-        leader_id: CommittedLeaderId::new(term),
-        index,
-    }
-}
 
 pub(super) fn msg(term: u64, index: u64) -> Entry {
     let text = format!(
