@@ -161,6 +161,16 @@ impl Broker {
         interrupt: CancellationToken,
     ) -> Result<Self, BrokerError> {
         config.validate()?;
+        if config.cluster.is_none() && vfs.is_dir(&config.root_dir.join("cluster")) {
+            // Its logs carry log ids and uncommitted tails only Raft can tell apart.
+            return Err(BrokerError::Config(ConfigError::Setting {
+                name: "--root-dir",
+                reason: format!(
+                    "{} is a cluster member's root dir: start it with its --node-id and --peers",
+                    config.root_dir.display()
+                ),
+            }));
+        }
         let root = config.root_dir.clone();
         let specs = tokio::task::spawn_blocking(move || config::load_dispatchers(&root))
             .await

@@ -133,6 +133,17 @@ async fn start_cluster(
     vfs: &Arc<dyn Vfs>,
 ) -> Result<Cluster, ServeError> {
     let cluster_config = ClusterConfig::new(settings, &config.root_dir, config.auth_token.clone());
+    // A single broker's root dir holds logs without log ids: opened as a cluster member's they
+    // would be misread and cut. A cluster member starts from an empty root dir or its own.
+    let topics = config.topics_dir();
+    let had_topics = vfs.is_dir(&topics) && !vfs.read_dir(&topics).unwrap_or_default().is_empty();
+    if had_topics && !vfs.is_dir(&cluster_config.dir) {
+        return Err(ServeError::Cluster(format!(
+            "{} is a single broker's root dir (it has topics and no cluster/): a cluster member \
+             starts from an empty root dir",
+            config.root_dir.display()
+        )));
+    }
     let log_config = config.log_config(config.file_cache(), None);
     let dir = cluster_config.dir.join("meta").join("log");
     let store = SegmentLogStore::open(&dir, vfs.clone(), log_config, GroupKind::Meta)

@@ -100,6 +100,25 @@ impl Cluster {
 }
 
 impl Cluster {
+    /// Waits until every partition has a leader that reports each replica 0 entries behind
+    /// (a pull would not tell: it is answered by the leader).
+    async fn caught_up(&self, via: u64) {
+        let b = self.broker(via);
+        mmmq_tests::eventually_async(Duration::from_secs(20), "replicas caught up", || async {
+            let (_, v) = b.get("/mmmq/cluster").await;
+            let parts = v["partitions"].as_array()?;
+            parts
+                .iter()
+                .all(|p| {
+                    p["lag"]
+                        .as_object()
+                        .is_some_and(|l| l.values().all(|x| x.as_u64() == Some(0)))
+                })
+                .then_some(())
+        })
+        .await
+    }
+
     /// Stops every broker cleanly (SIGTERM) and reads each one's replica of `topic`'s partition
     /// `p` from its files: offset → content.
     async fn stop_and_read(mut self, topic: &str, p: u32) -> Vec<Replica> {
@@ -279,8 +298,7 @@ async fn a_killed_leader_is_replaced_and_the_cluster_keeps_one_history() {
     // The killed broker comes back and catches up.
     let back = c.spawn(leader).await;
     c.brokers[(leader - 1) as usize] = Some(back);
-    let total = acks.len();
-    c.broker(leader).pull_until("orders", total).await;
+    c.caught_up(via).await;
     let sent = sent(&acks);
     let replicas = c.stop_and_read("orders", 0).await;
     let report = check(
@@ -450,10 +468,20 @@ async fn the_readme_cluster_runs_as_written() {
     let pid = pids.iter().find(|p| p.0 == leader).unwrap().2;
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     let others: Vec<_> = pids.iter().filter(|p| p.0 != leader).collect();
-    let (code, body) = produce(others[0].1.clone(), 2).await;
+    // As the README's `curl --retry 5 --retry-delay 1`: a 503 (no leader yet, or a write whose
+    // outcome the broker cannot know) is tried again a second later.
+    let mut tries = 0;
+    let (code, body) = loop {
+        let (code, body) = produce(others[0].1.clone(), 2).await;
+        tries += 1;
+        if code != 503 || tries > 5 {
+            break (code, body);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
     assert_eq!(
         code, 200,
-        "one produce after the kill is acknowledged: {body}"
+        "a produce after the kill is acknowledged: {body}"
     );
     let page: Value = http
         .get(format!(
@@ -475,4 +503,50 @@ async fn the_readme_cluster_runs_as_written() {
     stop();
     let _ = script.wait();
     assert_eq!(contents, [&json!({"n": 1}), &json!({"n": 2})], "{page}");
+}
+
+/// A single broker's root dir is never opened as a cluster member's (its logs have no log ids
+/// and would be misread and cut), nor a member's as a single broker's; `--flush none` cannot
+/// acknowledge in a cluster.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_root_dir_is_one_kind_of_broker_and_a_member_fsyncs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let single = Broker::start(tmp.path()).await;
+    single.produce("kept", json!({"n": 1})).await;
+    assert!(single.terminate().success());
+    let port = mmmq_tests::free_port();
+    let member = |root: &std::path::Path, extra: &[&str]| {
+        let mut cmd = std::process::Command::new(mmmq_tests::mmmq_bin());
+        cmd.arg("serve")
+            .arg("--root-dir")
+            .arg(root)
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--node-id", "1"])
+            .args(["--peers", &format!("1=127.0.0.1:{port}")])
+            .args(extra);
+        cmd.output().unwrap()
+    };
+    let out = member(tmp.path(), &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("single broker's root dir"),
+        "{err}"
+    );
+    // The single broker's message is still there, as it was.
+    let again = Broker::start(tmp.path()).await;
+    assert_eq!(again.pull_all("kept").await.len(), 1);
+    drop(again);
+    let fresh = tempfile::tempdir().unwrap();
+    let out = member(fresh.path(), &["--flush", "none"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--flush"), "{err}");
+    // A member's root dir, started without the flags, is refused.
+    std::fs::create_dir_all(fresh.path().join("cluster/meta")).unwrap();
+    let (mut child, addr, log) = mmmq_tests::spawn_serve(fresh.path(), &[]);
+    let status = child.wait().unwrap();
+    assert!(addr.is_none() || !status.success());
+    assert!(
+        log.lock().contains("cluster member's root dir"),
+        "{}",
+        log.lock()
+    );
 }

@@ -155,7 +155,7 @@ impl Broker {
                 let put = MetaCommand::PutTopic {
                     name: topic.to_string(),
                     config,
-                    replication_factor: None,
+                    replication_factor: Some(default_replication(cluster)),
                     id: Some(id.to_string()),
                 };
                 match cluster.propose(put).await? {
@@ -218,10 +218,15 @@ impl Broker {
             Some(_) => None,
             None => Some(crate::topics::incarnation::random()?.to_string()),
         };
+        let replication_factor = match (update.replication_factor(), &id) {
+            (Some(rf), _) => Some(rf),
+            (None, Some(_)) => Some(default_replication(cluster)),
+            (None, None) => None,
+        };
         let put = MetaCommand::PutTopic {
             name: topic.to_string(),
             config: serde_json::to_value(&next).map_err(|e| ClusterError::Failed(e.to_string()))?,
-            replication_factor: update.replication_factor(),
+            replication_factor,
             id,
         };
         if let MetaOutcome::Refused(why) = cluster.propose(put).await? {
@@ -257,6 +262,12 @@ impl Broker {
         }
         Ok(())
     }
+}
+
+/// `min(3, brokers)` (contract §13), counting the cluster's brokers (the metadata group's
+/// voters), not only those that announced themselves yet.
+fn default_replication(cluster: &Cluster) -> u8 {
+    crate::cluster::meta_state::default_replication(cluster.voters().len())
 }
 
 fn duplicate(partition: u32, offset: u64) -> Produced {

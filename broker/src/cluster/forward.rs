@@ -15,6 +15,10 @@ use super::types::{Applied, BrokerId, Command};
 /// retry, shorter than a client's patience.
 pub const LEADER_WAIT: Duration = Duration::from_secs(3);
 
+/// How long a leader waits for a majority to hold a write before it answers that the outcome
+/// is unknown.
+pub const WRITE_WAIT: Duration = Duration::from_secs(10);
+
 impl Cluster {
     /// Writes commands to a group at its leader and answers what it applied: after a majority of
     /// the group's replicas hold them durably.
@@ -26,11 +30,25 @@ impl Cluster {
         let deadline = Instant::now() + LEADER_WAIT;
         let mut last_leader = None;
         let mut tried_unreachable: Vec<BrokerId> = Vec::new();
+        // The leader an answer named: tried next, before this broker's own (maybe stale) view.
+        let mut named: Option<BrokerId> = None;
+        let mut hops = 0;
         loop {
-            let target = self.leader_guess(&group, &tried_unreachable);
+            let target = named
+                .take()
+                .or_else(|| self.leader_guess(&group, &tried_unreachable));
             let outcome = match target {
                 Some(t) if t == self.id() => match self.inner.partitions_or_meta(&group) {
-                    Some(ep) => Ok(ep.write(commands.clone()).await),
+                    // A leader cut off from its followers never commits: the caller hears so
+                    // (its write may still be stored, if the leader gets them back in time).
+                    Some(ep) => tokio::time::timeout(WRITE_WAIT, ep.write(commands.clone()))
+                        .await
+                        .map_err(|_| {
+                            ClusterError::Unknown(
+                                t,
+                                format!("not committed within {} s", WRITE_WAIT.as_secs()),
+                            )
+                        }),
                     None => Ok(Err(WriteRefused::NotLeader { leader: None })),
                 },
                 Some(t) => self.forward_write(t, &group, &commands).await,
@@ -44,19 +62,18 @@ impl Cluster {
                     return Ok(applied);
                 }
                 Ok(Err(WriteRefused::Failed(why))) => return Err(ClusterError::Failed(why)),
-                Ok(Err(WriteRefused::NotLeader { leader })) => {
-                    let mut hints = self.inner.hints.write();
-                    match leader {
-                        Some(l) if Some(l) != target => {
-                            hints.insert(group.clone(), l);
-                            last_leader = Some(l);
-                            continue;
-                        }
-                        _ => {
-                            hints.remove(&group);
-                        }
+                Ok(Err(WriteRefused::NotLeader { leader })) => match leader {
+                    Some(l) if Some(l) != target && !tried_unreachable.contains(&l) => {
+                        self.inner.hints.write().insert(group.clone(), l);
+                        last_leader = Some(l);
+                        named = Some(l);
                     }
-                }
+                    _ => {
+                        self.inner.hints.write().remove(&group);
+                    }
+                },
+                // Only a connection that was never made is retried elsewhere: a write that may
+                // have reached a leader is never sent twice (it could be stored twice).
                 Err(ClusterError::Unreachable(b, why)) => {
                     tracing::debug!(broker = b, %why, %group, "forwarding a write: unreachable");
                     self.inner.hints.write().remove(&group);
@@ -64,13 +81,16 @@ impl Cluster {
                 }
                 Err(e) => return Err(e),
             }
-            if Instant::now() >= deadline {
+            hops += 1;
+            if Instant::now() >= deadline || hops > 64 {
                 return Err(ClusterError::NoLeader {
                     group: group.to_string(),
                     leader: last_leader.and_then(|l| self.inner.router.peer(l)),
                 });
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            if named.is_none() || hops % 4 == 0 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             if tried_unreachable.len() > 8 {
                 tried_unreachable.clear();
             }
@@ -129,22 +149,30 @@ impl Cluster {
             .http()
             .post(format!("{base}{RAFT_PATH}/write"))
             .header("content-type", "application/octet-stream")
-            .timeout(Duration::from_secs(10))
+            .timeout(WRITE_WAIT + Duration::from_secs(1))
             .body(body);
         if let Some(token) = router.token() {
             request = request.bearer_auth(token);
         }
-        let unreachable =
-            |e: &dyn std::fmt::Display| ClusterError::Unreachable(leader, e.to_string());
-        let response = request.send().await.map_err(|e| unreachable(&e))?;
+        // A connection never made: the write was not sent, another broker may take it. Anything
+        // after that: the leader may have stored it, so its outcome is unknown.
+        let unknown = |e: &dyn std::fmt::Display| ClusterError::Unknown(leader, e.to_string());
+        let response = request.send().await.map_err(|e| {
+            if e.is_connect() {
+                ClusterError::Unreachable(leader, e.to_string())
+            } else {
+                unknown(&e)
+            }
+        })?;
         let status = response.status();
-        let bytes = response.bytes().await.map_err(|e| unreachable(&e))?;
+        let bytes = response.bytes().await.map_err(|e| unknown(&e))?;
         if !status.is_success() {
-            return Err(unreachable(&format!(
-                "{status}: {}",
+            // Refused before the Raft handler ran (the guard, a body limit): not stored.
+            return Err(ClusterError::Failed(format!(
+                "broker {leader} refused a forwarded write: {status}: {}",
                 String::from_utf8_lossy(&bytes)
             )));
         }
-        postcard::from_bytes(&bytes).map_err(|e| unreachable(&e))
+        postcard::from_bytes(&bytes).map_err(|e| unknown(&e))
     }
 }

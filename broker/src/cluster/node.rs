@@ -108,10 +108,17 @@ pub enum ClusterError {
     /// A peer could not be asked.
     #[error("cannot reach broker {0}: {1}")]
     Unreachable(BrokerId, String),
+    /// A write was sent to a leader that did not answer: it may or may not be stored (a retry
+    /// without a produce id may store it twice).
+    #[error("the outcome of a write sent to broker {0} is unknown: {1}")]
+    Unknown(BrokerId, String),
     /// Raft or storage failed.
     #[error("{0}")]
     Failed(String),
 }
+
+/// The largest body of Raft's traffic a broker takes.
+pub const RAFT_BODY_LIMIT: usize = 256 << 20;
 
 /// A broker's part of the cluster. Cheap to clone.
 #[derive(Clone)]
@@ -237,7 +244,10 @@ impl Cluster {
                 &format!("{RAFT_PATH}/{{rpc}}"),
                 axum::routing::post(super::rpc::handle::<Inner>),
             )
-            .with_state(groups);
+            .with_state(groups)
+            // An append carries up to openraft's batch of entries, a forwarded write a whole
+            // produce batch (32 × --max-body-bytes): axum's 2 MiB default would stall both.
+            .layer(axum::extract::DefaultBodyLimit::max(RAFT_BODY_LIMIT));
         if !self.inner.config.fault_injection {
             return raft;
         }
@@ -300,10 +310,16 @@ impl Cluster {
         let mut metadata = self.watch_metadata();
         loop {
             let voters = self.inner.meta_view().voters;
-            if voters.iter().all(|v| metadata.borrow().brokers.contains_key(v)) {
+            if voters
+                .iter()
+                .all(|v| metadata.borrow().brokers.contains_key(v))
+            {
                 return;
             }
-            if tokio::time::timeout_at(deadline, metadata.changed()).await.is_err() {
+            if tokio::time::timeout_at(deadline, metadata.changed())
+                .await
+                .is_err()
+            {
                 return;
             }
         }
@@ -328,7 +344,23 @@ impl Cluster {
     /// Stops every group of this broker.
     pub async fn shutdown(&self) {
         self.inner.stop.cancel();
+        let groups: Vec<Arc<dyn Endpoint>> = self
+            .inner
+            .partitions
+            .write()
+            .drain()
+            .map(|(_, ep)| ep)
+            .collect();
+        for ep in groups {
+            ep.stop().await;
+        }
         let _ = self.inner.meta.shutdown().await;
+    }
+
+    /// The voters of the metadata group: the cluster's brokers, whether or not they announced
+    /// themselves yet.
+    pub fn voters(&self) -> Vec<BrokerId> {
+        self.inner.meta_view().voters
     }
 
     /// The directory of a group's files.

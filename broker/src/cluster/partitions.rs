@@ -45,21 +45,25 @@ impl Cluster {
         )
         .await
         .map_err(|e| failed(&e))?;
-        if replicas.first() == Some(&self.id())
-            && !raft.is_initialized().await.map_err(|e| failed(&e))?
-        {
+        // Every replica initializes the group, with the same membership from the metadata:
+        // openraft takes identical first entries as one, and a group whose first replica is
+        // down still forms from the others.
+        if !raft.is_initialized().await.map_err(|e| failed(&e))? {
             let meta = self.metadata();
-            let members: BTreeMap<BrokerId, openraft::BasicNode> = replicas
+            let members: Option<BTreeMap<BrokerId, openraft::BasicNode>> = replicas
                 .iter()
                 .map(|b| {
-                    let addr = meta.brokers.get(b).map_or_else(
-                        || self.inner.router.peer(*b).unwrap_or_default(),
-                        |m| m.addr.clone(),
-                    );
-                    (*b, openraft::BasicNode::new(addr))
+                    let addr = meta.brokers.get(b)?.addr.clone();
+                    Some((*b, openraft::BasicNode::new(addr)))
                 })
                 .collect();
-            raft.initialize(members).await.map_err(|e| failed(&e))?;
+            let members = members.ok_or_else(|| {
+                ClusterError::Failed(format!("{group}: a replica the metadata does not name"))
+            })?;
+            if let Err(e) = raft.initialize(members).await {
+                // Another replica's identical first entry may have arrived first.
+                tracing::debug!(%group, error = %e, "initializing a partition group");
+            }
         }
         let endpoint: Arc<dyn Endpoint> = Arc::new(raft);
         self.inner.partitions.write().insert(group, endpoint);

@@ -207,6 +207,14 @@ impl ServeConfig {
                 });
             }
         }
+        if self.cluster.is_some() && self.flush == FlushMode::NoSync {
+            // Raft counts an entry a replica reported flushed; without its fsync a power cut
+            // could take back a vote for a commit (docs/cluster.md, "Design").
+            return Err(ConfigError::Setting {
+                name: "--flush",
+                reason: "a cluster member acknowledges only what is durable: not `none`".into(),
+            });
+        }
         let partitions = self.topic_defaults.partitions;
         let max = mmmq_core::MAX_PARTITIONS;
         if !(1..=max).contains(&partitions) {

@@ -330,7 +330,7 @@ impl From<BrokerError> for ApiError {
                         leader: leader.clone(),
                     },
                     C::Refused(why) => Self::BadRequest(why),
-                    C::Unreachable(..) => Self::NoLeader {
+                    C::Unreachable(..) | C::Unknown(..) => Self::NoLeader {
                         error: c.to_string(),
                         leader: None,
                     },

@@ -110,6 +110,12 @@ pub async fn apply(
         .await
         .expect("retention task panicked")
     };
+    // A clustered partition's segments are its Raft log: deleting them under the group would
+    // break its recovery and its followers' catching up. Until retention goes through the
+    // group's purge, a cluster keeps its messages (docs/cluster.md, "State of the work").
+    if t.log.clustered() {
+        return Ok(0);
+    }
     let mut p = decide(t.clone(), config.clone()).await;
     if p.roll_tail {
         t.log.roll().await?;
