@@ -229,6 +229,14 @@ async fn a_produce_through_any_broker_is_on_every_replica_at_the_same_offset() {
     }
     let offsets: BTreeSet<u64> = acks.iter().map(|a| a.offset).collect();
     assert_eq!(offsets, (0..90).collect(), "offsets are dense and distinct");
+    // A produce id retried through the same broker is stored once (§9).
+    let with_id = json!({"topic": "ids", "id": "order-1", "content": {"n": 1}});
+    let (code, first) = c.broker(2).post("/mmmq/messages", &with_id).await;
+    assert_eq!((code, first["duplicate"].as_bool()), (200, None), "{first}");
+    let (code, again) = c.broker(2).post("/mmmq/messages", &with_id).await;
+    assert_eq!(code, 200, "{again}");
+    assert_eq!(again["duplicate"], true, "{again}");
+    assert_eq!(again["offset"], first["offset"]);
     // Every broker reads all of it (a replica answers what a majority acknowledged).
     for via in 1..=3 {
         let got = c.broker(via).pull_until("orders", 90).await;

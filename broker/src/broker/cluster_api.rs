@@ -38,104 +38,17 @@ impl Broker {
             };
             topics.push(t);
         }
-        let mut answers: Vec<Option<Produced>> = vec![None; items.len()];
-        let mut groups: Vec<(GroupId, Vec<usize>)> = Vec::new();
-        let mut tickets = Vec::with_capacity(items.len());
-        let now = now_ms();
-        for (i, (item, t)) in items.iter().zip(&topics).enumerate() {
-            let ticket = match item.id() {
-                Some(id) => {
-                    let window = self.registry.config_of(t).dedup_window_ms;
-                    match t.dedup.claim(id, now, window) {
-                        Claim::Stored(partition, offset) => {
-                            answers[i] = Some(duplicate(partition, offset));
-                            tickets.push(None);
-                            continue;
-                        }
-                        Claim::Pending(ticket) => {
-                            if let Some((partition, offset)) = t.dedup.wait(&ticket).await {
-                                answers[i] = Some(duplicate(partition, offset));
-                                tickets.push(None);
-                                continue;
-                            }
-                            None
-                        }
-                        Claim::New(ticket) => Some(ticket),
-                    }
-                }
-                None => None,
-            };
-            let partition = match t.route(item.partition(), item.key()) {
-                Ok(p) => p.number,
-                Err(e) => {
-                    if let Some(ticket) = &ticket {
-                        t.dedup.withdraw(ticket);
-                    }
-                    return Err(e.into());
-                }
-            };
-            tickets.push(ticket);
-            let group = GroupId::Partition(item.topic().to_string(), partition);
-            match groups.iter_mut().find(|(g, _)| *g == group) {
-                Some((_, v)) => v.push(i),
-                None => groups.push((group, vec![i])),
-            }
-        }
-        let writes = groups.iter().map(|(group, indexes)| {
-            let commands = indexes
-                .iter()
-                .map(|&i| Command::Message(stored_payload(&items[i]).into()))
-                .collect();
-            cluster.write(group.clone(), commands)
-        });
-        let results = futures_util::future::join_all(writes).await;
-        let mut failure = None;
-        for ((group, indexes), result) in groups.iter().zip(results) {
-            let GroupId::Partition(_, partition) = group else {
-                unreachable!("produce writes to partitions")
-            };
-            match result {
-                Ok(applied) => {
-                    for (&i, a) in indexes.iter().zip(applied) {
-                        let Applied::Offset(offset) = a else {
-                            failure = failure.or(Some(ClusterError::Failed(format!(
-                                "a message was applied as {a:?}"
-                            ))));
-                            continue;
-                        };
-                        if let Some(ticket) = &tickets[i] {
-                            topics[i].dedup.stored(ticket, *partition, offset);
-                        }
-                        let bytes = items[i].content().get().len();
-                        self.metrics.count_in(items[i].topic(), 1, bytes);
-                        answers[i] = Some(Produced {
-                            partition: *partition,
-                            offset,
-                            duplicate: false,
-                        });
-                    }
-                }
-                Err(e) => {
-                    for &i in indexes {
-                        if let Some(ticket) = &tickets[i] {
-                            topics[i].dedup.withdraw(ticket);
-                        }
-                    }
-                    failure = failure.or(Some(e));
-                }
-            }
-        }
-        match failure {
-            None => Ok(answers.into_iter().map(|a| a.expect("answered")).collect()),
-            Some(e) if answers.iter().all(Option::is_none) => Err(e.into()),
-            Some(e) => Err(BrokerError::PartialBatch {
-                error: crate::storage::StorageError::Refused {
-                    dir: self.config.root_dir.clone(),
-                    reason: e.to_string(),
-                },
-                stored: answers,
-            }),
-        }
+        // From the first claim on, the produce runs to its end in a task of its own, whatever
+        // happens to this future: a request dropped after a claim (its deadline, a client gone)
+        // would leave the id pending, and a retry would wait out the whole dedupe window.
+        let (registry, metrics) = (self.registry.clone(), self.metrics.clone());
+        let root = self.config.root_dir.clone();
+        let (cluster, items) = (cluster.clone(), items.to_vec());
+        tokio::spawn(async move {
+            commit_clustered(&cluster, &registry, &metrics, &items, topics, root).await
+        })
+        .await
+        .expect("produce task panicked")
     }
 
     /// The local topic of a clustered topic, created in the metadata first (with the broker's
@@ -261,6 +174,121 @@ impl Broker {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         Ok(())
+    }
+}
+
+/// The produce from its claims on: each partition's share written through its leader, every
+/// claim resolved, answers in request order.
+async fn commit_clustered(
+    cluster: &Cluster,
+    registry: &Registry,
+    metrics: &crate::metrics::Metrics,
+    items: &[ProduceItem],
+    topics: Vec<Arc<TopicLog>>,
+    root: std::path::PathBuf,
+) -> Result<Vec<Produced>, BrokerError> {
+    let mut answers: Vec<Option<Produced>> = vec![None; items.len()];
+    let mut groups: Vec<(GroupId, Vec<usize>)> = Vec::new();
+    let mut tickets = Vec::with_capacity(items.len());
+    let now = now_ms();
+    for (i, (item, t)) in items.iter().zip(&topics).enumerate() {
+        let ticket = match item.id() {
+            Some(id) => {
+                let window = registry.config_of(t).dedup_window_ms;
+                match t.dedup.claim(id, now, window) {
+                    Claim::Stored(partition, offset) => {
+                        answers[i] = Some(duplicate(partition, offset));
+                        tickets.push(None);
+                        continue;
+                    }
+                    Claim::Pending(ticket) => {
+                        if let Some((partition, offset)) = t.dedup.wait(&ticket).await {
+                            answers[i] = Some(duplicate(partition, offset));
+                            tickets.push(None);
+                            continue;
+                        }
+                        None
+                    }
+                    Claim::New(ticket) => Some(ticket),
+                }
+            }
+            None => None,
+        };
+        let partition = match t.route(item.partition(), item.key()) {
+            Ok(p) => p.number,
+            Err(e) => {
+                if let Some(ticket) = &ticket {
+                    t.dedup.withdraw(ticket);
+                }
+                for (k, earlier) in tickets.iter().enumerate() {
+                    if let Some(ticket) = earlier {
+                        topics[k].dedup.withdraw(ticket);
+                    }
+                }
+                return Err(e.into());
+            }
+        };
+        tickets.push(ticket);
+        let group = GroupId::Partition(item.topic().to_string(), partition);
+        match groups.iter_mut().find(|(g, _)| *g == group) {
+            Some((_, v)) => v.push(i),
+            None => groups.push((group, vec![i])),
+        }
+    }
+    let writes = groups.iter().map(|(group, indexes)| {
+        let commands = indexes
+            .iter()
+            .map(|&i| Command::Message(stored_payload(&items[i]).into()))
+            .collect();
+        cluster.write(group.clone(), commands)
+    });
+    let results = futures_util::future::join_all(writes).await;
+    let mut failure = None;
+    for ((group, indexes), result) in groups.iter().zip(results) {
+        let GroupId::Partition(_, partition) = group else {
+            unreachable!("produce writes to partitions")
+        };
+        match result {
+            Ok(applied) => {
+                for (&i, a) in indexes.iter().zip(applied) {
+                    let Applied::Offset(offset) = a else {
+                        failure = failure.or(Some(ClusterError::Failed(format!(
+                            "a message was applied as {a:?}"
+                        ))));
+                        continue;
+                    };
+                    if let Some(ticket) = &tickets[i] {
+                        topics[i].dedup.stored(ticket, *partition, offset);
+                    }
+                    let bytes = items[i].content().get().len();
+                    metrics.count_in(items[i].topic(), 1, bytes);
+                    answers[i] = Some(Produced {
+                        partition: *partition,
+                        offset,
+                        duplicate: false,
+                    });
+                }
+            }
+            Err(e) => {
+                for &i in indexes {
+                    if let Some(ticket) = &tickets[i] {
+                        topics[i].dedup.withdraw(ticket);
+                    }
+                }
+                failure = failure.or(Some(e));
+            }
+        }
+    }
+    match failure {
+        None => Ok(answers.into_iter().map(|a| a.expect("answered")).collect()),
+        Some(e) if answers.iter().all(Option::is_none) => Err(e.into()),
+        Some(e) => Err(BrokerError::PartialBatch {
+            error: crate::storage::StorageError::Refused {
+                dir: root,
+                reason: e.to_string(),
+            },
+            stored: answers,
+        }),
     }
 }
 
