@@ -7,6 +7,10 @@
 //! - [`broker`]: [`broker::Broker`], the composition root and the one API the HTTP layer, an
 //!   embedding application and the binary use: produce, pull, topics, dispatcher status, reload,
 //!   in-process handlers, metrics.
+//! - [`cluster`]: a cluster of brokers (docs/cluster.md): every use of openraft — the Raft log
+//!   store on the segment log, the partition and metadata state machines, Raft's traffic,
+//!   writes through a group's leader, `GET /mmmq/cluster`. It uses `topics`, `config` and
+//!   `storage`; `broker` and `http` use it.
 //! - [`dispatch`]: dispatchers, their drain workers (`worker`, `lanes`, `backoff`,
 //!   `checkpoint_saver`) and their targets (`dispatch::targets::{http, fleet, wasm, in_process}`).
 //! - [`groups`]: pull consumer groups: membership, balanced partition ownership, commits.
