@@ -558,3 +558,88 @@ async fn a_root_dir_is_one_kind_of_broker_and_a_member_fsyncs() {
         log.lock()
     );
 }
+
+/// A leader cut off from the others (both directions, through `--fault-injection`) never
+/// acknowledges; the majority elects another and goes on; once the links heal the old leader's
+/// uncommitted entry is cut and every replica holds one history.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partitioned_leader_never_acknowledges_and_the_majority_goes_on() {
+    let cluster = Cluster::start(3, &["--fault-injection"]).await;
+    let c = &cluster;
+    c.meta_leader(1).await;
+    let mut acks = produce(c, 1, "orders", 1, 0..10).await;
+    c.caught_up(1).await;
+    let (_, view) = c.broker(1).get("/mmmq/cluster").await;
+    let leader = view["partitions"][0]["leader"].as_u64().expect("a leader");
+    let others: Vec<u64> = (1..=3).filter(|b| *b != leader).collect();
+    let cut = |b: u64, rules: Value| async move {
+        let (code, body) = c.broker(b).put("/mmmq/internal/faults", &rules).await;
+        assert_eq!(code, 200, "{body}");
+    };
+    cut(
+        leader,
+        json!({ others[0].to_string(): "drop", others[1].to_string(): "drop" }),
+    )
+    .await;
+    for b in &others {
+        cut(*b, json!({ leader.to_string(): "drop" })).await;
+    }
+    // The old leader cannot commit: its produce is not acknowledged.
+    let lost = MsgId {
+        producer: 9,
+        seq: 0,
+    };
+    let (code, body) = c
+        .broker(leader)
+        .post(
+            "/mmmq/messages",
+            &json!({"topic": "orders", "content": lost.content()}),
+        )
+        .await;
+    assert_ne!(code, 200, "an isolated leader acknowledged: {body}");
+    // The majority elects a leader and takes produces.
+    let b = c.broker(others[0]);
+    let msg = MsgId {
+        producer: 2,
+        seq: 0,
+    };
+    let body = mmmq_tests::eventually_async(
+        Duration::from_secs(20),
+        "the majority's produce",
+        || async {
+            let (code, body) = b
+                .post(
+                    "/mmmq/messages",
+                    &json!({"topic": "orders", "content": msg.content()}),
+                )
+                .await;
+            (code == 200).then_some(body)
+        },
+    )
+    .await;
+    acks.push(Ack {
+        partition: ("orders".to_owned(), 0),
+        offset: body["offset"].as_u64().unwrap(),
+        msg,
+    });
+    acks.extend(produce(c, others[1], "orders", 2, 1..10).await);
+    for b in 1..=3 {
+        cut(b, json!({})).await;
+    }
+    c.caught_up(others[0]).await;
+    let sent = sent(&acks);
+    let replicas = cluster.stop_and_read("orders", 0).await;
+    for r in &replicas {
+        assert!(
+            !r.entries.values().any(|v| MsgId::of(v) == Some(lost)),
+            "broker {} kept the isolated leader's unacknowledged entry",
+            r.broker
+        );
+    }
+    let report = check(
+        &BTreeMap::from([(("orders".to_owned(), 0), replicas)]),
+        &acks,
+        &sent,
+    );
+    assert!(report.clean() && report.duplicates == 0, "{report}");
+}
