@@ -197,6 +197,25 @@ async fn produce(
     acks
 }
 
+/// Produces `msg` to `orders` through `b` until a leader acknowledges it (within `wait`).
+async fn acked_once_leader(b: &Broker, msg: MsgId, wait: Duration) -> Ack {
+    let body = mmmq_tests::eventually_async(wait, "a produce acknowledged", || async {
+        let (code, body) = b
+            .post(
+                "/mmmq/messages",
+                &json!({"topic": "orders", "content": msg.content()}),
+            )
+            .await;
+        (code == 200).then_some(body)
+    })
+    .await;
+    Ack {
+        partition: ("orders".to_owned(), 0),
+        offset: body["offset"].as_u64().unwrap(),
+        msg,
+    }
+}
+
 fn sent(acks: &[Ack]) -> BTreeSet<MsgId> {
     acks.iter().map(|a| a.msg).collect()
 }
@@ -274,34 +293,22 @@ async fn a_killed_leader_is_replaced_and_the_cluster_keeps_one_history() {
     let via = if leader == 1 { 2 } else { 1 };
     let killed = std::time::Instant::now();
     let b = c.broker(via);
-    let msg = MsgId {
-        producer: 2,
-        seq: 0,
-    };
-    let body = mmmq_tests::eventually_async(
-        Duration::from_secs(10),
-        "a produce after the kill",
-        || async {
-            let (code, body) = b
-                .post(
-                    "/mmmq/messages",
-                    &json!({"topic": "orders", "content": msg.content()}),
-                )
-                .await;
-            (code == 200).then_some(body)
-        },
-    )
-    .await;
+    acks.push(
+        acked_once_leader(
+            b,
+            MsgId {
+                producer: 2,
+                seq: 0,
+            },
+            Duration::from_secs(10),
+        )
+        .await,
+    );
     let failover = killed.elapsed();
     assert!(
         failover < Duration::from_secs(5),
         "failover took {failover:?}"
     );
-    acks.push(Ack {
-        partition: ("orders".to_owned(), 0),
-        offset: body["offset"].as_u64().unwrap(),
-        msg,
-    });
     acks.extend(produce(&c, via, "orders", 2, 1..20).await);
     // The killed broker comes back and catches up.
     let back = c.spawn(leader).await;
@@ -599,29 +606,17 @@ async fn a_partitioned_leader_never_acknowledges_and_the_majority_goes_on() {
     assert_ne!(code, 200, "an isolated leader acknowledged: {body}");
     // The majority elects a leader and takes produces.
     let b = c.broker(others[0]);
-    let msg = MsgId {
-        producer: 2,
-        seq: 0,
-    };
-    let body = mmmq_tests::eventually_async(
-        Duration::from_secs(20),
-        "the majority's produce",
-        || async {
-            let (code, body) = b
-                .post(
-                    "/mmmq/messages",
-                    &json!({"topic": "orders", "content": msg.content()}),
-                )
-                .await;
-            (code == 200).then_some(body)
-        },
-    )
-    .await;
-    acks.push(Ack {
-        partition: ("orders".to_owned(), 0),
-        offset: body["offset"].as_u64().unwrap(),
-        msg,
-    });
+    acks.push(
+        acked_once_leader(
+            b,
+            MsgId {
+                producer: 2,
+                seq: 0,
+            },
+            Duration::from_secs(20),
+        )
+        .await,
+    );
     acks.extend(produce(c, others[1], "orders", 2, 1..10).await);
     for b in 1..=3 {
         cut(b, json!({})).await;

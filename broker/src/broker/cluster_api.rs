@@ -6,9 +6,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mmmq_core::{Topic, TopicConfig, TopicId, now_ms, write_produced_payload};
+use mmmq_core::{Topic, TopicConfig, TopicId, now_ms};
 use tokio_util::sync::CancellationToken;
 
+use super::produce_api::stored_payload;
 use super::{Broker, BrokerError, Produced};
 use crate::cluster::meta_state::{MetaCommand, MetaOutcome, MetaState};
 use crate::cluster::network::GroupId;
@@ -304,12 +305,6 @@ fn duplicate(partition: u32, offset: u64) -> Produced {
         offset,
         duplicate: true,
     }
-}
-
-fn stored_payload(item: &ProduceItem) -> Vec<u8> {
-    let mut out = Vec::with_capacity(item.content().get().len() + 64);
-    write_produced_payload(&mut out, now_ms(), item.key(), item.content(), item.id());
-    out
 }
 
 /// Keeps the local topics in step with the metadata: every topic it names exists here with its

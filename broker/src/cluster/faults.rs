@@ -34,11 +34,6 @@ impl Faults {
         *self.rules.write() = rules;
     }
 
-    /// The rules in force.
-    pub fn rules(&self) -> HashMap<BrokerId, Rule> {
-        self.rules.read().clone()
-    }
-
     /// For a message to `peer`: `None` to send it now, `Some(None)` to drop it, `Some(Some(d))`
     /// to send it after `d`.
     pub fn outgoing(&self, peer: BrokerId) -> Option<Option<Duration>> {

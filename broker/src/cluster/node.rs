@@ -362,9 +362,4 @@ impl Cluster {
     pub fn voters(&self) -> Vec<BrokerId> {
         self.inner.meta_view().voters
     }
-
-    /// The directory of a group's files.
-    pub fn dir(&self) -> &Path {
-        &self.inner.config.dir
-    }
 }

@@ -80,11 +80,6 @@ impl Cluster {
         self.inner.hints.read().get(&group).copied()
     }
 
-    /// A broker's HTTP base address (`http://host:port`).
-    pub fn address_of(&self, broker: BrokerId) -> Option<String> {
-        self.inner.router.peer(broker)
-    }
-
     /// Stops every partition group of `topic` here.
     pub async fn stop_topic(&self, topic: &str) {
         let stopped: Vec<Arc<dyn Endpoint>> = {
@@ -121,27 +116,28 @@ impl Cluster {
     /// Where a request about partition `p` of `topic` must go: `Some(leader)` when another
     /// broker leads it, `None` when this broker answers (it leads, or holds a replica while no
     /// leader is known).
-    pub fn forward_target(&self, topic: &str, p: u32) -> Result<Option<BrokerId>, ClusterError> {
+    pub fn forward_target(&self, topic: &str, p: u32) -> Option<BrokerId> {
         match self.leader_of(topic, p) {
-            Some(l) if l == self.id() => Ok(None),
-            Some(l) => Ok(Some(l)),
-            None => {
-                let group = GroupId::Partition(topic.to_owned(), p);
-                if self.inner.partitions.read().contains_key(&group) {
-                    return Ok(None);
-                }
-                // Not a replica and no leader known: ask the first replica, which knows.
-                let meta = self.metadata();
-                let replica = meta
-                    .topics
-                    .get(topic)
-                    .and_then(|t| t.placement.get(p as usize))
-                    .and_then(|r| r.iter().copied().find(|b| *b != self.id()));
-                match replica {
-                    Some(r) => Ok(Some(r)),
-                    None => Ok(None),
-                }
+            Some(l) if l == self.id() => None,
+            Some(l) => Some(l),
+            None if self
+                .inner
+                .partitions
+                .read()
+                .contains_key(&GroupId::Partition(topic.to_owned(), p)) =>
+            {
+                None
             }
+            // Not a replica and no leader known: ask a replica, which knows.
+            None => self
+                .metadata()
+                .topics
+                .get(topic)?
+                .placement
+                .get(p as usize)?
+                .iter()
+                .copied()
+                .find(|b| *b != self.id()),
         }
     }
 

@@ -26,10 +26,7 @@ pub(super) async fn to_leader(
     if headers.contains_key(FORWARDED) {
         return Ok(None);
     }
-    let Some(leader) = cluster
-        .forward_target(topic, p)
-        .map_err(crate::broker::BrokerError::from)?
-    else {
+    let Some(leader) = cluster.forward_target(topic, p) else {
         return Ok(None);
     };
     let path = uri.path_and_query().map_or(uri.path(), |pq| pq.as_str());
