@@ -1,11 +1,12 @@
 //! Support for the end-to-end tests: the real `mmmq` binary in a temporary root dir on a free
 //! port ([`Broker`]), real HTTP consumers that record what they receive ([`Consumer`]), the
 //! root dirs and plugin components they run, and plugin code built in a scaffold as a plugin
-//! author builds it ([`build_plugin_snippet`]), and the cluster [`checker`].
+//! author builds it ([`build_plugin_snippet`]), and a [`cluster`] of brokers with its [`checker`].
 
 mod broker;
 pub mod browser;
 pub mod checker;
+pub mod cluster;
 mod consumer;
 pub mod doc_run;
 mod setup;

@@ -1,0 +1,272 @@
+//! A cluster of real `mmmq serve` processes on 127.0.0.1 for the cluster tests, the fault
+//! campaign and the failover benchmark (docs/cluster.md, "What a run is checked for").
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::Broker;
+use crate::checker::{Ack, MsgId, Replica};
+
+/// `n` brokers on 127.0.0.1 started as one cluster (`--node-id`, `--peers`), each in its own
+/// root dir.
+pub struct Cluster {
+    /// The brokers by id - 1; `None` while one is down.
+    pub brokers: Vec<Option<Broker>>,
+    roots: Vec<tempfile::TempDir>,
+    ports: Vec<u16>,
+    args: Vec<String>,
+}
+
+impl Cluster {
+    pub async fn start(n: usize, extra: &[&str]) -> Self {
+        let roots: Vec<_> = (0..n).map(|_| tempfile::tempdir().unwrap()).collect();
+        let ports: Vec<u16> = (0..n).map(|_| crate::free_port()).collect();
+        let mut c = Self {
+            brokers: Vec::new(),
+            roots,
+            ports,
+            args: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        let starts: Vec<_> = (1..=n as u64).map(|id| c.spawn(id)).collect();
+        for b in futures_util::future::join_all(starts).await {
+            c.brokers.push(Some(b));
+        }
+        c
+    }
+
+    pub fn peers(&self) -> String {
+        self.ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub fn spawn(&self, id: u64) -> impl std::future::Future<Output = Broker> + use<> {
+        let i = (id - 1) as usize;
+        let root = self.roots[i].path().to_owned();
+        let mut args = vec![
+            "--listen".to_owned(),
+            format!("127.0.0.1:{}", self.ports[i]),
+            "--node-id".to_owned(),
+            id.to_string(),
+            "--peers".to_owned(),
+            self.peers(),
+        ];
+        args.extend(self.args.iter().cloned());
+        async move {
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            Broker::start_with(&root, &refs).await
+        }
+    }
+
+    pub fn broker(&self, id: u64) -> &Broker {
+        self.brokers[(id - 1) as usize].as_ref().expect("running")
+    }
+
+    /// Waits until broker `via` sees a metadata leader and `n` live brokers; answers the leader.
+    pub async fn meta_leader(&self, via: u64) -> u64 {
+        let b = self.broker(via);
+        crate::eventually_async(Duration::from_secs(20), "a metadata leader", || async {
+            let (_, v) = b.get("/mmmq/cluster").await;
+            let live = v["brokers"]
+                .as_array()
+                .map_or(0, |a| a.iter().filter(|b| b["alive"] == true).count());
+            let running = self.brokers.iter().flatten().count();
+            (live == running)
+                .then(|| v["meta"]["leader"].as_u64())
+                .flatten()
+        })
+        .await
+    }
+}
+
+impl Cluster {
+    /// Waits until every partition has a leader that reports each replica 0 entries behind
+    /// (a pull would not tell: it is answered by the leader).
+    pub async fn caught_up(&self, via: u64) {
+        let b = self.broker(via);
+        crate::eventually_async(Duration::from_secs(20), "replicas caught up", || async {
+            let (_, v) = b.get("/mmmq/cluster").await;
+            let parts = v["partitions"].as_array()?;
+            parts
+                .iter()
+                .all(|p| {
+                    p["lag"]
+                        .as_object()
+                        .is_some_and(|l| l.values().all(|x| x.as_u64() == Some(0)))
+                })
+                .then_some(())
+        })
+        .await
+    }
+
+    /// Stops every broker cleanly (SIGTERM) and reads each one's replica of `topic`'s partition
+    /// `p` from its files: offset → content.
+    pub async fn stop_and_read(mut self, topic: &str, p: u32) -> Vec<Replica> {
+        for b in self.brokers.iter_mut() {
+            if let Some(b) = b.take() {
+                assert!(b.terminate().success());
+            }
+        }
+        let mut replicas = Vec::new();
+        for (i, root) in self.roots.iter().enumerate() {
+            let dir = root.path().join("topics").join(topic);
+            let dir = if p == 0 {
+                dir
+            } else {
+                dir.join("partitions").join(p.to_string())
+            };
+            replicas.push(read_replica(i as u64 + 1, &dir).await);
+        }
+        replicas
+    }
+}
+
+/// A replica's messages, read from its segment files as the broker left them.
+pub async fn read_replica(broker: u64, dir: &std::path::Path) -> Replica {
+    let dir = dir.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let config = mmmq::storage::LogConfig {
+            raft_header: true,
+            ..Default::default()
+        };
+        let log = mmmq::storage::Log::open(&dir, Arc::new(mmmq::storage::OsFs), config)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let mut entries = std::collections::BTreeMap::new();
+        let mut at = log.first_offset();
+        loop {
+            let frames = log.read_raft_from(at, 1000, 1 << 24).unwrap();
+            let Some(last) = frames.last() else { break };
+            at = last.offset + 1;
+            for f in frames {
+                let (_, payload) = f.entry.expect("no corrupt entry");
+                let stored: Value = serde_json::from_slice(&payload).unwrap();
+                entries.insert(f.offset, stored["content"].clone());
+            }
+        }
+        Replica { broker, entries }
+    })
+    .await
+    .unwrap()
+}
+
+/// Produces `msgs` of `producer` through broker `via`, one at a time; answers the acks.
+pub async fn produce(
+    c: &Cluster,
+    via: u64,
+    topic: &str,
+    producer: u64,
+    seqs: std::ops::Range<u64>,
+) -> Vec<Ack> {
+    let b = c.broker(via);
+    let mut acks = Vec::new();
+    for seq in seqs {
+        let msg = MsgId { producer, seq };
+        let (code, body) = b
+            .post(
+                "/mmmq/messages",
+                &json!({"topic": topic, "content": msg.content()}),
+            )
+            .await;
+        assert_eq!(code, 200, "{body}");
+        acks.push(Ack {
+            partition: (topic.to_owned(), body["partition"].as_u64().unwrap() as u32),
+            offset: body["offset"].as_u64().unwrap(),
+            msg,
+        });
+    }
+    acks
+}
+
+/// Produces `msg` to `orders` through `b` until a leader acknowledges it (within `wait`).
+pub async fn acked_once_leader(b: &Broker, msg: MsgId, wait: Duration) -> Ack {
+    let body = crate::eventually_async(wait, "a produce acknowledged", || async {
+        let (code, body) = b
+            .post(
+                "/mmmq/messages",
+                &json!({"topic": "orders", "content": msg.content()}),
+            )
+            .await;
+        (code == 200).then_some(body)
+    })
+    .await;
+    Ack {
+        partition: ("orders".to_owned(), 0),
+        offset: body["offset"].as_u64().unwrap(),
+        msg,
+    }
+}
+
+pub fn sent(acks: &[Ack]) -> BTreeSet<MsgId> {
+    acks.iter().map(|a| a.msg).collect()
+}
+
+impl Cluster {
+    /// The leader of `topic`'s partition `p` as broker `via` sees it, if it names one.
+    pub async fn leader_of(&self, via: u64, topic: &str, p: u32) -> Option<u64> {
+        let (_, view) = self.broker(via).get("/mmmq/cluster").await;
+        view["partitions"].as_array()?.iter().find_map(|x| {
+            (x["topic"] == topic && x["partition"] == p)
+                .then(|| x["leader"].as_u64())
+                .flatten()
+        })
+    }
+
+    /// SIGKILLs broker `id`.
+    pub fn kill(&mut self, id: u64) {
+        if let Some(b) = self.brokers[(id - 1) as usize].take() {
+            b.kill();
+        }
+    }
+
+    /// Starts broker `id` again on its root dir (it must be down).
+    pub async fn restart(&mut self, id: u64) {
+        assert!(
+            self.brokers[(id - 1) as usize].is_none(),
+            "broker {id} is up"
+        );
+        let b = self.spawn(id).await;
+        self.brokers[(id - 1) as usize] = Some(b);
+    }
+
+    /// The ids of the brokers that are up.
+    pub fn running(&self) -> Vec<u64> {
+        (1..=self.brokers.len() as u64)
+            .filter(|id| self.brokers[(*id - 1) as usize].is_some())
+            .collect()
+    }
+
+    /// Sets broker `id`'s outgoing Raft fault rules (`--fault-injection`): peer id → `"drop"` or
+    /// `{"delayMs": n}`; `{}` heals.
+    pub async fn faults(&self, id: u64, rules: &Value) {
+        let (code, body) = self.broker(id).put("/mmmq/internal/faults", rules).await;
+        assert_eq!(code, 200, "{body}");
+    }
+
+    /// Cuts broker `id` off from every other broker, both directions.
+    pub async fn isolate(&self, id: u64) {
+        let n = self.brokers.len() as u64;
+        let all: serde_json::Map<String, Value> = (1..=n)
+            .filter(|p| *p != id)
+            .map(|p| (p.to_string(), json!("drop")))
+            .collect();
+        self.faults(id, &Value::Object(all)).await;
+        for p in self.running() {
+            if p != id {
+                self.faults(p, &json!({ id.to_string(): "drop" })).await;
+            }
+        }
+    }
+
+    /// Heals every link of every running broker.
+    pub async fn heal(&self) {
+        for p in self.running() {
+            self.faults(p, &json!({})).await;
+        }
+    }
+}
