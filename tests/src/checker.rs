@@ -71,6 +71,8 @@ pub struct Report {
     pub phantom: Vec<String>,
     /// Messages stored at more than one offset (a retry without an id).
     pub duplicates: usize,
+    /// Which messages those are (once per extra copy), for a caller that tells producers apart.
+    pub duplicated: Vec<MsgId>,
     /// Acknowledgements checked.
     pub acks: usize,
 }
@@ -139,6 +141,7 @@ pub fn check(
                 Some(id) if sent.contains(&id) => {
                     if seen.insert(id, *offset).is_some() {
                         report.duplicates += 1;
+                        report.duplicated.push(id);
                     }
                 }
                 _ => report.phantom.push(format!(
@@ -233,6 +236,7 @@ mod tests {
         assert_eq!(phantom.phantom.len(), 1);
         let twice = run(vec![replica(1, &[0, 0])], &[], &[0]);
         assert_eq!(twice.duplicates, 1);
+        assert_eq!(twice.duplicated, [id(0)]);
         assert!(twice.clean());
         let wrong_offset = run(vec![replica(1, &[1, 0])], &[(0, 0)], &[0, 1]);
         assert_eq!(wrong_offset.lost.len(), 1);

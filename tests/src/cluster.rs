@@ -1,14 +1,14 @@
 //! A cluster of real `mmmq serve` processes on 127.0.0.1 for the cluster tests, the fault
 //! campaign and the failover benchmark (docs/cluster.md, "What a run is checked for").
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use crate::Broker;
-use crate::checker::{Ack, MsgId, Replica};
+use crate::checker::{Ack, MsgId, PartitionKey, Replica};
 
 /// `n` brokers on 127.0.0.1 started as one cluster (`--node-id`, `--peers`), each in its own
 /// root dir.
@@ -107,12 +107,31 @@ impl Cluster {
 
     /// Stops every broker cleanly (SIGTERM) and reads each one's replica of `topic`'s partition
     /// `p` from its files: offset → content.
-    pub async fn stop_and_read(mut self, topic: &str, p: u32) -> Vec<Replica> {
+    pub async fn stop_and_read(self, topic: &str, p: u32) -> Vec<Replica> {
+        let mut all = self.stop_and_read_partitions(topic, p + 1).await;
+        all.remove(&(topic.to_owned(), p)).expect("read")
+    }
+
+    /// Stops every broker cleanly (SIGTERM) and reads each one's replicas of `topic`'s
+    /// partitions `0..n`.
+    pub async fn stop_and_read_partitions(
+        mut self,
+        topic: &str,
+        n: u32,
+    ) -> BTreeMap<PartitionKey, Vec<Replica>> {
         for b in self.brokers.iter_mut() {
             if let Some(b) = b.take() {
                 assert!(b.terminate().success());
             }
         }
+        let mut all = BTreeMap::new();
+        for p in 0..n {
+            all.insert((topic.to_owned(), p), self.read(topic, p).await);
+        }
+        all
+    }
+
+    async fn read(&self, topic: &str, p: u32) -> Vec<Replica> {
         let mut replicas = Vec::new();
         for (i, root) in self.roots.iter().enumerate() {
             let dir = root.path().join("topics").join(topic);
@@ -232,6 +251,25 @@ impl Cluster {
         );
         let b = self.spawn(id).await;
         self.brokers[(id - 1) as usize] = Some(b);
+    }
+
+    /// Starts every broker that is down, all at once (a broker waits for its peers).
+    pub async fn restart_down(&mut self) {
+        let down: Vec<u64> = (1..=self.brokers.len() as u64)
+            .filter(|id| self.brokers[(*id - 1) as usize].is_none())
+            .collect();
+        let starts: Vec<_> = down.iter().map(|id| self.spawn(*id)).collect();
+        for (id, b) in down
+            .into_iter()
+            .zip(futures_util::future::join_all(starts).await)
+        {
+            self.brokers[(id - 1) as usize] = Some(b);
+        }
+    }
+
+    /// Broker `id`'s base URL, whether it is up or not.
+    pub fn url(&self, id: u64) -> String {
+        format!("http://127.0.0.1:{}", self.ports[(id - 1) as usize])
     }
 
     /// The ids of the brokers that are up.

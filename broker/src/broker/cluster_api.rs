@@ -73,10 +73,10 @@ impl Broker {
                     id: Some(id.to_string()),
                 };
                 match cluster.propose(put).await? {
-                    MetaOutcome::Done => {}
+                    MetaOutcome::Done => self.config.topic_defaults.partitions,
+                    MetaOutcome::TopicExists => topic_in_metadata(cluster, topic).await?,
                     MetaOutcome::Refused(why) => return Err(ClusterError::Refused(why).into()),
                 }
-                self.config.topic_defaults.partitions
             }
         };
         self.local_topic(topic, wanted).await
@@ -118,6 +118,27 @@ impl Broker {
         topic: &Topic,
         update: &TopicUpdate,
     ) -> Result<Arc<TopicLog>, BrokerError> {
+        // A create found the topic there: this broker's metadata lagged; once it caught up,
+        // the update applies to the topic as it is.
+        for _ in 0..2 {
+            if let Some(t) = self.try_put_clustered_topic(cluster, topic, update).await? {
+                return Ok(t);
+            }
+            topic_in_metadata(cluster, topic).await?;
+        }
+        Err(ClusterError::Failed(format!(
+            "topic {topic:?} changed under the update; try again"
+        ))
+        .into())
+    }
+
+    /// One try of [`Self::put_clustered_topic`]: `None` when a create found the topic there.
+    async fn try_put_clustered_topic(
+        &self,
+        cluster: &Cluster,
+        topic: &Topic,
+        update: &TopicUpdate,
+    ) -> Result<Option<Arc<TopicLog>>, BrokerError> {
         let existing = cluster.metadata().topics.get(topic.as_str()).cloned();
         let current: TopicConfig = match &existing {
             Some(t) => serde_json::from_value(t.config.clone())
@@ -143,14 +164,16 @@ impl Broker {
             replication_factor,
             id,
         };
-        if let MetaOutcome::Refused(why) = cluster.propose(put).await? {
-            return Err(ClusterError::Refused(why).into());
+        match cluster.propose(put).await? {
+            MetaOutcome::Done => {}
+            MetaOutcome::TopicExists => return Ok(None),
+            MetaOutcome::Refused(why) => return Err(ClusterError::Refused(why).into()),
         }
         let deadline = Instant::now() + CREATE_WAIT;
         loop {
             let t = self.local_topic(topic, next.partitions).await?;
             if self.registry.config_of(&t) == next || Instant::now() > deadline {
-                return Ok(t);
+                return Ok(Some(t));
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -168,13 +191,29 @@ impl Broker {
         };
         match cluster.propose(delete).await? {
             MetaOutcome::Done => {}
-            MetaOutcome::Refused(_) => return Err(BrokerError::UnknownTopic(topic.to_string())),
+            MetaOutcome::Refused(_) | MetaOutcome::TopicExists => {
+                return Err(BrokerError::UnknownTopic(topic.to_string()));
+            }
         }
         let deadline = Instant::now() + CREATE_WAIT;
         while self.registry.get(topic).is_some() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         Ok(())
+    }
+}
+
+/// Waits until this broker's metadata has `topic` (it lagged behind the metadata leader's);
+/// answers its partition count.
+async fn topic_in_metadata(cluster: &Cluster, topic: &Topic) -> Result<u32, BrokerError> {
+    let mut metadata = cluster.watch_metadata();
+    let wait = metadata.wait_for(|m| m.topics.contains_key(topic.as_str()));
+    match tokio::time::timeout(CREATE_WAIT, wait).await {
+        Ok(Ok(m)) => Ok(m.topics[topic.as_str()].placement.len() as u32),
+        _ => Err(ClusterError::Failed(format!(
+            "topic {topic:?} is in the cluster's metadata but not yet in this broker's"
+        ))
+        .into()),
     }
 }
 

@@ -62,6 +62,13 @@ impl Cluster {
                     return Ok(applied);
                 }
                 Ok(Err(WriteRefused::Failed(why))) => return Err(ClusterError::Failed(why)),
+                Ok(Err(WriteRefused::Discarded)) => {
+                    let t = target.expect("an answer came from a target");
+                    return Err(ClusterError::Unknown(
+                        t,
+                        WriteRefused::Discarded.to_string(),
+                    ));
+                }
                 Ok(Err(WriteRefused::NotLeader { leader })) => match leader {
                     Some(l) if Some(l) != target && !tried_unreachable.contains(&l) => {
                         self.inner.hints.write().insert(group.clone(), l);

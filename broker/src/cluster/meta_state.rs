@@ -36,7 +36,8 @@ pub enum MetaCommand {
         #[serde(default)]
         replication_factor: Option<u8>,
         /// The topic id a new topic gets (drawn at random by the proposer, so that every broker
-        /// shows the same); ignored for an existing topic.
+        /// shows the same): set only to create, answered [`MetaOutcome::TopicExists`] when the
+        /// topic is there already; `None` changes an existing topic.
         #[serde(default)]
         id: Option<String>,
     },
@@ -64,6 +65,10 @@ pub enum MetaOutcome {
     Done,
     /// Refused, with why (the state did not change).
     Refused(String),
+    /// A `PutTopic` that creates (it carries a new topic's id) found the topic there already:
+    /// its proposer decided from metadata that had not yet caught up, so it catches up and
+    /// decides again rather than overwrite the topic's configuration with a new topic's.
+    TopicExists,
 }
 
 /// A broker as the metadata knows it.
@@ -121,6 +126,13 @@ fn partitions_of(config: &serde_json::Value) -> u32 {
 impl MetaState {
     /// Applies one command: the only way the metadata changes.
     pub fn apply(&mut self, command: &MetaCommand) -> MetaOutcome {
+        if let MetaCommand::PutTopic {
+            name, id: Some(_), ..
+        } = command
+            && self.topics.contains_key(name)
+        {
+            return MetaOutcome::TopicExists;
+        }
         match self.try_apply(command) {
             Ok(()) => MetaOutcome::Done,
             Err(why) => MetaOutcome::Refused(why),
@@ -322,7 +334,7 @@ mod tests {
             name: name.into(),
             config: serde_json::json!({ "partitions": partitions }),
             replication_factor: rf,
-            id: Some(format!("id-of-{name}")),
+            id: (!s.topics.contains_key(name)).then(|| format!("id-of-{name}")),
         })
     }
 
@@ -386,6 +398,23 @@ mod tests {
         assert_eq!(s.topics["t"].placement.len(), 4);
         assert!(matches!(put(&mut s, "t", 3, None), MetaOutcome::Refused(_)));
         assert_eq!(s.topics["t"].placement.len(), 4);
+    }
+
+    /// A proposer whose metadata lagged proposes to create a topic that exists: nothing of the
+    /// topic changes (a new topic's defaults would have overwritten its configuration).
+    #[test]
+    fn a_create_of_an_existing_topic_changes_nothing() {
+        let mut s = cluster(3);
+        put(&mut s, "t", 2, None);
+        let before = s.topics["t"].clone();
+        let create = MetaCommand::PutTopic {
+            name: "t".into(),
+            config: serde_json::json!({ "partitions": 2, "retentionMs": 1 }),
+            replication_factor: None,
+            id: Some("another".into()),
+        };
+        assert_eq!(s.apply(&create), MetaOutcome::TopicExists);
+        assert_eq!(s.topics["t"], before);
     }
 
     #[test]

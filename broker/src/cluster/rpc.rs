@@ -37,6 +37,10 @@ pub enum WriteRefused {
     /// The write failed for another reason.
     #[error("{0}")]
     Failed(String),
+    /// The entry was appended but cut when this broker lost its leadership: it may still be
+    /// committed by the next leader, or not (docs/cluster.md, "Topics and produce in a cluster").
+    #[error("the entry was discarded on a change of leader; it may be committed or not")]
+    Discarded,
 }
 
 /// What a group's Raft answers, whatever its state machine: the handler finds one by group.
@@ -174,6 +178,7 @@ where
                         leader: f.leader_id,
                     });
                 }
+                Err(ClientWriteError::LogEntryDiscarded(_)) => return Err(WriteRefused::Discarded),
                 Err(e) => return Err(WriteRefused::Failed(e.to_string())),
             }
         }
