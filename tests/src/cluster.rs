@@ -204,13 +204,24 @@ pub async fn produce(
 
 /// Produces `msg` to `orders` through `b` until a leader acknowledges it (within `wait`).
 pub async fn acked_once_leader(b: &Broker, msg: MsgId, wait: Duration) -> Ack {
+    // A fresh connection each time: a pooled one may be closed by the broker as it is reused.
+    let http = reqwest::Client::new();
     let body = crate::eventually_async(wait, "a produce acknowledged", || async {
-        let (code, body) = b
-            .post(
-                "/mmmq/messages",
-                &json!({"topic": "orders", "content": msg.content()}),
-            )
+        let answer = http
+            .post(format!("{}/mmmq/messages", b.url))
+            .json(&json!({"topic": "orders", "content": msg.content()}))
+            .send()
             .await;
+        let (code, body) = match answer {
+            Ok(r) => (
+                r.status().as_u16(),
+                r.json::<Value>().await.unwrap_or(Value::Null),
+            ),
+            Err(e) => (0, json!(e.to_string())),
+        };
+        if code != 200 {
+            eprintln!("produce through {}: {code} {body}", b.url);
+        }
         (code == 200).then_some(body)
     })
     .await;

@@ -12,6 +12,7 @@
 
 pub mod faults;
 pub mod forward;
+mod liveness;
 pub mod log_store;
 pub mod machine;
 pub mod meta_machine;

@@ -71,7 +71,7 @@ struct RouterInner {
 
 /// Why a message did not get an answer.
 #[derive(Debug, thiserror::Error)]
-enum SendError {
+pub(super) enum SendError {
     #[error("no address known for broker {0}")]
     NoAddress(BrokerId),
     #[error("broker {0} is cut off (fault injection)")]
@@ -155,6 +155,20 @@ impl Router {
     /// The auth token peers expect, if any.
     pub fn token(&self) -> Option<&str> {
         self.inner.token.as_deref()
+    }
+
+    /// Pings `peer` on behalf of `me`: the groups it leads, with their terms (docs/cluster.md,
+    /// "Liveness and elections").
+    pub(super) async fn ping(
+        &self,
+        peer: BrokerId,
+        me: BrokerId,
+        ttl: Duration,
+    ) -> Result<Vec<(GroupId, u64)>, SendError> {
+        match self.send(peer, "ping", &GroupId::Meta, &me, ttl).await? {
+            Ok(leads) => Ok(leads),
+            Err(e) => Err(SendError::Exchange(peer, e.to_string())),
+        }
     }
 
     async fn send<Req, Resp>(

@@ -67,15 +67,30 @@ impl ClusterConfig {
     }
 
     pub(super) fn raft_config(&self, kind: &str) -> Arc<openraft::Config> {
+        let meta = kind == "meta";
         let config = openraft::Config {
             cluster_name: format!("mmmq-{kind}"),
             heartbeat_interval: self.heartbeat_ms,
-            election_timeout_min: self.election_ms,
-            election_timeout_max: self.election_ms * 2,
+            // A partition group has no timers: the broker's pings stand for its heartbeats and
+            // start its elections (docs/cluster.md, "Liveness and elections"). Its lease (the
+            // timeout's upper bound: how long a replica that heard from its leader refuses to
+            // vote for another) is one election timeout, as long as a peer's silence must last
+            // before its groups are taken over.
+            enable_tick: meta,
+            election_timeout_min: if meta {
+                self.election_ms
+            } else {
+                self.election_ms / 2
+            },
+            election_timeout_max: if meta {
+                self.election_ms * 2
+            } else {
+                self.election_ms
+            },
             // The metadata's snapshot is its whole state, and its log is purged behind it. A
             // partition's log is its messages: only retention deletes them, never a snapshot
             // (docs/cluster.md, "Clustered partitions on disk").
-            snapshot_policy: if kind == "meta" {
+            snapshot_policy: if meta {
                 openraft::SnapshotPolicy::LogsSinceLast(1000)
             } else {
                 openraft::SnapshotPolicy::Never
@@ -135,7 +150,9 @@ pub(super) struct Inner {
     pub(super) partitions: RwLock<HashMap<GroupId, Arc<dyn Endpoint>>>,
     /// The last leader each group's writes were forwarded to (learnt from answers).
     pub(super) hints: RwLock<HashMap<GroupId, BrokerId>>,
-    stop: CancellationToken,
+    /// What peers' pings said (docs/cluster.md, "Liveness and elections").
+    pub(super) liveness: super::liveness::Liveness,
+    pub(super) stop: CancellationToken,
 }
 
 impl Inner {
@@ -156,6 +173,18 @@ impl Groups for Inner {
             GroupId::Meta => Some(Arc::new(self.meta.clone())),
             other => self.partitions.read().get(other).cloned(),
         }
+    }
+
+    fn led(&self) -> Vec<(GroupId, u64)> {
+        let me = self.config.node_id;
+        self.partitions
+            .read()
+            .iter()
+            .filter_map(|(g, ep)| {
+                let view = ep.view();
+                (view.leader == Some(me)).then(|| (g.clone(), view.term))
+            })
+            .collect()
     }
 }
 
@@ -214,10 +243,12 @@ impl Cluster {
                 machine,
                 partitions: RwLock::new(HashMap::new()),
                 hints: RwLock::new(HashMap::new()),
+                liveness: Default::default(),
                 stop: CancellationToken::new(),
             }),
         };
         tokio::spawn(cluster.clone().announce());
+        tokio::spawn(cluster.clone().follow_liveness());
         Ok(cluster)
     }
 

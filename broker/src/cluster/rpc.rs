@@ -75,6 +75,9 @@ pub trait Endpoint: Send + Sync {
     fn view(&self) -> GroupView;
     /// Stops the group on this broker.
     async fn stop(&self);
+    /// Asks this replica to run for leader (a pre-vote first: refused while a majority still
+    /// hears from a leader). See docs/cluster.md, "Liveness and elections".
+    async fn elect(&self);
 }
 
 /// A group as one broker sees it (`GET /mmmq/cluster`, metrics).
@@ -163,9 +166,61 @@ where
         let _ = self.shutdown().await;
     }
 
+    async fn elect(&self) {
+        if let Err(e) = self.trigger().elect(true).await {
+            tracing::debug!(error = %e, "an election could not start");
+        }
+    }
+
     async fn write(&self, commands: Vec<Command>) -> Result<Vec<Applied>, WriteRefused> {
-        let count = commands.len();
-        let mut results = self
+        // A partition group sends no heartbeats (docs/cluster.md, "Liveness and elections"), so
+        // a leader that was idle for longer than its lease has no recent quorum ack, and openraft
+        // refuses the write before appending it. A heartbeat renews the lease; the write is
+        // tried again, for at most one lease.
+        let renew_until = std::time::Instant::now() + LEASE_RENEWAL;
+        let mut asked = None::<std::time::Instant>;
+        loop {
+            match write_once(self, commands.clone()).await {
+                Err(WriteRefused::NotLeader { leader: None })
+                    if leads(self) && std::time::Instant::now() < renew_until =>
+                {
+                    if asked.is_none_or(|at| at.elapsed() > LEASE_RENEWAL / 8) {
+                        asked = Some(std::time::Instant::now());
+                        if self.trigger().heartbeat().await.is_err() {
+                            return Err(WriteRefused::NotLeader { leader: None });
+                        }
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+                }
+                answer => return answer,
+            }
+        }
+    }
+}
+
+/// How long a leader whose lease lapsed tries to renew it before a write is refused.
+const LEASE_RENEWAL: std::time::Duration = std::time::Duration::from_millis(800);
+
+/// Whether this replica is its group's leader.
+fn leads<SM>(raft: &openraft::Raft<Raft, SM>) -> bool
+where
+    SM: RaftStateMachine<Raft, SnapshotData = SnapshotBytes>,
+{
+    let m = raft.metrics().borrow_watched().clone();
+    m.current_leader == Some(m.id)
+}
+
+/// One `client_write_many` of `commands`: the applied results, or why not.
+async fn write_once<SM>(
+    raft: &openraft::Raft<Raft, SM>,
+    commands: Vec<Command>,
+) -> Result<Vec<Applied>, WriteRefused>
+where
+    SM: RaftStateMachine<Raft, SnapshotData = SnapshotBytes>,
+{
+    let count = commands.len();
+    {
+        let mut results = raft
             .client_write_many(commands)
             .await
             .map_err(|e| WriteRefused::Failed(e.to_string()))?;
@@ -173,6 +228,11 @@ where
         while let Some(result) = results.next().await {
             match result.map_err(|e| WriteRefused::Failed(e.to_string()))? {
                 Ok(written) => out.push(written.response),
+                // Refused before it was appended, after some of the batch was: the batch is
+                // neither stored nor safe to send again.
+                Err(ClientWriteError::ForwardToLeader(_)) if !out.is_empty() => {
+                    return Err(WriteRefused::Discarded);
+                }
                 Err(ClientWriteError::ForwardToLeader(f)) => {
                     return Err(WriteRefused::NotLeader {
                         leader: f.leader_id,
@@ -190,6 +250,8 @@ where
 pub trait Groups: Send + Sync + 'static {
     /// The group's endpoint on this broker, if it has a replica of it.
     fn endpoint(&self, group: &GroupId) -> Option<Arc<dyn Endpoint>>;
+    /// The partition groups this broker leads, with their terms (a ping's answer).
+    fn led(&self) -> Vec<(GroupId, u64)>;
 }
 
 /// A body that does not decode is answered `400` with why.
@@ -269,6 +331,11 @@ pub async fn handle<G: Groups>(
                 None => encode_write(&Err(WriteRefused::NotLeader { leader: None })),
             }
         }
+        // docs/cluster.md, "Liveness and elections": a peer's ping.
+        "ping" => match decode::<BrokerId>(&body) {
+            Ok(_) => encode::<Vec<(GroupId, u64)>>(&Ok(groups.led())),
+            Err(refusal) => refusal.into_response(),
+        },
         other => (StatusCode::NOT_FOUND, format!("no Raft message {other:?}")).into_response(),
     }
 }

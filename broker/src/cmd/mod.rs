@@ -299,6 +299,9 @@ enum BenchCommand {
     /// Produce without end into a topic with small segments and a small retentionBytes: disk use
     /// and resident memory over time.
     Soak(bench::soak::SoakBench),
+    /// Brokers of this binary as a cluster on 127.0.0.1: replicated produce next to a single
+    /// broker, failover after SIGKILLs of a leader, the idle cost of many partition groups.
+    Cluster(bench::cluster::ClusterBench),
 }
 
 /// Runs the command.
@@ -415,6 +418,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     BenchCommand::Storage(cfg) => bench::storage::run(cfg, out).await,
                     BenchCommand::Boot(cfg) => bench::boot::run(cfg, out).await,
                     BenchCommand::Topics(cfg) => bench::topics::run(cfg, out).await,
+                    BenchCommand::Cluster(cfg) => bench::cluster::run(cfg, out).await,
                     BenchCommand::Memory(cfg) => bench::memory::run(cfg, out).await,
                     BenchCommand::Consume(cfg) => bench::consume::run(cfg, out).await,
                     BenchCommand::Soak(cfg) => bench::soak::run(cfg, out).await,

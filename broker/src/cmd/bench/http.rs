@@ -74,7 +74,7 @@ pub async fn run(cfg: HttpBench, out: &mut (dyn Write + Send)) -> anyhow::Result
     for &p in &cfg.producers {
         let topic = format!("produce.p{p}");
         let r = http_load(
-            &base,
+            std::slice::from_ref(&base),
             p,
             cfg.run.duration,
             started,
@@ -113,7 +113,7 @@ pub async fn run(cfg: HttpBench, out: &mut (dyn Write + Send)) -> anyhow::Result
             .await?;
         anyhow::ensure!(r.status() == 200, "creating {topic}: {}", r.status());
         let r = http_load(
-            &base,
+            std::slice::from_ref(&base),
             most,
             cfg.run.duration,
             started,
@@ -144,7 +144,16 @@ pub async fn run(cfg: HttpBench, out: &mut (dyn Write + Send)) -> anyhow::Result
     let round = cfg.run.duration / 2;
     for ids in [false, true, true, false, false, true] {
         let topic = if ids { "batch.ids" } else { "batch.noids" };
-        let r = http_load(&base, most, round, started, (100, ids), topic, &pad).await?;
+        let r = http_load(
+            std::slice::from_ref(&base),
+            most,
+            round,
+            started,
+            (100, ids),
+            topic,
+            &pad,
+        )
+        .await?;
         let sum = &mut sums[usize::from(ids)];
         sum.0 += r.count;
         sum.1 += r.elapsed;
@@ -164,7 +173,7 @@ pub async fn run(cfg: HttpBench, out: &mut (dyn Write + Send)) -> anyhow::Result
         )?;
     }
     let r = http_load(
-        &base,
+        std::slice::from_ref(&base),
         8,
         cfg.run.duration,
         started,
@@ -184,7 +193,7 @@ pub async fn run(cfg: HttpBench, out: &mut (dyn Write + Send)) -> anyhow::Result
 
     *received.lock() = Latencies::default();
     let r = http_load(
-        &base,
+        std::slice::from_ref(&base),
         cfg.e2e_producers,
         cfg.run.duration,
         started,
@@ -215,23 +224,26 @@ pub async fn run(cfg: HttpBench, out: &mut (dyn Write + Send)) -> anyhow::Result
     Ok(())
 }
 
-struct LoadResult {
-    count: u64,
-    elapsed: Duration,
-    started_at: f64,
-    p50_us: f64,
-    p99_us: f64,
+/// What a load run measured.
+pub(super) struct LoadResult {
+    pub(super) count: u64,
+    pub(super) elapsed: Duration,
+    pub(super) started_at: f64,
+    pub(super) p50_us: f64,
+    pub(super) p99_us: f64,
 }
 
 impl LoadResult {
-    fn rate(&self) -> f64 {
+    /// Messages per second.
+    pub(super) fn rate(&self) -> f64 {
         self.count as f64 / self.elapsed.as_secs_f64()
     }
 }
 
-/// `producers` clients, each with its own connection and one request in flight, for `duration`.
-async fn http_load(
-    base: &str,
+/// `producers` clients, each with its own connection and one request in flight, for `duration`;
+/// producer `i` sends to `bases[i % bases.len()]`.
+pub(super) async fn http_load(
+    bases: &[String],
     producers: usize,
     duration: Duration,
     clock: Instant,
@@ -247,6 +259,7 @@ async fn http_load(
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(1)
             .build()?;
+        let base = &bases[producer % bases.len()];
         let url = if batch == 1 {
             format!("{base}/mmmq/messages")
         } else {

@@ -15,7 +15,7 @@ use mmmq::storage::frame;
 use mmmq::storage::scan::{DATA_EXT, INDEX_EXT, segment_file_name};
 use serde_json::json;
 
-use super::scratch_dir;
+use super::{rss_kib, scratch_dir};
 
 /// Parameters of `mmmq bench memory`.
 #[derive(Debug, Clone, clap::Args)]
@@ -61,17 +61,6 @@ fn write_log(dir: &Path, n: u64, segment_bytes: u64) -> std::io::Result<u64> {
         segments += 1;
     }
     Ok(segments)
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 struct Served {

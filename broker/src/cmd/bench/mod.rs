@@ -3,10 +3,11 @@
 //! baselines (the raw disk, the storage engine alone, an HTTP consumer) so results are read as
 //! ratios taken in the same run.
 //!
-//! One file per benchmark: `storage`, `http`, `plugin`, `router`, `embedded`, `boot`, `topics`; this module
+//! One file per benchmark (`storage`, `http`, `plugin`, `router`, `embedded`, `boot`, `topics`, `cluster`, …); this module
 //! holds what they share ([`Latencies`], scratch directories, a broker on a free port).
 
 pub mod boot;
+pub mod cluster;
 pub mod consume;
 pub mod dedup;
 pub mod embedded;
@@ -86,6 +87,18 @@ pub fn scratch_dir(dir: &Path) -> std::io::Result<tempfile::TempDir> {
     tempfile::Builder::new()
         .prefix("mmmq-bench-")
         .tempdir_in(dir)
+}
+
+/// Resident memory of process `pid` in KiB (0 when it cannot be read).
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// Seconds (fractions allowed) as a duration, for `--seconds`.

@@ -40,14 +40,7 @@ pub struct SoakBench {
 }
 
 pub(super) fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
+    super::rss_kib(std::process::id())
 }
 
 /// Bytes of the files directly in `dir`.
