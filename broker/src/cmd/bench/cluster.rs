@@ -1,5 +1,5 @@
 //! `mmmq bench cluster`: brokers of this very binary on 127.0.0.1, each its own process and root
-//! dir (docs/cluster.md, "Benchmarks"; docs/benchmarks.md, "A cluster"): replicated produce
+//! dir (docs/benchmarks.md, "A cluster"): replicated produce
 //! next to a single broker measured in the same run, failover after SIGKILLs of a partition's
 //! leader, and what many idle partition groups cost.
 
