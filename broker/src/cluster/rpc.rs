@@ -37,6 +37,10 @@ pub enum WriteRefused {
     /// The write failed for another reason.
     #[error("{0}")]
     Failed(String),
+    /// The group stopped on this broker while the write was under way (its disk refused): the
+    /// other replicas may still commit what it had sent them.
+    #[error("the group stopped during the write, its outcome is unknown: {0}")]
+    Unknown(String),
 }
 
 /// What a group's Raft answers, whatever its state machine: the handler finds one by group.
@@ -176,6 +180,13 @@ where
                 }
                 Err(e) => return Err(WriteRefused::Failed(e.to_string())),
             }
+        }
+        if out.len() != count {
+            // The group stopped before it answered every command (a storage error).
+            return Err(WriteRefused::Failed(format!(
+                "the group answered {} of {count} commands",
+                out.len()
+            )));
         }
         Ok(out)
     }
