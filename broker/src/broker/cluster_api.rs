@@ -349,9 +349,15 @@ pub(super) async fn follow(
             retry = FOLLOW_RETRY_MAX.min(retry * 2);
             Some(wait)
         };
+        let retry_later = async {
+            match again {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             changed = metadata.changed() => if changed.is_err() { return },
-            _ = tokio::time::sleep(again.unwrap_or(Duration::MAX)), if again.is_some() => {}
+            _ = retry_later => {}
             _ = stop.cancelled() => return,
         }
     }

@@ -39,7 +39,8 @@ pub struct ClusterConfig {
     pub heartbeat_ms: u64,
     /// The election timeout's lower bound (ms); the upper is twice it.
     pub election_ms: u64,
-    /// Whether `PUT /mmmq/internal/faults` may cut or slow this broker's Raft traffic.
+    /// Whether `PUT /mmmq/internal/faults` may cut or slow this broker's Raft traffic and make
+    /// its disk refuse writes.
     pub fault_injection: bool,
 }
 
