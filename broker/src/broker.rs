@@ -344,7 +344,8 @@ impl Broker {
         let (partitions, max_partitions) = self.registry.partition_usage();
         m.partitions.set(gauge(partitions));
         m.max_partitions.set(gauge(max_partitions));
-        self.metrics.encode(http)
+        let cluster = self.cluster().map(|c| c.metrics().registry());
+        self.metrics.encode(http, cluster)
     }
 
     /// Status of every dispatcher.

@@ -268,13 +268,17 @@ impl Metrics {
         Self { registry, ..m }
     }
 
-    /// The Prometheus text exposition, with the HTTP server's metrics when given.
-    pub fn encode(&self, http: Option<&HttpMetrics>) -> String {
+    /// The Prometheus text exposition, with the HTTP server's metrics and a cluster member's
+    /// (`cluster::metrics`) when given.
+    pub fn encode(&self, http: Option<&HttpMetrics>, cluster: Option<&Registry>) -> String {
         use prometheus_client::encoding::text::{encode_eof, encode_registry};
         let mut out = String::new();
         encode_registry(&mut out, &self.registry).expect("writing to a String cannot fail");
         if let Some(http) = http {
             encode_registry(&mut out, &http.registry).expect("writing to a String cannot fail");
+        }
+        if let Some(cluster) = cluster {
+            encode_registry(&mut out, cluster).expect("writing to a String cannot fail");
         }
         encode_eof(&mut out).expect("writing to a String cannot fail");
         out

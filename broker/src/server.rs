@@ -17,6 +17,7 @@ use crate::dispatch::Targets;
 use crate::http::serve::serve;
 use crate::http::{AppState, router_with};
 use crate::metrics::HttpMetrics;
+use crate::storage::vfs::fault::FaultyFs;
 use crate::storage::{OsFs, StorageError, Vfs};
 
 /// Why the broker stopped with an error.
@@ -56,6 +57,18 @@ pub async fn run_on(
     // SIGINT) registers its handlers when first polled, which is now, not after a long recovery.
     let hup = hangup_signal();
     let mut shutdown = std::pin::pin!(shutdown);
+    // Under --fault-injection the storage runs on a file system that tests can make refuse
+    // writes (docs/cluster.md, "Testing faults"); otherwise on `vfs` itself, at no cost.
+    let (vfs, faults) = match &config.cluster {
+        Some(settings) if settings.fault_injection => {
+            let disk = FaultyFs::over(vfs);
+            (
+                Arc::new(disk.clone()) as Arc<dyn Vfs>,
+                Faults::with_disk(disk),
+            )
+        }
+        _ => (vfs, Faults::default()),
+    };
     let stopping = CancellationToken::new();
     let loopback = listener.local_addr()?.ip().is_loopback();
     let http_metrics = Arc::new(HttpMetrics::new(config.http.max_inflight_body_bytes));
@@ -63,7 +76,7 @@ pub async fn run_on(
     // A cluster member joins its metadata group before it recovers its topics: Raft's traffic
     // is served from the start (docs/cluster.md, "Design").
     let cluster = match &config.cluster {
-        Some(settings) => Some(start_cluster(settings, &config, &vfs).await?),
+        Some(settings) => Some(start_cluster(settings, &config, &vfs, faults).await?),
         None => None,
     };
     let app = router_with(state.clone(), cluster.as_ref().map(Cluster::routes));
@@ -131,6 +144,7 @@ async fn start_cluster(
     settings: &crate::config::cluster::ClusterSettings,
     config: &ServeConfig,
     vfs: &Arc<dyn Vfs>,
+    faults: Faults,
 ) -> Result<Cluster, ServeError> {
     let cluster_config = ClusterConfig::new(settings, &config.root_dir, config.auth_token.clone());
     // A single broker's root dir holds logs without log ids: opened as a cluster member's they
@@ -154,7 +168,7 @@ async fn start_cluster(
         peers = settings.peers.len(),
         "joining the cluster"
     );
-    Cluster::start(cluster_config, store, Faults::default())
+    Cluster::start(cluster_config, store, faults)
         .await
         .map_err(|e| ServeError::Cluster(e.to_string()))
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::Broker;
-use crate::checker::{Ack, MsgId, PartitionKey, Replica};
+use crate::checker::{Ack, MsgId, PartitionKey, Replica, Report};
 
 /// `n` brokers on 127.0.0.1 started as one cluster (`--node-id`, `--peers`), each in its own
 /// root dir.
@@ -236,6 +236,25 @@ pub fn sent(acks: &[Ack]) -> BTreeSet<MsgId> {
     acks.iter().map(|a| a.msg).collect()
 }
 
+/// The checker's report on the replicas of `orders`' partition 0, the topic the cluster tests
+/// produce to.
+pub fn check_orders(replicas: Vec<Replica>, acks: &[Ack], sent: &BTreeSet<MsgId>) -> Report {
+    let replicas = std::collections::BTreeMap::from([(("orders".to_owned(), 0), replicas)]);
+    crate::checker::check(&replicas, acks, sent)
+}
+
+/// Asserts that every replica holds `n` messages.
+pub fn assert_each_holds(replicas: &[Replica], n: usize) {
+    for r in replicas {
+        assert_eq!(
+            r.entries.len(),
+            n,
+            "broker {} holds every message",
+            r.broker
+        );
+    }
+}
+
 impl Cluster {
     /// The leader of `topic`'s partition `p` as broker `via` sees it, if it names one.
     pub async fn leader_of(&self, via: u64, topic: &str, p: u32) -> Option<u64> {
@@ -295,6 +314,13 @@ impl Cluster {
     pub async fn faults(&self, id: u64, rules: &Value) {
         let (code, body) = self.broker(id).put("/mmmq/internal/faults", rules).await;
         assert_eq!(code, 200, "{body}");
+    }
+
+    /// Makes broker `id`'s disk refuse every write and fsync of its storage with `error`
+    /// (`"eio"`, `"enospc"`), or work again (`None`). Like every `PUT /mmmq/internal/faults`,
+    /// it replaces the broker's link rules too (with none).
+    pub async fn disk(&self, id: u64, error: Option<&str>) {
+        self.faults(id, &json!({ "disk": error })).await;
     }
 
     /// Cuts broker `id` off from every other broker, both directions.

@@ -346,9 +346,15 @@ fn duplicate(partition: u32, offset: u64) -> Produced {
     }
 }
 
+/// The first wait before a topic that failed to follow the metadata is tried again.
+const FOLLOW_RETRY_FIRST: Duration = Duration::from_millis(500);
+/// The longest wait between two tries of a topic that keeps failing.
+const FOLLOW_RETRY_MAX: Duration = Duration::from_secs(10);
+
 /// Keeps the local topics in step with the metadata: every topic it names exists here with its
 /// configuration and partitions, and each partition this broker replicates runs its Raft group;
-/// a topic it no longer names is deleted here.
+/// a topic it no longer names is deleted here. A topic that fails (its files do not open, its
+/// group does not start) is logged and tried again later, and never holds up the others.
 pub(super) async fn follow(
     registry: Arc<Registry>,
     cluster: Cluster,
@@ -357,93 +363,143 @@ pub(super) async fn follow(
 ) {
     let mut metadata = cluster.watch_metadata();
     let mut previous = metadata.borrow().clone();
+    // Topics the metadata deleted that are not deleted here yet. Never "absent from the
+    // metadata" alone: a broker replaying its metadata at boot starts from an empty state and
+    // must not delete what the replay will name again.
+    let mut deleted = std::collections::BTreeSet::new();
+    let mut retry = FOLLOW_RETRY_FIRST;
     loop {
         let state = metadata.borrow_and_update().clone();
-        if let Err(e) = reconcile(&registry, &cluster, &vfs, &previous, &state).await {
-            tracing::warn!(error = %e, "following the cluster's metadata; retrying");
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
-                _ = stop.cancelled() => return,
-            }
-        }
+        deleted.extend(
+            previous
+                .topics
+                .keys()
+                .filter(|n| !state.topics.contains_key(*n))
+                .cloned(),
+        );
+        deleted.retain(|n| !state.topics.contains_key(n));
+        let failed = reconcile(&registry, &cluster, &vfs, &mut deleted, &state).await;
         previous = state;
+        let again = if failed == 0 {
+            retry = FOLLOW_RETRY_FIRST;
+            None
+        } else {
+            let wait = retry;
+            retry = FOLLOW_RETRY_MAX.min(retry * 2);
+            Some(wait)
+        };
+        let retry_later = async {
+            match again {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             changed = metadata.changed() => if changed.is_err() { return },
+            _ = retry_later => {}
             _ = stop.cancelled() => return,
         }
     }
 }
 
+/// Brings every topic in step with `state` and deletes those of `deleted` (each one done leaves
+/// the set); answers how many failed, each logged.
 async fn reconcile(
     registry: &Registry,
     cluster: &Cluster,
     vfs: &Arc<dyn Vfs>,
-    previous: &MetaState,
+    deleted: &mut std::collections::BTreeSet<String>,
     state: &MetaState,
-) -> Result<(), BrokerError> {
-    let me = cluster.id();
-    // Topics the metadata deleted (present in the state followed last, absent now). Never
-    // "absent from the metadata" alone: a broker replaying its metadata at boot starts from an
-    // empty state and must not delete what the replay will name again.
-    for name in previous.topics.keys() {
-        if state.topics.contains_key(name) {
-            continue;
-        }
-        let topic =
-            Topic::new(name.clone()).map_err(|e| BrokerError::InvalidName(e.to_string()))?;
-        cluster.stop_topic(name).await;
-        if let Some(old) = registry.begin_delete(&topic).await {
-            old.close().await;
-            registry.finish_delete(&old).await?;
-            tracing::info!(topic = %name, "topic deleted (cluster metadata)");
+) -> usize {
+    let mut failed = 0;
+    for name in deleted.clone() {
+        match delete_topic(registry, cluster, &name).await {
+            Ok(()) => {
+                deleted.remove(&name);
+            }
+            Err(error) => {
+                failed += 1;
+                tracing::warn!(topic = %name, %error, "deleting a topic the cluster deleted; trying again later");
+            }
         }
     }
     for (name, meta) in &state.topics {
-        let topic =
-            Topic::new(name.clone()).map_err(|e| BrokerError::InvalidName(e.to_string()))?;
-        let config: TopicConfig = serde_json::from_value(meta.config.clone())
-            .map_err(|e| ClusterError::Failed(format!("topic {name:?}'s configuration: {e}")))?;
-        let partitions = meta.placement.len() as u32;
-        let id: TopicId = meta
-            .id
-            .parse()
-            .map_err(|_| ClusterError::Failed(format!("topic {name:?} has no usable id")))?;
-        let local = match registry.get(&topic) {
-            // A topic of another incarnation (deleted and created again while this broker was
-            // away) goes, with its groups, before the new one opens.
-            Some(t) if t.id != id => {
-                cluster.stop_topic(name).await;
-                if let Some(old) = registry.begin_delete(&topic).await {
-                    registry.finish_delete(&old).await?;
-                }
-                registry
-                    .get_or_create_for_cluster(&topic, partitions, id)
-                    .await?
-            }
-            Some(t) => t,
-            None => {
-                registry
-                    .get_or_create_for_cluster(&topic, partitions, id)
-                    .await?
-            }
-        };
-        let current = registry.config_of(&local);
-        if current != config || local.partition_count() < partitions {
-            let mut config = config.clone();
-            config.partitions = partitions.max(config.partitions);
-            registry.set_config(&local, config).await?;
+        if let Err(error) = follow_topic(registry, cluster, vfs, name, meta).await {
+            failed += 1;
+            tracing::warn!(topic = %name, %error, "following the cluster's metadata for a topic; trying again later");
         }
-        for (p, replicas) in meta.placement.iter().enumerate() {
-            if !replicas.contains(&me) {
-                continue;
+    }
+    failed
+}
+
+async fn delete_topic(
+    registry: &Registry,
+    cluster: &Cluster,
+    name: &str,
+) -> Result<(), BrokerError> {
+    let topic = Topic::new(name.to_owned()).map_err(|e| BrokerError::InvalidName(e.to_string()))?;
+    cluster.stop_topic(name).await;
+    if let Some(old) = registry.begin_delete(&topic).await {
+        old.close().await;
+        registry.finish_delete(&old).await?;
+        tracing::info!(topic = %name, "topic deleted (cluster metadata)");
+    }
+    Ok(())
+}
+
+/// Opens `name` here as the metadata describes it, and runs the groups of the partitions this
+/// broker replicates.
+async fn follow_topic(
+    registry: &Registry,
+    cluster: &Cluster,
+    vfs: &Arc<dyn Vfs>,
+    name: &str,
+    meta: &crate::cluster::meta_state::TopicMeta,
+) -> Result<(), BrokerError> {
+    let me = cluster.id();
+    let topic = Topic::new(name.to_owned()).map_err(|e| BrokerError::InvalidName(e.to_string()))?;
+    let config: TopicConfig = serde_json::from_value(meta.config.clone())
+        .map_err(|e| ClusterError::Failed(format!("topic {name:?}'s configuration: {e}")))?;
+    let partitions = meta.placement.len() as u32;
+    let id: TopicId = meta
+        .id
+        .parse()
+        .map_err(|_| ClusterError::Failed(format!("topic {name:?} has no usable id")))?;
+    let local = match registry.get(&topic) {
+        // A topic of another incarnation (deleted and created again while this broker was
+        // away) goes, with its groups, before the new one opens.
+        Some(t) if t.id != id => {
+            cluster.stop_topic(name).await;
+            if let Some(old) = registry.begin_delete(&topic).await {
+                registry.finish_delete(&old).await?;
             }
-            let partition = local
-                .partition(p as u32)
-                .ok_or_else(|| ClusterError::Failed(format!("{name}/{p} was not opened here")))?;
-            cluster
-                .serve_partition(name, p as u32, partition.log.clone(), vfs.clone(), replicas)
-                .await?;
+            registry
+                .get_or_create_for_cluster(&topic, partitions, id)
+                .await?
         }
+        Some(t) => t,
+        None => {
+            registry
+                .get_or_create_for_cluster(&topic, partitions, id)
+                .await?
+        }
+    };
+    let current = registry.config_of(&local);
+    if current != config || local.partition_count() < partitions {
+        let mut config = config.clone();
+        config.partitions = partitions.max(config.partitions);
+        registry.set_config(&local, config).await?;
+    }
+    for (p, replicas) in meta.placement.iter().enumerate() {
+        if !replicas.contains(&me) {
+            continue;
+        }
+        let partition = local
+            .partition(p as u32)
+            .ok_or_else(|| ClusterError::Failed(format!("{name}/{p} was not opened here")))?;
+        cluster
+            .serve_partition(name, p as u32, partition.log.clone(), vfs.clone(), replicas)
+            .await?;
     }
     Ok(())
 }

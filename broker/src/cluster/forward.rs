@@ -69,6 +69,10 @@ impl Cluster {
                         WriteRefused::Discarded.to_string(),
                     ));
                 }
+                Ok(Err(WriteRefused::Unknown(why))) => {
+                    let at = target.unwrap_or(self.id());
+                    return Err(ClusterError::Unknown(at, why));
+                }
                 Ok(Err(WriteRefused::NotLeader { leader })) => match leader {
                     Some(l) if Some(l) != target && !tried_unreachable.contains(&l) => {
                         self.inner.hints.write().insert(group.clone(), l);

@@ -9,6 +9,8 @@
 //! - `network`, `rpc`, `faults`: Raft's traffic between brokers, both ends, and a fault switch.
 //! - `node`: a broker's part of the cluster, the metadata group's start; `forward`: writes
 //!   through a group's leader; `status`: `GET /mmmq/cluster`.
+//! - `supervise`: a partition group opened again after a storage error stopped it, and its
+//!   metrics kept; `metrics`: the groups' Prometheus metrics.
 
 pub mod faults;
 pub mod forward;
@@ -17,9 +19,11 @@ pub mod log_store;
 pub mod machine;
 pub mod meta_machine;
 pub mod meta_state;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod partitions;
 pub mod rpc;
 pub mod status;
+pub mod supervise;
 pub mod types;

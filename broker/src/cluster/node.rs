@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use openraft::async_runtime::WatchReceiver;
 use openraft::storage::RaftLogStorage;
 use parking_lot::RwLock;
 use tokio_util::sync::CancellationToken;
@@ -18,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::faults::Faults;
 use super::meta_machine::MetaMachine;
 use super::meta_state::{MetaCommand, MetaOutcome, MetaState};
+use super::metrics::ClusterMetrics;
 use super::network::{GroupId, NetworkFactory, RAFT_PATH, Router};
 use super::rpc::{Endpoint, Groups};
 use super::types::{Applied, BrokerId, Command, Raft};
@@ -37,7 +39,8 @@ pub struct ClusterConfig {
     pub heartbeat_ms: u64,
     /// The election timeout's lower bound (ms); the upper is twice it.
     pub election_ms: u64,
-    /// Whether `PUT /mmmq/internal/faults` may cut or slow this broker's Raft traffic.
+    /// Whether `PUT /mmmq/internal/faults` may cut or slow this broker's Raft traffic and make
+    /// its disk refuse writes.
     pub fault_injection: bool,
 }
 
@@ -96,6 +99,13 @@ impl ClusterConfig {
                 openraft::SnapshotPolicy::Never
             },
             max_in_snapshot_log_to_keep: 100,
+            // A leader may apply what its followers hold before its own fsync returns, so a
+            // leader that restarts (a crash, or its group opened again after a storage error)
+            // may have lost entries of its term that others hold. Restored as leader of that
+            // term it would write other entries under the same log ids: it starts as a follower
+            // and the next leader is elected in a later term (docs/cluster.md, "A disk that
+            // refuses writes").
+            enable_leader_restore: Some(false),
             ..Default::default()
         };
         Arc::new(
@@ -152,6 +162,8 @@ pub(super) struct Inner {
     pub(super) hints: RwLock<HashMap<GroupId, BrokerId>>,
     /// What peers' pings said (docs/cluster.md, "Liveness and elections").
     pub(super) liveness: super::liveness::Liveness,
+    /// The groups' metrics (`GET /metrics`).
+    pub(super) metrics: ClusterMetrics,
     pub(super) stop: CancellationToken,
 }
 
@@ -244,12 +256,43 @@ impl Cluster {
                 partitions: RwLock::new(HashMap::new()),
                 hints: RwLock::new(HashMap::new()),
                 liveness: Default::default(),
+                metrics: ClusterMetrics::new(),
                 stop: CancellationToken::new(),
             }),
         };
         tokio::spawn(cluster.clone().announce());
         tokio::spawn(cluster.clone().follow_liveness());
+        tokio::spawn(cluster.clone().watch_meta());
         Ok(cluster)
+    }
+
+    /// The cluster's metrics, for `GET /metrics`.
+    pub fn metrics(&self) -> &ClusterMetrics {
+        &self.inner.metrics
+    }
+
+    /// Keeps the metadata group's metrics from openraft's metrics channel, and says so if the
+    /// group stops on an error (its supervision is not built: the broker must be restarted).
+    async fn watch_meta(self) {
+        let mut series = self.inner.metrics.meta();
+        let mut rx = self.inner.meta.metrics();
+        loop {
+            {
+                let m = rx.borrow_watched();
+                series.observe(&m);
+                if let Err(fatal) = &m.running_state {
+                    if !self.inner.stop.is_cancelled() {
+                        tracing::error!(error = %fatal, "the metadata group stopped; restart the broker");
+                    }
+                    series.stopped();
+                    return;
+                }
+            }
+            tokio::select! {
+                changed = rx.changed() => if changed.is_err() { return },
+                _ = self.inner.stop.cancelled() => return,
+            }
+        }
     }
 
     /// This broker's id.
@@ -286,12 +329,20 @@ impl Cluster {
         raft.route(
             "/mmmq/internal/faults",
             axum::routing::put(
-                move |axum::Json(rules): axum::Json<HashMap<BrokerId, super::faults::Rule>>| {
+                move |axum::Json(rules): axum::Json<super::faults::FaultRules>| {
                     let faults = faults.clone();
                     async move {
-                        tracing::warn!(?rules, "fault injection: Raft traffic rules set");
-                        faults.set(rules);
-                        axum::Json(serde_json::json!({"ok": true}))
+                        tracing::warn!(?rules, "fault injection: rules set");
+                        match faults.apply(rules) {
+                            Ok(()) => (
+                                axum::http::StatusCode::OK,
+                                axum::Json(serde_json::json!({"ok": true})),
+                            ),
+                            Err(error) => (
+                                axum::http::StatusCode::BAD_REQUEST,
+                                axum::Json(serde_json::json!({"error": error})),
+                            ),
+                        }
                     }
                 },
             ),

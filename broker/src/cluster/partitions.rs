@@ -1,21 +1,21 @@
 //! The partition groups this broker replicates (docs/cluster.md, "Topics and produce in a
 //! cluster"): each runs on the partition's own segment log, shared with the topic registry's
-//! readers; the first replica of the placement initializes the group once, with the placement's
-//! brokers as voters.
+//! readers; every replica of the placement initializes the group once, with the placement's
+//! brokers as voters; each runs under supervision (`super::supervise`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::log_store::SegmentLogStore;
-use super::machine::PartitionMachine;
-use super::network::{GroupId, NetworkFactory};
+use super::network::GroupId;
 use super::node::{Cluster, ClusterError};
 use super::rpc::Endpoint;
-use super::types::{BrokerId, GroupKind};
+use super::supervise::{Opener, Supervised};
+use super::types::BrokerId;
 use crate::storage::{Log, Vfs};
 
 impl Cluster {
-    /// Runs partition `p` of `topic`'s group here, on `log`, if it does not run yet.
+    /// Runs partition `p` of `topic`'s group here, on `log`, if it does not run yet, under
+    /// supervision (`super::supervise`: opened again after a storage error stops it).
     pub async fn serve_partition(
         &self,
         topic: &str,
@@ -29,22 +29,15 @@ impl Cluster {
             return Ok(());
         }
         let failed = |e: &dyn std::fmt::Display| ClusterError::Failed(format!("{group}: {e}"));
-        let store = SegmentLogStore::on_log(log, vfs, GroupKind::Partition)
-            .await
-            .map_err(|e| failed(&e))?;
-        let machine = PartitionMachine::open(&store)
-            .await
-            .map_err(|e| failed(&e))?;
-        let network = NetworkFactory::new(self.inner.router.clone(), group.clone());
-        let raft = openraft::Raft::new(
-            self.id(),
-            self.inner.config.raft_config("partition"),
-            network,
-            store,
-            machine,
-        )
-        .await
-        .map_err(|e| failed(&e))?;
+        let opener = Opener {
+            id: self.id(),
+            config: self.inner.config.raft_config("partition"),
+            router: self.inner.router.clone(),
+            group: group.clone(),
+            log,
+            vfs,
+        };
+        let raft = opener.open().await.map_err(|e| failed(&e))?;
         // Every replica initializes the group, with the same membership from the metadata:
         // openraft takes identical first entries as one, and a group whose first replica is
         // down still forms from the others.
@@ -57,15 +50,17 @@ impl Cluster {
                     Some((*b, openraft::BasicNode::new(addr)))
                 })
                 .collect();
-            let members = members.ok_or_else(|| {
-                ClusterError::Failed(format!("{group}: a replica the metadata does not name"))
-            })?;
+            let Some(members) = members else {
+                let _ = raft.shutdown().await;
+                return Err(failed(&"a replica the metadata does not name"));
+            };
             if let Err(e) = raft.initialize(members).await {
                 // Another replica's identical first entry may have arrived first.
                 tracing::debug!(%group, error = %e, "initializing a partition group");
             }
         }
-        let endpoint: Arc<dyn Endpoint> = Arc::new(raft);
+        let series = self.inner.metrics.partition(topic, p);
+        let endpoint: Arc<dyn Endpoint> = Supervised::start(raft, opener, series);
         self.inner.partitions.write().insert(group, endpoint);
         Ok(())
     }

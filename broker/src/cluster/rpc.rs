@@ -41,6 +41,10 @@ pub enum WriteRefused {
     /// committed by the next leader, or not (docs/cluster.md, "Topics and produce in a cluster").
     #[error("the entry was discarded on a change of leader; it may be committed or not")]
     Discarded,
+    /// The group stopped on this broker while the write was under way (its disk refused): the
+    /// other replicas may still commit what it had sent them.
+    #[error("the group stopped during the write, its outcome is unknown: {0}")]
+    Unknown(String),
 }
 
 /// What a group's Raft answers, whatever its state machine: the handler finds one by group.
@@ -241,6 +245,13 @@ where
                 Err(ClientWriteError::LogEntryDiscarded(_)) => return Err(WriteRefused::Discarded),
                 Err(e) => return Err(WriteRefused::Failed(e.to_string())),
             }
+        }
+        if out.len() != count {
+            // The group stopped before it answered every command (a storage error).
+            return Err(WriteRefused::Failed(format!(
+                "the group answered {} of {count} commands",
+                out.len()
+            )));
         }
         Ok(out)
     }

@@ -23,8 +23,8 @@ pub struct ClusterFlags {
     /// `1=HOST:PORT,2=HOST:PORT,3=HOST:PORT`.
     #[arg(long, env = "MMMQ_PEERS", requires = "node_id")]
     peers: Option<String>,
-    /// Let tests cut or slow this broker's Raft traffic (PUT /mmmq/internal/faults); never in
-    /// production.
+    /// Let tests cut or slow this broker's Raft traffic and make its disk refuse writes (PUT
+    /// /mmmq/internal/faults); never in production.
     #[arg(long, hide = true)]
     fault_injection: bool,
 }

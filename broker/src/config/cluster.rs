@@ -10,7 +10,8 @@ pub struct ClusterSettings {
     pub node_id: u64,
     /// Every initial broker's HTTP address by id, this one's included (`--peers`).
     pub peers: BTreeMap<u64, String>,
-    /// Whether tests may cut or slow this broker's Raft traffic (`--fault-injection`).
+    /// Whether tests may cut or slow this broker's Raft traffic and make its disk refuse writes
+    /// (`--fault-injection`).
     pub fault_injection: bool,
     /// Raft's heartbeat interval (ms).
     pub heartbeat_ms: u64,

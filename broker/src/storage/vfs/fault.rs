@@ -1,5 +1,6 @@
 //! A file system that fails chosen operations, for tests of what the storage does when the disk
-//! says no.
+//! says no: in-process tests, and a broker started with `--fault-injection`, whose storage runs
+//! on one so that a test can make its disk refuse writes (docs/cluster.md, "Testing faults").
 
 use super::*;
 use parking_lot::Mutex;
@@ -23,19 +24,41 @@ struct Fault {
     errno: i32,
 }
 
-/// Wraps [`OsFs`]; every armed fault fails the matching operations until [`FaultyFs::clear`].
-/// It also remembers which paths were synced, so that tests can count the fsyncs a behaviour
-/// costs.
-#[derive(Debug, Clone, Default)]
+/// Wraps a file system ([`OsFs`] unless told otherwise); every armed fault fails the matching
+/// operations until [`FaultyFs::clear`]. Made by [`FaultyFs::new`], it also remembers which paths
+/// were synced, so that tests can count the fsyncs a behaviour costs.
+#[derive(Debug, Clone)]
 pub struct FaultyFs {
+    inner: Arc<dyn Vfs>,
     faults: Arc<Mutex<Vec<Fault>>>,
-    synced: Arc<Mutex<Vec<PathBuf>>>,
+    /// `None`: not counted (a broker that runs for long would grow the list without end).
+    synced: Option<Arc<Mutex<Vec<PathBuf>>>>,
+}
+
+impl Default for FaultyFs {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl FaultyFs {
-    /// A file system with no faults armed.
+    /// The real file system with no faults armed, counting syncs.
     pub fn new() -> Self {
-        Self::default()
+        Self {
+            inner: Arc::new(OsFs),
+            faults: Arc::default(),
+            synced: Some(Arc::default()),
+        }
+    }
+
+    /// `inner` with no faults armed, not counting syncs (a broker's storage under
+    /// `--fault-injection`).
+    pub fn over(inner: Arc<dyn Vfs>) -> Self {
+        Self {
+            inner,
+            faults: Arc::default(),
+            synced: None,
+        }
     }
 
     /// Fails `op` on every path containing `path_contains` with the OS error `errno`
@@ -54,16 +77,21 @@ impl FaultyFs {
     }
 
     /// How many successful `sync_data`/`sync_dir` calls hit a path containing `path_contains`.
+    /// Always 0 on one made by [`FaultyFs::over`].
     pub fn syncs(&self, path_contains: &str) -> usize {
-        self.synced
-            .lock()
-            .iter()
-            .filter(|p| p.to_string_lossy().contains(path_contains))
-            .count()
+        self.synced.as_ref().map_or(0, |synced| {
+            synced
+                .lock()
+                .iter()
+                .filter(|p| p.to_string_lossy().contains(path_contains))
+                .count()
+        })
     }
 
     fn synced(&self, path: &Path) {
-        self.synced.lock().push(path.to_owned());
+        if let Some(synced) = &self.synced {
+            synced.lock().push(path.to_owned());
+        }
     }
 
     fn check(&self, op: Op, path: &Path) -> io::Result<()> {
@@ -91,34 +119,34 @@ impl Vfs for FaultyFs {
         Ok(Arc::new(FaultyFile {
             fs: self.clone(),
             path: path.to_owned(),
-            inner: OsFs.open(path, mode)?,
+            inner: self.inner.open(path, mode)?,
         }))
     }
     fn read_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
-        OsFs.read_dir(dir)
+        self.inner.read_dir(dir)
     }
     fn is_dir(&self, path: &Path) -> bool {
-        OsFs.is_dir(path)
+        self.inner.is_dir(path)
     }
     fn exists(&self, path: &Path) -> bool {
-        OsFs.exists(path)
+        self.inner.exists(path)
     }
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        OsFs.create_dir_all(dir)
+        self.inner.create_dir_all(dir)
     }
     fn remove_file(&self, path: &Path) -> io::Result<()> {
-        OsFs.remove_file(path)
+        self.inner.remove_file(path)
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         self.check(Op::Write, to)?;
-        OsFs.rename(from, to)
+        self.inner.rename(from, to)
     }
     fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
-        OsFs.remove_dir_all(dir)
+        self.inner.remove_dir_all(dir)
     }
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         self.check(Op::Sync, dir)?;
-        OsFs.sync_dir(dir)?;
+        self.inner.sync_dir(dir)?;
         self.synced(dir);
         Ok(())
     }

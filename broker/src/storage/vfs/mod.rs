@@ -2,8 +2,9 @@
 //!
 //! Segments, indexes and checkpoints never touch `std::fs` directly: they hold a [`Vfs`]. The real
 //! implementation is [`OsFs`]; tests put a wrapper under the storage layer that fails a write or an
-//! fsync on demand (`fault::FaultyFs`), or a simulated disk that forgets unsynced bytes at a power
-//! cut (`sim::SimFs`); both come with the `test-support` feature.
+//! fsync on demand (`fault::FaultyFs`, also under a broker started with `--fault-injection`), or a
+//! simulated disk that forgets unsynced bytes at a power cut (`sim::SimFs`, with the
+//! `test-support` feature).
 //! All methods block: callers run them on blocking threads, never on the async executor.
 
 use std::fmt;
@@ -223,8 +224,7 @@ pub fn read_whole(vfs: &dyn Vfs, path: &Path) -> Result<Option<Vec<u8>>, Storage
 }
 
 /// A file system that fails chosen operations, for tests of what the storage does when the disk
-/// says no.
-#[cfg(any(test, feature = "test-support"))]
+/// says no (always built: `serve --fault-injection` runs a broker's storage on it).
 pub mod fault;
 
 // A simulated disk that forgets what was never synced, for power-loss tests (its own docs say
