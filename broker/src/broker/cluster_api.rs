@@ -294,9 +294,9 @@ async fn commit_clustered(
 }
 
 /// `min(3, brokers)` (contract §13), counting the cluster's brokers (the metadata group's
-/// voters), not only those that announced themselves yet.
+/// voters too), not only those that announced themselves yet.
 fn default_replication(cluster: &Cluster) -> u8 {
-    crate::cluster::meta_state::default_replication(cluster.voters().len())
+    crate::cluster::meta_state::default_replication(cluster.broker_count())
 }
 
 fn duplicate(partition: u32, offset: u64) -> Produced {
@@ -309,7 +309,8 @@ fn duplicate(partition: u32, offset: u64) -> Produced {
 
 /// Keeps the local topics in step with the metadata: every topic it names exists here with its
 /// configuration and partitions, and each partition this broker replicates runs its Raft group;
-/// a topic it no longer names is deleted here.
+/// a topic it no longer names is deleted here, and a replica moved away is released (its group
+/// stopped, its files deleted) once the metadata is settled here (docs/cluster.md, "Membership").
 pub(super) async fn follow(
     registry: Arc<Registry>,
     cluster: Cluster,
@@ -318,6 +319,7 @@ pub(super) async fn follow(
 ) {
     let mut metadata = cluster.watch_metadata();
     let mut previous = metadata.borrow().clone();
+    let mut releases = super::cluster_release::Releases::default();
     loop {
         let state = metadata.borrow_and_update().clone();
         if let Err(e) = reconcile(&registry, &cluster, &vfs, &previous, &state).await {
@@ -327,9 +329,12 @@ pub(super) async fn follow(
                 _ = stop.cancelled() => return,
             }
         }
+        releases.moved_away(&previous, &state, cluster.id());
         previous = state;
+        let waiting = !releases.run(&registry, &cluster, &vfs).await;
         tokio::select! {
             changed = metadata.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(Duration::from_millis(200)), if waiting => {}
             _ = stop.cancelled() => return,
         }
     }
@@ -395,14 +400,16 @@ async fn reconcile(
             registry.set_config(&local, config).await?;
         }
         for (p, replicas) in meta.placement.iter().enumerate() {
-            if !replicas.contains(&me) {
+            let p = p as u32;
+            if !meta.runs(p, me) {
                 continue;
             }
             let partition = local
-                .partition(p as u32)
+                .partition(p)
                 .ok_or_else(|| ClusterError::Failed(format!("{name}/{p} was not opened here")))?;
+            let initialize = meta.initializes(p, me).then_some(replicas.as_slice());
             cluster
-                .serve_partition(name, p as u32, partition.log.clone(), vfs.clone(), replicas)
+                .serve_partition(name, p, partition.log.clone(), vfs.clone(), initialize)
                 .await?;
         }
     }

@@ -45,13 +45,25 @@ pub enum MetaCommand {
         /// The topic's name.
         name: String,
     },
-    /// Moves one partition's replicas (`mmmq cluster reassign`).
+    /// Starts moving one partition's replicas (`mmmq cluster reassign`): the new replicas are
+    /// recorded as the partition's target, and the brokers among them start its group, empty,
+    /// for its leader to catch them up (docs/cluster.md, "Membership").
     Reassign {
         /// The topic.
         topic: String,
         /// The partition.
         partition: u32,
         /// The new replicas, preferred leader first.
+        replicas: Vec<BrokerId>,
+    },
+    /// Ends a move: the partition's group now has exactly these voters, so they become its
+    /// placement and the brokers left out stop its group and delete its files.
+    FinishReassign {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: u32,
+        /// The replicas, preferred leader first (the target of the move).
         replicas: Vec<BrokerId>,
     },
 }
@@ -90,6 +102,35 @@ pub struct TopicMeta {
     /// Its topic id (contract §7's `topicId`), the same on every broker.
     #[serde(default)]
     pub id: String,
+    /// Partitions being moved: the brokers that run the partition's group besides its
+    /// placement until the move ends (the union of every target since it began).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub moving: BTreeMap<u32, Vec<BrokerId>>,
+    /// Partitions moved at least once: their placement is no longer the membership their
+    /// group was initialized with, so no replica initializes it again (one with an empty log
+    /// waits for the leader).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub reassigned: BTreeSet<u32>,
+}
+
+impl TopicMeta {
+    /// Whether `broker` runs partition `p`'s group: it is in its placement, or a move adds it.
+    pub fn runs(&self, p: u32, broker: BrokerId) -> bool {
+        self.placement
+            .get(p as usize)
+            .is_some_and(|r| r.contains(&broker))
+            || self.moving.get(&p).is_some_and(|r| r.contains(&broker))
+    }
+
+    /// Whether `broker` initializes partition `p`'s group when its log is empty: only the
+    /// replicas of a partition's first placement do, never a replica a move added.
+    pub fn initializes(&self, p: u32, broker: BrokerId) -> bool {
+        !self.reassigned.contains(&p)
+            && self
+                .placement
+                .get(p as usize)
+                .is_some_and(|r| r.contains(&broker))
+    }
 }
 
 /// The whole metadata.
@@ -166,7 +207,12 @@ impl MetaState {
                 topic,
                 partition,
                 replicas,
-            } => self.reassign(topic, *partition, replicas),
+            } => self.reassign(topic, *partition, replicas, false),
+            MetaCommand::FinishReassign {
+                topic,
+                partition,
+                replicas,
+            } => self.reassign(topic, *partition, replicas, true),
         }
     }
 
@@ -201,14 +247,14 @@ impl MetaState {
             ));
         }
         if existing.is_some_and(|t| t.replication_factor != rf) {
-            return Err(
-                "replicationFactor of an existing topic changes by `mmmq cluster reassign`".into(),
-            );
+            return Err("replicationFactor of an existing topic does not change".into());
         }
         while placement.len() < partitions as usize {
             let replicas = self.place(rf as usize, &placement);
             placement.push(replicas);
         }
+        let moving = existing.map(|t| t.moving.clone()).unwrap_or_default();
+        let reassigned = existing.map(|t| t.reassigned.clone()).unwrap_or_default();
         let (incarnation, id) = match existing {
             Some(t) => (t.incarnation, t.id.clone()),
             None => {
@@ -225,38 +271,75 @@ impl MetaState {
                 placement,
                 incarnation,
                 id,
+                moving,
+                reassigned,
             },
         );
         Ok(())
     }
 
-    fn reassign(&mut self, topic: &str, p: u32, replicas: &[BrokerId]) -> Result<(), String> {
+    /// Checks a new set of replicas for partition `p` of `topic`: distinct, known brokers, as
+    /// many as the topic's replication factor (a move changes where, not how many).
+    pub fn check_replicas(&self, topic: &str, p: u32, replicas: &[BrokerId]) -> Result<(), String> {
         let distinct: BTreeSet<_> = replicas.iter().collect();
-        if replicas.is_empty() || distinct.len() != replicas.len() {
-            return Err("replicas must be distinct broker ids, at least one".into());
+        if distinct.len() != replicas.len() {
+            return Err("replicas must be distinct broker ids".into());
         }
         if let Some(unknown) = replicas.iter().find(|b| !self.brokers.contains_key(b)) {
             return Err(format!("no broker {unknown}"));
         }
         let t = self
             .topics
-            .get_mut(topic)
+            .get(topic)
             .ok_or_else(|| format!("no topic {topic:?}"))?;
-        let slot = t
-            .placement
-            .get_mut(p as usize)
-            .ok_or_else(|| format!("topic {topic:?} has no partition {p}"))?;
-        *slot = replicas.to_vec();
+        if t.placement.get(p as usize).is_none() {
+            return Err(format!("topic {topic:?} has no partition {p}"));
+        }
+        if replicas.len() != t.replication_factor as usize {
+            return Err(format!(
+                "topic {topic:?} has replicationFactor {}: give {} replicas, not {}",
+                t.replication_factor,
+                t.replication_factor,
+                replicas.len()
+            ));
+        }
         Ok(())
     }
 
-    /// Every (topic, partition) with a replica on `broker`.
+    /// Starts (`finish == false`) or ends a move of partition `p` of `topic` to `replicas`.
+    fn reassign(
+        &mut self,
+        topic: &str,
+        p: u32,
+        replicas: &[BrokerId],
+        finish: bool,
+    ) -> Result<(), String> {
+        self.check_replicas(topic, p, replicas)?;
+        let t = self.topics.get_mut(topic).expect("checked");
+        if finish {
+            t.placement[p as usize] = replicas.to_vec();
+            t.moving.remove(&p);
+            t.reassigned.insert(p);
+        } else {
+            // A move begun again (with the same target or another) keeps every broker an
+            // earlier target added: the group may already count them.
+            let target = t.moving.entry(p).or_default();
+            for b in replicas {
+                if !target.contains(b) {
+                    target.push(*b);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every (topic, partition) whose group runs on `broker` (a replica, or a move's target).
     pub fn replicas_on(&self, broker: BrokerId) -> Vec<(String, u32)> {
         let mut out = Vec::new();
         for (name, t) in &self.topics {
-            for (p, replicas) in t.placement.iter().enumerate() {
-                if replicas.contains(&broker) {
-                    out.push((name.clone(), p as u32));
+            for p in 0..t.placement.len() as u32 {
+                if t.runs(p, broker) {
+                    out.push((name.clone(), p));
                 }
             }
         }
@@ -408,6 +491,46 @@ mod tests {
         };
         assert!(matches!(s.apply(&again), MetaOutcome::Refused(_)));
         assert!(!s.brokers.contains_key(&idle));
+    }
+
+    #[test]
+    fn a_move_runs_the_group_on_both_sets_until_it_ends() {
+        let mut s = cluster(4);
+        put(&mut s, "t", 1, Some(3));
+        let before = s.topics["t"].placement[0].clone();
+        let spare = (1..=4).find(|b| !before.contains(b)).unwrap();
+        let mut target = before.clone();
+        let left = target.pop().unwrap();
+        target.push(spare);
+        let begin = |replicas: Vec<BrokerId>| MetaCommand::Reassign {
+            topic: "t".into(),
+            partition: 0,
+            replicas,
+        };
+        for bad in [vec![1, 1, 2], vec![1, 2], vec![1, 2, 9]] {
+            assert!(matches!(s.apply(&begin(bad)), MetaOutcome::Refused(_)));
+        }
+        assert_eq!(s.apply(&begin(target.clone())), MetaOutcome::Done);
+        let t = &s.topics["t"];
+        assert!(
+            t.runs(0, spare) && t.runs(0, left),
+            "both sets run the group"
+        );
+        assert!(t.initializes(0, left) && !t.initializes(0, spare));
+        assert_eq!(s.replicas_on(spare), [("t".to_owned(), 0)]);
+        let finish = MetaCommand::FinishReassign {
+            topic: "t".into(),
+            partition: 0,
+            replicas: target.clone(),
+        };
+        assert_eq!(s.apply(&finish), MetaOutcome::Done);
+        let t = &s.topics["t"];
+        assert_eq!(t.placement[0], target);
+        assert!(!t.runs(0, left) && t.moving.is_empty());
+        assert!(
+            !t.initializes(0, target[0]),
+            "a moved group is never initialized again"
+        );
     }
 
     #[test]

@@ -9,11 +9,15 @@
 //! - `network`, `rpc`, `faults`: Raft's traffic between brokers, both ends, and a fault switch.
 //! - `node`: a broker's part of the cluster, the metadata group's start; `forward`: writes
 //!   through a group's leader; `status`: `GET /mmmq/cluster`.
+//! - `membership`: member changes made by a group's leader; `admin`: the operator's commands
+//!   (add or remove a broker, move a partition) built on them.
 
+pub mod admin;
 pub mod faults;
 pub mod forward;
 pub mod log_store;
 pub mod machine;
+pub mod membership;
 pub mod meta_machine;
 pub mod meta_state;
 pub mod network;

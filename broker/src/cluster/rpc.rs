@@ -19,6 +19,7 @@ use openraft::storage::RaftStateMachine;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::membership::MembersChange;
 use super::network::{GroupId, SnapshotBytes};
 use super::types::{Applied, BrokerId, Command, Raft};
 
@@ -67,6 +68,9 @@ pub trait Endpoint: Send + Sync {
     /// `write`: appends commands as one batch if this broker leads the group, and answers once
     /// a majority holds them and they are applied.
     async fn write(&self, commands: Vec<Command>) -> Result<Vec<Applied>, WriteRefused>;
+    /// `members`: changes the group's members if this broker leads it (docs/cluster.md,
+    /// "Membership").
+    async fn change_members(&self, change: MembersChange) -> Result<(), WriteRefused>;
     /// The group as this broker sees it now.
     fn view(&self) -> GroupView;
     /// Stops the group on this broker.
@@ -136,6 +140,10 @@ where
         self.handle_transfer_leader(req)
             .await
             .map_err(RaftError::Fatal)
+    }
+
+    async fn change_members(&self, change: MembersChange) -> Result<(), WriteRefused> {
+        super::membership::change(self, change).await
     }
 
     fn view(&self) -> GroupView {
@@ -210,7 +218,8 @@ fn absent<T: Serialize>() -> Response {
     encode::<T>(&Err(RaftError::Fatal(Fatal::Stopped)))
 }
 
-fn encode_write(answer: &Result<Vec<Applied>, WriteRefused>) -> Response {
+/// A `write` or `members` answer: the postcard of `Result<_, WriteRefused>`.
+fn encode_write<T: Serialize>(answer: &Result<T, WriteRefused>) -> Response {
     match postcard::to_stdvec(answer) {
         Ok(bytes) => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
@@ -261,7 +270,19 @@ pub async fn handle<G: Groups>(
             };
             match groups.endpoint(&group) {
                 Some(ep) => encode_write(&ep.write(commands).await),
-                None => encode_write(&Err(WriteRefused::NotLeader { leader: None })),
+                None => {
+                    encode_write::<Vec<Applied>>(&Err(WriteRefused::NotLeader { leader: None }))
+                }
+            }
+        }
+        "members" => {
+            let (group, change) = match decode::<MembersChange>(&body) {
+                Ok(x) => x,
+                Err(refusal) => return refusal.into_response(),
+            };
+            match groups.endpoint(&group) {
+                Some(ep) => encode_write(&ep.change_members(change).await),
+                None => encode_write::<()>(&Err(WriteRefused::NotLeader { leader: None })),
             }
         }
         other => (StatusCode::NOT_FOUND, format!("no Raft message {other:?}")).into_response(),
