@@ -19,6 +19,7 @@ use crate::storage::{FileCache, OsFs, StorageError, Vfs, clean};
 use crate::topics::Registry;
 
 mod cluster_api;
+mod cluster_release;
 mod plugin_admin;
 mod plugin_logs;
 mod produce_api;

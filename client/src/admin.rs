@@ -138,6 +138,55 @@ impl Admin {
         self.get("/mmmq/cluster").await
     }
 
+    /// Gives each request up to `timeout` (30 s by default): a membership change waits for new
+    /// replicas to catch up, which takes as long as copying what they lack.
+    pub fn timeout(mut self, timeout: Duration) -> Result<Self, ClientError> {
+        self.conn = self.conn.with_timeout(timeout)?;
+        Ok(self)
+    }
+
+    /// Adds broker `id`, started at `address` with `--peers` naming the cluster's brokers and
+    /// itself (`POST /mmmq/cluster/brokers`). Answers the cluster as it is then.
+    pub async fn add_broker(
+        &self,
+        id: u64,
+        address: &str,
+    ) -> Result<mmmq_core::cluster::ClusterView, ClientError> {
+        let body = mmmq_core::cluster::NewBroker {
+            id,
+            address: address.to_owned(),
+        };
+        let body = serde_json::to_vec(&body).expect("a broker serializes");
+        self.call(reqwest::Method::POST, "/mmmq/cluster/brokers", Some(body))
+            .await
+    }
+
+    /// Removes broker `id` once its replicas moved to other brokers (`DELETE
+    /// /mmmq/cluster/brokers/{id}`); its id is never used again.
+    pub async fn remove_broker(
+        &self,
+        id: u64,
+    ) -> Result<mmmq_core::cluster::ClusterView, ClientError> {
+        let path = format!("/mmmq/cluster/brokers/{id}");
+        self.call(reqwest::Method::DELETE, &path, None).await
+    }
+
+    /// Moves partition `partition` of `topic` to `replicas`, preferred leader first (`PUT
+    /// /mmmq/cluster/partitions/{topic}/{partition}`), while it takes produces.
+    pub async fn reassign(
+        &self,
+        topic: &str,
+        partition: u32,
+        replicas: &[u64],
+    ) -> Result<mmmq_core::cluster::ClusterView, ClientError> {
+        let body = mmmq_core::cluster::Reassignment {
+            replicas: replicas.to_vec(),
+        };
+        let body = serde_json::to_vec(&body).expect("replicas serialize");
+        let path = format!("/mmmq/cluster/partitions/{topic}/{partition}");
+        self.call(reqwest::Method::PUT, &path, Some(body)).await
+    }
+
     /// Every dispatcher.
     pub async fn dispatchers(&self) -> Result<Vec<DispatcherStatus>, ClientError> {
         self.get("/mmmq/dispatchers").await

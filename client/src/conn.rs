@@ -29,6 +29,13 @@ impl Conn {
         })
     }
 
+    /// The same broker and token, each request given up to `timeout`.
+    pub fn with_timeout(&self, timeout: Duration) -> Result<Self, ClientError> {
+        let mut conn = Self::new(&self.base, timeout)?;
+        conn.token = self.token.clone();
+        Ok(conn)
+    }
+
     pub fn set_token(&mut self, token: Option<String>) {
         self.token = token.filter(|t| !t.is_empty());
     }

@@ -67,3 +67,25 @@ pub struct PartitionView {
     /// report).
     pub lag: Option<BTreeMap<u64, Option<u64>>>,
 }
+
+/// `POST /mmmq/cluster/brokers`: a broker to add to the cluster (`mmmq cluster add-broker`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NewBroker {
+    /// Its id (`--node-id`): never one removed before, and higher than the cluster's lowest.
+    pub id: u64,
+    /// Its HTTP address, `host:port`, as its `--peers` entry gives it.
+    pub address: String,
+}
+
+/// `PUT /mmmq/cluster/partitions/{topic}/{partition}`: where a partition's replicas go
+/// (`mmmq cluster reassign`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Reassignment {
+    /// The new replicas, preferred leader first: distinct broker ids, as many as the topic's
+    /// `replicationFactor`.
+    pub replicas: Vec<u64>,
+}

@@ -64,6 +64,23 @@ impl Cluster {
         }
     }
 
+    /// Starts one more broker (the next id) on its own root dir and port, with `--peers`
+    /// naming every broker and itself, as an operator starts one before `mmmq cluster
+    /// add-broker`; answers its id and address. It is no member until added.
+    pub async fn spawn_extra(&mut self) -> (u64, String) {
+        self.roots.push(tempfile::tempdir().unwrap());
+        self.ports.push(crate::free_port());
+        let id = self.ports.len() as u64;
+        let b = self.spawn(id).await;
+        self.brokers.push(Some(b));
+        (id, format!("127.0.0.1:{}", self.ports[(id - 1) as usize]))
+    }
+
+    /// The root dir of broker `id` (running or not).
+    pub fn root(&self, id: u64) -> &std::path::Path {
+        self.roots[(id - 1) as usize].path()
+    }
+
     pub fn broker(&self, id: u64) -> &Broker {
         self.brokers[(id - 1) as usize].as_ref().expect("running")
     }
@@ -134,16 +151,78 @@ impl Cluster {
     async fn read(&self, topic: &str, p: u32) -> Vec<Replica> {
         let mut replicas = Vec::new();
         for (i, root) in self.roots.iter().enumerate() {
-            let dir = root.path().join("topics").join(topic);
-            let dir = if p == 0 {
-                dir
-            } else {
-                dir.join("partitions").join(p.to_string())
-            };
-            replicas.push(read_replica(i as u64 + 1, &dir).await);
+            replicas.push(read_replica(i as u64 + 1, &partition_dir(root.path(), topic, p)).await);
         }
         replicas
     }
+}
+
+/// Partition `p` of `topic`'s directory under a broker's root dir.
+pub fn partition_dir(root: &std::path::Path, topic: &str, p: u32) -> std::path::PathBuf {
+    let dir = root.join("topics").join(topic);
+    if p == 0 {
+        dir
+    } else {
+        dir.join("partitions").join(p.to_string())
+    }
+}
+
+/// What a producer of [`produce_until_stopped`] got: its acknowledgements, every message it
+/// sent (acknowledged or not), and the longest it waited for one acknowledgement.
+pub struct ProduceRun {
+    pub acks: Vec<Ack>,
+    pub sent: BTreeSet<MsgId>,
+    pub longest_wait: Duration,
+}
+
+/// Produces `{"p": producer, "s": 0, 1, …}` to partition 0 of `topic` through broker `b`, one at
+/// a time, each sent again until acknowledged (a leader change answers 503), until `stop`.
+pub fn produce_until_stopped(
+    b: &Broker,
+    topic: &str,
+    producer: u64,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<ProduceRun> {
+    let (url, http, topic) = (b.url.clone(), b.http.clone(), topic.to_owned());
+    tokio::spawn(async move {
+        let mut run = ProduceRun {
+            acks: Vec::new(),
+            sent: BTreeSet::new(),
+            longest_wait: Duration::ZERO,
+        };
+        for seq in 0.. {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                break;
+            }
+            let msg = MsgId { producer, seq };
+            run.sent.insert(msg);
+            let body = json!({"topic": &topic, "partition": 0, "content": msg.content()});
+            let started = std::time::Instant::now();
+            let offset = loop {
+                let answer = http
+                    .post(format!("{url}/mmmq/messages"))
+                    .json(&body)
+                    .send()
+                    .await;
+                if let Ok(r) = answer
+                    && r.status() == 200
+                {
+                    let v: Value = r.json().await.unwrap();
+                    break v["offset"].as_u64().unwrap();
+                }
+                // A 503 while the leader changes: sent again (it may be stored twice, as
+                // contract §13 allows without an id), paced so as not to spin.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            };
+            run.longest_wait = run.longest_wait.max(started.elapsed());
+            run.acks.push(Ack {
+                partition: (topic.clone(), 0),
+                offset,
+                msg,
+            });
+        }
+        run
+    })
 }
 
 /// A replica's messages, read from its segment files as the broker left them.

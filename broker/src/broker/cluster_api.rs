@@ -333,9 +333,9 @@ async fn commit_clustered(
 }
 
 /// `min(3, brokers)` (contract §13), counting the cluster's brokers (the metadata group's
-/// voters), not only those that announced themselves yet.
+/// voters too), not only those that announced themselves yet.
 fn default_replication(cluster: &Cluster) -> u8 {
-    crate::cluster::meta_state::default_replication(cluster.voters().len())
+    crate::cluster::meta_state::default_replication(cluster.broker_count())
 }
 
 fn duplicate(partition: u32, offset: u64) -> Produced {
@@ -353,8 +353,10 @@ const FOLLOW_RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// Keeps the local topics in step with the metadata: every topic it names exists here with its
 /// configuration and partitions, and each partition this broker replicates runs its Raft group;
-/// a topic it no longer names is deleted here. A topic that fails (its files do not open, its
-/// group does not start) is logged and tried again later, and never holds up the others.
+/// a topic it no longer names is deleted here, and a replica moved away is released (its group
+/// stopped, its files deleted) once the metadata is settled here (docs/cluster.md, "Membership").
+/// A topic that fails (its files do not open, its group does not start) is logged and tried
+/// again later, and never holds up the others.
 pub(super) async fn follow(
     registry: Arc<Registry>,
     cluster: Cluster,
@@ -367,6 +369,7 @@ pub(super) async fn follow(
     // metadata" alone: a broker replaying its metadata at boot starts from an empty state and
     // must not delete what the replay will name again.
     let mut deleted = std::collections::BTreeSet::new();
+    let mut releases = super::cluster_release::Releases::default();
     let mut retry = FOLLOW_RETRY_FIRST;
     loop {
         let state = metadata.borrow_and_update().clone();
@@ -379,14 +382,20 @@ pub(super) async fn follow(
         );
         deleted.retain(|n| !state.topics.contains_key(n));
         let failed = reconcile(&registry, &cluster, &vfs, &mut deleted, &state).await;
+        releases.moved_away(&previous, &state, cluster.id());
         previous = state;
+        let waiting = !releases.run(&registry, &cluster, &vfs).await;
         let again = if failed == 0 {
             retry = FOLLOW_RETRY_FIRST;
-            None
+            waiting.then_some(Duration::from_millis(200))
         } else {
             let wait = retry;
             retry = FOLLOW_RETRY_MAX.min(retry * 2);
-            Some(wait)
+            Some(if waiting {
+                wait.min(Duration::from_millis(200))
+            } else {
+                wait
+            })
         };
         let retry_later = async {
             match again {
@@ -491,14 +500,16 @@ async fn follow_topic(
         registry.set_config(&local, config).await?;
     }
     for (p, replicas) in meta.placement.iter().enumerate() {
-        if !replicas.contains(&me) {
+        let p = p as u32;
+        if !meta.runs(p, me) {
             continue;
         }
         let partition = local
-            .partition(p as u32)
+            .partition(p)
             .ok_or_else(|| ClusterError::Failed(format!("{name}/{p} was not opened here")))?;
+        let initialize = meta.initializes(p, me).then_some(replicas.as_slice());
         cluster
-            .serve_partition(name, p as u32, partition.log.clone(), vfs.clone(), replicas)
+            .serve_partition(name, p, partition.log.clone(), vfs.clone(), initialize)
             .await?;
     }
     Ok(())

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::network::{GroupId, RAFT_PATH};
+use super::network::GroupId;
 use super::node::{Cluster, ClusterError};
 use super::rpc::WriteRefused;
 use super::types::{Applied, BrokerId, Command};
@@ -110,7 +110,11 @@ impl Cluster {
 
     /// Where a write to `group` should go first: the leader this broker's replica knows, else the
     /// last leader a forward found, else a replica (from the metadata) not known unreachable.
-    fn leader_guess(&self, group: &GroupId, unreachable: &[BrokerId]) -> Option<BrokerId> {
+    pub(super) fn leader_guess(
+        &self,
+        group: &GroupId,
+        unreachable: &[BrokerId],
+    ) -> Option<BrokerId> {
         if let Some(ep) = self.inner.partitions_or_meta(group) {
             let view = ep.view();
             if let Some(l) = view.leader.filter(|l| !unreachable.contains(l)) {
@@ -145,9 +149,6 @@ impl Cluster {
         commands: &[Command],
     ) -> Result<Result<Vec<Applied>, WriteRefused>, ClusterError> {
         let router = &self.inner.router;
-        let base = router
-            .peer(leader)
-            .ok_or_else(|| ClusterError::Unreachable(leader, "no address known".into()))?;
         if router.faults().outgoing(leader) == Some(None) {
             return Err(ClusterError::Unreachable(
                 leader,
@@ -156,15 +157,9 @@ impl Cluster {
         }
         let body = postcard::to_stdvec(&(group, commands))
             .map_err(|e| ClusterError::Failed(e.to_string()))?;
-        let mut request = router
-            .http()
-            .post(format!("{base}{RAFT_PATH}/write"))
-            .header("content-type", "application/octet-stream")
-            .timeout(WRITE_WAIT + Duration::from_secs(1))
-            .body(body);
-        if let Some(token) = router.token() {
-            request = request.bearer_auth(token);
-        }
+        let request = router
+            .internal_post(leader, "write", body, WRITE_WAIT + Duration::from_secs(1))
+            .ok_or_else(|| ClusterError::Unreachable(leader, "no address known".into()))?;
         // A connection never made: the write was not sent, another broker may take it. Anything
         // after that: the leader may have stored it, so its outcome is unknown.
         let unknown = |e: &dyn std::fmt::Display| ClusterError::Unknown(leader, e.to_string());

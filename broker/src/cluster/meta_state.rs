@@ -46,13 +46,25 @@ pub enum MetaCommand {
         /// The topic's name.
         name: String,
     },
-    /// Moves one partition's replicas (`mmmq cluster reassign`).
+    /// Starts moving one partition's replicas (`mmmq cluster reassign`): the new replicas are
+    /// recorded as the partition's target, and the brokers among them start its group, empty,
+    /// for its leader to catch them up (docs/cluster.md, "Membership").
     Reassign {
         /// The topic.
         topic: String,
         /// The partition.
         partition: u32,
         /// The new replicas, preferred leader first.
+        replicas: Vec<BrokerId>,
+    },
+    /// Ends a move: the partition's group now has exactly these voters, so they become its
+    /// placement and the brokers left out stop its group and delete its files.
+    FinishReassign {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: u32,
+        /// The replicas, preferred leader first (the target of the move).
         replicas: Vec<BrokerId>,
     },
 }
@@ -95,6 +107,35 @@ pub struct TopicMeta {
     /// Its topic id (contract §7's `topicId`), the same on every broker.
     #[serde(default)]
     pub id: String,
+    /// Partitions being moved: the brokers that run the partition's group besides its
+    /// placement until the move ends (the union of every target since it began).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub moving: BTreeMap<u32, Vec<BrokerId>>,
+    /// Partitions moved at least once: their placement is no longer the membership their
+    /// group was initialized with, so no replica initializes it again (one with an empty log
+    /// waits for the leader).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub reassigned: BTreeSet<u32>,
+}
+
+impl TopicMeta {
+    /// Whether `broker` runs partition `p`'s group: it is in its placement, or a move adds it.
+    pub fn runs(&self, p: u32, broker: BrokerId) -> bool {
+        self.placement
+            .get(p as usize)
+            .is_some_and(|r| r.contains(&broker))
+            || self.moving.get(&p).is_some_and(|r| r.contains(&broker))
+    }
+
+    /// Whether `broker` initializes partition `p`'s group when its log is empty: only the
+    /// replicas of a partition's first placement do, never a replica a move added.
+    pub fn initializes(&self, p: u32, broker: BrokerId) -> bool {
+        !self.reassigned.contains(&p)
+            && self
+                .placement
+                .get(p as usize)
+                .is_some_and(|r| r.contains(&broker))
+    }
 }
 
 /// The whole metadata.
@@ -178,7 +219,12 @@ impl MetaState {
                 topic,
                 partition,
                 replicas,
-            } => self.reassign(topic, *partition, replicas),
+            } => self.reassign(topic, *partition, replicas, false),
+            MetaCommand::FinishReassign {
+                topic,
+                partition,
+                replicas,
+            } => self.reassign(topic, *partition, replicas, true),
         }
     }
 
@@ -213,14 +259,14 @@ impl MetaState {
             ));
         }
         if existing.is_some_and(|t| t.replication_factor != rf) {
-            return Err(
-                "replicationFactor of an existing topic changes by `mmmq cluster reassign`".into(),
-            );
+            return Err("replicationFactor of an existing topic does not change".into());
         }
         while placement.len() < partitions as usize {
             let replicas = self.place(rf as usize, &placement);
             placement.push(replicas);
         }
+        let moving = existing.map(|t| t.moving.clone()).unwrap_or_default();
+        let reassigned = existing.map(|t| t.reassigned.clone()).unwrap_or_default();
         let (incarnation, id) = match existing {
             Some(t) => (t.incarnation, t.id.clone()),
             None => {
@@ -237,38 +283,75 @@ impl MetaState {
                 placement,
                 incarnation,
                 id,
+                moving,
+                reassigned,
             },
         );
         Ok(())
     }
 
-    fn reassign(&mut self, topic: &str, p: u32, replicas: &[BrokerId]) -> Result<(), String> {
+    /// Checks a new set of replicas for partition `p` of `topic`: distinct, known brokers, as
+    /// many as the topic's replication factor (a move changes where, not how many).
+    pub fn check_replicas(&self, topic: &str, p: u32, replicas: &[BrokerId]) -> Result<(), String> {
         let distinct: BTreeSet<_> = replicas.iter().collect();
-        if replicas.is_empty() || distinct.len() != replicas.len() {
-            return Err("replicas must be distinct broker ids, at least one".into());
+        if distinct.len() != replicas.len() {
+            return Err("replicas must be distinct broker ids".into());
         }
         if let Some(unknown) = replicas.iter().find(|b| !self.brokers.contains_key(b)) {
             return Err(format!("no broker {unknown}"));
         }
         let t = self
             .topics
-            .get_mut(topic)
+            .get(topic)
             .ok_or_else(|| format!("no topic {topic:?}"))?;
-        let slot = t
-            .placement
-            .get_mut(p as usize)
-            .ok_or_else(|| format!("topic {topic:?} has no partition {p}"))?;
-        *slot = replicas.to_vec();
+        if t.placement.get(p as usize).is_none() {
+            return Err(format!("topic {topic:?} has no partition {p}"));
+        }
+        if replicas.len() != t.replication_factor as usize {
+            return Err(format!(
+                "topic {topic:?} has replicationFactor {}: give {} replicas, not {}",
+                t.replication_factor,
+                t.replication_factor,
+                replicas.len()
+            ));
+        }
         Ok(())
     }
 
-    /// Every (topic, partition) with a replica on `broker`.
+    /// Starts (`finish == false`) or ends a move of partition `p` of `topic` to `replicas`.
+    fn reassign(
+        &mut self,
+        topic: &str,
+        p: u32,
+        replicas: &[BrokerId],
+        finish: bool,
+    ) -> Result<(), String> {
+        self.check_replicas(topic, p, replicas)?;
+        let t = self.topics.get_mut(topic).expect("checked");
+        if finish {
+            t.placement[p as usize] = replicas.to_vec();
+            t.moving.remove(&p);
+            t.reassigned.insert(p);
+        } else {
+            // A move begun again (with the same target or another) keeps every broker an
+            // earlier target added: the group may already count them.
+            let target = t.moving.entry(p).or_default();
+            for b in replicas {
+                if !target.contains(b) {
+                    target.push(*b);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every (topic, partition) whose group runs on `broker` (a replica, or a move's target).
     pub fn replicas_on(&self, broker: BrokerId) -> Vec<(String, u32)> {
         let mut out = Vec::new();
         for (name, t) in &self.topics {
-            for (p, replicas) in t.placement.iter().enumerate() {
-                if replicas.contains(&broker) {
-                    out.push((name.clone(), p as u32));
+            for p in 0..t.placement.len() as u32 {
+                if t.runs(p, broker) {
+                    out.push((name.clone(), p));
                 }
             }
         }
@@ -314,138 +397,5 @@ impl MetaState {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cluster(n: u64) -> MetaState {
-        let mut s = MetaState::default();
-        for id in 1..=n {
-            let add = MetaCommand::AddBroker {
-                id,
-                addr: format!("127.0.0.1:{}", 9000 + id),
-            };
-            assert_eq!(s.apply(&add), MetaOutcome::Done);
-        }
-        s
-    }
-
-    fn put(s: &mut MetaState, name: &str, partitions: u32, rf: Option<u8>) -> MetaOutcome {
-        s.apply(&MetaCommand::PutTopic {
-            name: name.into(),
-            config: serde_json::json!({ "partitions": partitions }),
-            replication_factor: rf,
-            id: (!s.topics.contains_key(name)).then(|| format!("id-of-{name}")),
-        })
-    }
-
-    #[test]
-    fn placement_spreads_replicas_and_leaders_evenly() {
-        let mut s = cluster(3);
-        assert_eq!(put(&mut s, "a", 6, None), MetaOutcome::Done);
-        assert_eq!(put(&mut s, "b", 3, None), MetaOutcome::Done);
-        let mut replicas = BTreeMap::<BrokerId, usize>::new();
-        let mut leaders = BTreeMap::<BrokerId, usize>::new();
-        for t in s.topics.values() {
-            assert_eq!(t.replication_factor, 3);
-            for r in &t.placement {
-                assert_eq!(
-                    r.iter().collect::<BTreeSet<_>>().len(),
-                    3,
-                    "distinct: {r:?}"
-                );
-                *leaders.entry(r[0]).or_default() += 1;
-                for b in r {
-                    *replicas.entry(*b).or_default() += 1;
-                }
-            }
-        }
-        assert_eq!(replicas.values().copied().collect::<Vec<_>>(), [9, 9, 9]);
-        assert_eq!(leaders.values().copied().collect::<Vec<_>>(), [3, 3, 3]);
-    }
-
-    #[test]
-    fn replication_factor_defaults_to_min_3_brokers_and_is_checked() {
-        let mut s = cluster(5);
-        put(&mut s, "t", 10, None);
-        assert_eq!(s.topics["t"].replication_factor, 3);
-        let mut leaders = BTreeMap::<BrokerId, usize>::new();
-        for r in &s.topics["t"].placement {
-            *leaders.entry(r[0]).or_default() += 1;
-        }
-        assert_eq!(
-            leaders.values().copied().collect::<Vec<_>>(),
-            [2, 2, 2, 2, 2]
-        );
-        assert!(matches!(
-            put(&mut s, "x", 1, Some(6)),
-            MetaOutcome::Refused(_)
-        ));
-        let mut two = cluster(2);
-        assert!(
-            matches!(put(&mut two, "x", 1, Some(3)), MetaOutcome::Refused(m) if m.contains("2"))
-        );
-        put(&mut two, "y", 1, None);
-        assert_eq!(two.topics["y"].replication_factor, 2);
-    }
-
-    #[test]
-    fn partitions_grow_keeping_placement_and_never_shrink() {
-        let mut s = cluster(3);
-        put(&mut s, "t", 2, None);
-        let before = s.topics["t"].placement.clone();
-        put(&mut s, "t", 4, None);
-        assert_eq!(s.topics["t"].placement[..2], before[..]);
-        assert_eq!(s.topics["t"].placement.len(), 4);
-        assert!(matches!(put(&mut s, "t", 3, None), MetaOutcome::Refused(_)));
-        assert_eq!(s.topics["t"].placement.len(), 4);
-    }
-
-    /// A proposer whose metadata lagged proposes to create a topic that exists: nothing of the
-    /// topic changes (a new topic's defaults would have overwritten its configuration).
-    #[test]
-    fn a_create_of_an_existing_topic_changes_nothing() {
-        let mut s = cluster(3);
-        put(&mut s, "t", 2, None);
-        let before = s.topics["t"].clone();
-        let create = MetaCommand::PutTopic {
-            name: "t".into(),
-            config: serde_json::json!({ "partitions": 2, "retentionMs": 1 }),
-            replication_factor: None,
-            id: Some("another".into()),
-        };
-        assert_eq!(s.apply(&create), MetaOutcome::TopicExists);
-        assert_eq!(s.topics["t"], before);
-    }
-
-    #[test]
-    fn a_removed_broker_id_is_never_reused_and_one_with_replicas_stays() {
-        let mut s = cluster(3);
-        put(&mut s, "t", 1, Some(2));
-        let holder = s.topics["t"].placement[0][0];
-        let idle = (1..=3)
-            .find(|b| !s.topics["t"].placement[0].contains(b))
-            .unwrap();
-        let refused = s.apply(&MetaCommand::RemoveBroker { id: holder });
-        assert!(matches!(refused, MetaOutcome::Refused(m) if m.contains("t/0")));
-        assert_eq!(
-            s.apply(&MetaCommand::RemoveBroker { id: idle }),
-            MetaOutcome::Done
-        );
-        let again = MetaCommand::AddBroker {
-            id: idle,
-            addr: "x:1".into(),
-        };
-        assert!(matches!(s.apply(&again), MetaOutcome::Refused(_)));
-        assert!(!s.brokers.contains_key(&idle));
-    }
-
-    #[test]
-    fn a_topic_created_again_is_a_new_incarnation() {
-        let mut s = cluster(1);
-        put(&mut s, "t", 1, None);
-        let first = s.topics["t"].incarnation;
-        s.apply(&MetaCommand::DeleteTopic { name: "t".into() });
-        put(&mut s, "t", 1, None);
-        assert_ne!(s.topics["t"].incarnation, first);
-    }
-}
+#[path = "meta_state_tests.rs"]
+mod tests;

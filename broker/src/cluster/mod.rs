@@ -11,12 +11,16 @@
 //!   through a group's leader; `status`: `GET /mmmq/cluster`.
 //! - `supervise`: a partition group opened again after a storage error stopped it, and its
 //!   metrics kept; `metrics`: the groups' Prometheus metrics.
+//! - `membership`: member changes made by a group's leader; `admin`: the operator's commands
+//!   (add or remove a broker, move a partition) built on them.
 
+pub mod admin;
 pub mod faults;
 pub mod forward;
 mod liveness;
 pub mod log_store;
 pub mod machine;
+pub mod membership;
 pub mod meta_machine;
 pub mod meta_state;
 pub mod metrics;

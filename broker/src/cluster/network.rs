@@ -152,6 +152,29 @@ impl Router {
         &self.inner.http
     }
 
+    /// A `POST /mmmq/internal/raft/{rpc}` to peer `to` with a postcard `body`, the token
+    /// presented; `None` when no address of `to` is known.
+    pub fn internal_post(
+        &self,
+        to: BrokerId,
+        rpc: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Option<reqwest::RequestBuilder> {
+        let base = self.peer(to)?;
+        let mut request = self
+            .inner
+            .http
+            .post(format!("{base}{RAFT_PATH}/{rpc}"))
+            .header("content-type", "application/octet-stream")
+            .timeout(timeout)
+            .body(body);
+        if let Some(token) = &self.inner.token {
+            request = request.bearer_auth(token);
+        }
+        Some(request)
+    }
+
     /// The auth token peers expect, if any.
     pub fn token(&self) -> Option<&str> {
         self.inner.token.as_deref()

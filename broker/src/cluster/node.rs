@@ -130,6 +130,9 @@ pub enum ClusterError {
     /// The metadata refused the change.
     #[error("{0}")]
     Refused(String),
+    /// What the request names does not exist (a topic, a partition, a broker).
+    #[error("{0}")]
+    NotFound(String),
     /// A peer could not be asked.
     #[error("cannot reach broker {0}: {1}")]
     Unreachable(BrokerId, String),
@@ -354,6 +357,13 @@ impl Cluster {
     async fn announce(self) {
         let mut metadata = self.watch_metadata();
         loop {
+            // Brokers added after this one started are not in its --peers.
+            for (id, b) in &metadata.borrow().brokers {
+                let base = self.inner.router.peer(*id);
+                if base.is_none_or(|base| !base.ends_with(&b.addr)) {
+                    self.inner.router.set_peer(*id, &b.addr);
+                }
+            }
             let me = self.id();
             let addr = self.inner.config.addr().to_owned();
             let named = metadata
@@ -444,5 +454,24 @@ impl Cluster {
     /// themselves yet.
     pub fn voters(&self) -> Vec<BrokerId> {
         self.inner.meta_view().voters
+    }
+
+    /// How many brokers the cluster has: those the metadata names, and the metadata group's
+    /// voters that did not announce themselves yet (learners are named once added).
+    pub fn broker_count(&self) -> usize {
+        let mut all: std::collections::BTreeSet<BrokerId> =
+            self.metadata().brokers.keys().copied().collect();
+        all.extend(self.voters());
+        all.len()
+    }
+
+    /// Whether this broker applied every metadata entry its log holds. Until it has, the
+    /// metadata it shows may be older than what it acted on before (a replay at boot goes
+    /// through every past state), so nothing is deleted on its word (docs/cluster.md,
+    /// "Membership").
+    pub fn metadata_settled(&self) -> bool {
+        let view = self.inner.meta_view();
+        // No log index yet: openraft has not loaded the log (its first metrics).
+        view.last_log_index.is_some() && view.last_applied == view.last_log_index
     }
 }

@@ -1,7 +1,8 @@
 //! The partition groups this broker replicates (docs/cluster.md, "Topics and produce in a
 //! cluster"): each runs on the partition's own segment log, shared with the topic registry's
-//! readers; every replica of the placement initializes the group once, with the placement's
-//! brokers as voters; each runs under supervision (`super::supervise`).
+//! readers; the replicas of a partition's first placement initialize its group, with the
+//! placement's brokers as voters; a replica a move adds starts empty and waits for the leader
+//! (docs/cluster.md, "Membership"); each runs under supervision (`super::supervise`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,14 +16,16 @@ use crate::storage::{Log, Vfs};
 
 impl Cluster {
     /// Runs partition `p` of `topic`'s group here, on `log`, if it does not run yet, under
-    /// supervision (`super::supervise`: opened again after a storage error stops it).
+    /// supervision (`super::supervise`: opened again after a storage error stops it). With
+    /// `initialize`, an empty log is initialized with those voters (a replica of the partition's
+    /// first placement); without, an empty log waits for the leader to add it.
     pub async fn serve_partition(
         &self,
         topic: &str,
         p: u32,
         log: Log,
         vfs: Arc<dyn Vfs>,
-        replicas: &[BrokerId],
+        initialize: Option<&[BrokerId]>,
     ) -> Result<(), ClusterError> {
         let group = GroupId::Partition(topic.to_owned(), p);
         if self.inner.partitions.read().contains_key(&group) {
@@ -41,7 +44,9 @@ impl Cluster {
         // Every replica initializes the group, with the same membership from the metadata:
         // openraft takes identical first entries as one, and a group whose first replica is
         // down still forms from the others.
-        if !raft.is_initialized().await.map_err(|e| failed(&e))? {
+        if let Some(replicas) = initialize
+            && !raft.is_initialized().await.map_err(|e| failed(&e))?
+        {
             let meta = self.metadata();
             let members: Option<BTreeMap<BrokerId, openraft::BasicNode>> = replicas
                 .iter()
@@ -73,6 +78,51 @@ impl Cluster {
             return ep.view().leader;
         }
         self.inner.hints.read().get(&group).copied()
+    }
+
+    /// Stops partition `p` of `topic`'s group here, if it runs, and deletes its files: the
+    /// messages (the segment log starts over, empty) and the `raft/` directory. For a replica
+    /// moved away; the log stays open, empty, as a partition's is on a broker without a replica.
+    pub async fn release_partition(
+        &self,
+        topic: &str,
+        p: u32,
+        log: &Log,
+        vfs: Arc<dyn Vfs>,
+    ) -> Result<(), ClusterError> {
+        let group = GroupId::Partition(topic.to_owned(), p);
+        let running = self.inner.partitions.write().remove(&group);
+        if let Some(ep) = running {
+            ep.stop().await;
+        }
+        let raft_dir = log.dir().join(super::log_store::RAFT_DIR);
+        let holds = {
+            let (vfs, raft_dir) = (vfs.clone(), raft_dir.clone());
+            tokio::task::spawn_blocking(move || vfs.is_dir(&raft_dir))
+                .await
+                .map_err(|e| ClusterError::Failed(e.to_string()))?
+        };
+        if !holds && log.durable_end() == log.first_offset() {
+            return Ok(());
+        }
+        let failed = |e: &dyn std::fmt::Display| ClusterError::Failed(format!("{group}: {e}"));
+        // The messages first: a power cut after them leaves `raft/` beside an empty log, which
+        // the next release removes; the other order would leave log ids without `raft/`, which
+        // no longer opens as a clustered log.
+        log.reset(0).await.map_err(|e| failed(&e))?;
+        tokio::task::spawn_blocking(move || {
+            vfs.remove_dir_all(&raft_dir)?;
+            vfs.sync_dir(
+                raft_dir
+                    .parent()
+                    .expect("raft/ is in a partition's directory"),
+            )
+        })
+        .await
+        .map_err(|e| failed(&e))?
+        .map_err(|e| failed(&e))?;
+        tracing::info!(%group, "replica moved away: its group stopped and its files deleted");
+        Ok(())
     }
 
     /// Stops every partition group of `topic` here.

@@ -19,6 +19,7 @@ use openraft::storage::RaftStateMachine;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::membership::MembersChange;
 use super::network::{GroupId, SnapshotBytes};
 use super::types::{Applied, BrokerId, Command, Raft};
 
@@ -75,6 +76,9 @@ pub trait Endpoint: Send + Sync {
     /// `write`: appends commands as one batch if this broker leads the group, and answers once
     /// a majority holds them and they are applied.
     async fn write(&self, commands: Vec<Command>) -> Result<Vec<Applied>, WriteRefused>;
+    /// `members`: changes the group's members if this broker leads it (docs/cluster.md,
+    /// "Membership").
+    async fn change_members(&self, change: MembersChange) -> Result<(), WriteRefused>;
     /// The group as this broker sees it now.
     fn view(&self) -> GroupView;
     /// Stops the group on this broker.
@@ -149,6 +153,10 @@ where
             .map_err(RaftError::Fatal)
     }
 
+    async fn change_members(&self, change: MembersChange) -> Result<(), WriteRefused> {
+        with_lease(self, || super::membership::change(self, change.clone())).await
+    }
+
     fn view(&self) -> GroupView {
         let m = self.metrics().borrow_watched().clone();
         GroupView {
@@ -177,27 +185,41 @@ where
     }
 
     async fn write(&self, commands: Vec<Command>) -> Result<Vec<Applied>, WriteRefused> {
-        // A partition group sends no heartbeats (docs/cluster.md, "Liveness and elections"), so
-        // a leader that was idle for longer than its lease has no recent quorum ack, and openraft
-        // refuses the write before appending it. A heartbeat renews the lease; the write is
-        // tried again, for at most one lease.
-        let renew_until = std::time::Instant::now() + LEASE_RENEWAL;
-        let mut asked = None::<std::time::Instant>;
-        loop {
-            match write_once(self, commands.clone()).await {
-                Err(WriteRefused::NotLeader { leader: None })
-                    if leads(self) && std::time::Instant::now() < renew_until =>
-                {
-                    if asked.is_none_or(|at| at.elapsed() > LEASE_RENEWAL / 8) {
-                        asked = Some(std::time::Instant::now());
-                        if self.trigger().heartbeat().await.is_err() {
-                            return Err(WriteRefused::NotLeader { leader: None });
-                        }
+        with_lease(self, || write_once(self, commands.clone())).await
+    }
+}
+
+/// Runs `op` (a write, a change of members) on `raft`, renewing its lease when it lapsed.
+///
+/// A partition group sends no heartbeats (docs/cluster.md, "Liveness and elections"), so a
+/// leader that was idle for longer than its lease has no recent quorum ack, and openraft
+/// refuses a write before appending it. A heartbeat renews the lease; `op` is tried again, for
+/// at most [`LEASE_RENEWAL`].
+pub(super) async fn with_lease<SM, T, F, Fut>(
+    raft: &openraft::Raft<Raft, SM>,
+    mut op: F,
+) -> Result<T, WriteRefused>
+where
+    SM: RaftStateMachine<Raft, SnapshotData = SnapshotBytes>,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, WriteRefused>>,
+{
+    let renew_until = std::time::Instant::now() + LEASE_RENEWAL;
+    let mut asked = None::<std::time::Instant>;
+    loop {
+        match op().await {
+            Err(WriteRefused::NotLeader { leader: None })
+                if leads(raft) && std::time::Instant::now() < renew_until =>
+            {
+                if asked.is_none_or(|at| at.elapsed() > LEASE_RENEWAL / 8) {
+                    asked = Some(std::time::Instant::now());
+                    if raft.trigger().heartbeat().await.is_err() {
+                        return Err(WriteRefused::NotLeader { leader: None });
                     }
-                    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
                 }
-                answer => return answer,
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
             }
+            answer => return answer,
         }
     }
 }
@@ -288,7 +310,8 @@ fn absent<T: Serialize>() -> Response {
     encode::<T>(&Err(RaftError::Fatal(Fatal::Stopped)))
 }
 
-fn encode_write(answer: &Result<Vec<Applied>, WriteRefused>) -> Response {
+/// A `write` or `members` answer: the postcard of `Result<_, WriteRefused>`.
+fn encode_write<T: Serialize>(answer: &Result<T, WriteRefused>) -> Response {
     match postcard::to_stdvec(answer) {
         Ok(bytes) => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
@@ -339,7 +362,19 @@ pub async fn handle<G: Groups>(
             };
             match groups.endpoint(&group) {
                 Some(ep) => encode_write(&ep.write(commands).await),
-                None => encode_write(&Err(WriteRefused::NotLeader { leader: None })),
+                None => {
+                    encode_write::<Vec<Applied>>(&Err(WriteRefused::NotLeader { leader: None }))
+                }
+            }
+        }
+        "members" => {
+            let (group, change) = match decode::<MembersChange>(&body) {
+                Ok(x) => x,
+                Err(refusal) => return refusal.into_response(),
+            };
+            match groups.endpoint(&group) {
+                Some(ep) => encode_write(&ep.change_members(change).await),
+                None => encode_write::<()>(&Err(WriteRefused::NotLeader { leader: None })),
             }
         }
         // docs/cluster.md, "Liveness and elections": a peer's ping.

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::log_store::SegmentLogStore;
 use super::machine::PartitionMachine;
+use super::membership::MembersChange;
 use super::metrics::GroupSeries;
 use super::network::{GroupId, NetworkFactory, Router, SnapshotBytes};
 use super::rpc::{Endpoint, GroupView, WriteRefused};
@@ -247,6 +248,13 @@ impl Endpoint for Supervised {
         match self.running() {
             Some(r) => Endpoint::view(&r),
             None => GroupView::default(),
+        }
+    }
+
+    async fn change_members(&self, change: MembersChange) -> Result<(), WriteRefused> {
+        match self.running() {
+            Some(r) => Endpoint::change_members(&r, change).await,
+            None => Err(WriteRefused::NotLeader { leader: None }),
         }
     }
 

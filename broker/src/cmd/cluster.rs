@@ -1,5 +1,6 @@
-//! `mmmq cluster …` (docs/cluster.md, "Status"): a cluster's brokers and partitions as any of
-//! its brokers sees them.
+//! `mmmq cluster …` (docs/cluster.md, "Status" and "Membership"): a cluster's brokers and
+//! partitions as any of its brokers sees them, and the commands that add or remove a broker or
+//! move a partition's replicas.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -62,14 +63,78 @@ pub enum ClusterCommand {
         #[command(flatten)]
         broker: BrokerArg,
     },
+    /// Adds broker ID, already started at ADDR with `--node-id ID --peers <the cluster's
+    /// brokers and itself>`: it joins the metadata group, and new topics place replicas on it
+    /// (POST /mmmq/cluster/brokers).
+    AddBroker {
+        /// The new broker's id: never one removed before, higher than the cluster's lowest.
+        id: u64,
+        /// Its HTTP address, HOST:PORT, as its own --peers entry gives it.
+        addr: String,
+        #[command(flatten)]
+        broker: BrokerArg,
+    },
+    /// Removes broker ID: each of its replicas moves to another broker first, then it leaves
+    /// the cluster and its id is never used again (DELETE /mmmq/cluster/brokers/ID).
+    RemoveBroker {
+        /// The broker's id.
+        id: u64,
+        #[command(flatten)]
+        broker: BrokerArg,
+    },
+    /// Moves a partition's replicas while it takes produces (PUT
+    /// /mmmq/cluster/partitions/TOPIC/PARTITION).
+    Reassign {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: u32,
+        /// The new replicas, preferred leader first, as many as the topic's replicationFactor:
+        /// `1,2,4`.
+        #[arg(long, value_delimiter = ',', required = true)]
+        replicas: Vec<u64>,
+        #[command(flatten)]
+        broker: BrokerArg,
+    },
 }
+
+/// How long a membership command may take: new replicas catch up first.
+const MEMBERSHIP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Runs `mmmq cluster …`.
 pub fn run(what: ClusterCommand) -> anyhow::Result<ExitCode> {
-    let ClusterCommand::Status { json, broker } = what;
     let rt = tokio::runtime::Runtime::new()?;
-    let view = rt.block_on(async { broker.conn().admin()?.cluster().await })?;
-    status(&view, json, &mut std::io::stdout())?;
+    let admin = |broker: &BrokerArg| -> Result<mmmq_client::Admin, mmmq_client::ClientError> {
+        broker.conn().admin()?.timeout(MEMBERSHIP_TIMEOUT)
+    };
+    let out = &mut std::io::stdout();
+    match what {
+        ClusterCommand::Status { json, broker } => {
+            let view = rt.block_on(async { broker.conn().admin()?.cluster().await })?;
+            status(&view, json, out)?;
+        }
+        ClusterCommand::AddBroker { id, addr, broker } => {
+            let view = rt.block_on(async { admin(&broker)?.add_broker(id, &addr).await })?;
+            writeln!(out, "broker {id} added at {addr}")?;
+            status(&view, false, out)?;
+        }
+        ClusterCommand::RemoveBroker { id, broker } => {
+            let view = rt.block_on(async { admin(&broker)?.remove_broker(id).await })?;
+            writeln!(out, "broker {id} removed; it can be stopped")?;
+            status(&view, false, out)?;
+        }
+        ClusterCommand::Reassign {
+            topic,
+            partition,
+            replicas,
+            broker,
+        } => {
+            let view = rt
+                .block_on(async { admin(&broker)?.reassign(&topic, partition, &replicas).await })?;
+            writeln!(out, "{topic}/{partition} moved to {replicas:?}")?;
+            status(&view, false, out)?;
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 

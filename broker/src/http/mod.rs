@@ -6,7 +6,7 @@
 //! - `produce`: `POST /mmmq/messages` and `/mmmq/messages/batch`.
 //! - `consume`: topic list and pull with long poll.
 //! - `admin`: dispatcher status, reload, health, metrics.
-//! - `cluster`: `GET /mmmq/cluster`.
+//! - `cluster`: `GET /mmmq/cluster`, and adding, removing and moving replicas.
 //! - `dashboard`: `GET /`, the page for people.
 //! - `openapi`: `GET /mmmq/openapi.json`, and the schemas of answers the handlers build by hand.
 //! - `guard`: what every request passes first: `Host`, the site it comes from, the token, the
@@ -213,6 +213,9 @@ fn described_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(groups::leave))
         .routes(routes!(admin::dispatchers))
         .routes(routes!(cluster::view))
+        .routes(routes!(cluster::add_broker))
+        .routes(routes!(cluster::remove_broker))
+        .routes(routes!(cluster::reassign))
         .routes(routes!(admin::redrive))
         .routes(routes!(admin::reload))
         .routes(routes!(plugins::list))
@@ -330,6 +333,7 @@ impl From<BrokerError> for ApiError {
                         leader: leader.clone(),
                     },
                     C::Refused(why) => Self::BadRequest(why),
+                    C::NotFound(why) => Self::NotFound(why),
                     C::Unreachable(..) | C::Unknown(..) => Self::NoLeader {
                         error: c.to_string(),
                         leader: None,
