@@ -6,12 +6,16 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::time::{Duration, Instant};
 
 use super::membership::MembersChange;
 use super::meta_state::{MetaCommand, MetaOutcome, MetaState};
 use super::network::GroupId;
 use super::node::{Cluster, ClusterError};
 use super::types::BrokerId;
+
+/// How long a removal waits for the removed broker to let go of its replicas.
+const RELEASE_WAIT: Duration = Duration::from_secs(10);
 
 fn done(outcome: MetaOutcome) -> Result<(), ClusterError> {
     match outcome {
@@ -172,6 +176,18 @@ impl Cluster {
                 result?;
             }
             done(self.propose(MetaCommand::RemoveBroker { id }).await?)?;
+        }
+        // The broker lets go of its replicas once it applied their moves; out of the metadata
+        // group it would hear of no more commits and could keep them. Waited for a while only:
+        // a broker that is down lets go at its next boot.
+        let deadline = Instant::now() + RELEASE_WAIT;
+        while Instant::now() < deadline {
+            match self.ask_view(id).await {
+                Some(v) if v.partitions.iter().any(|p| p.term.is_some()) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                _ => break,
+            }
         }
         // A retired id may still be a member (a removal cut short): this finishes it.
         self.change_members(GroupId::Meta, MembersChange::Leave(id))

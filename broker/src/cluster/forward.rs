@@ -81,6 +81,14 @@ impl Cluster {
                     }
                     _ => {
                         self.inner.hints.write().remove(&group);
+                        // This broker leads the group but could not renew its lease: its
+                        // followers do not hear it (a link broken one way). It stops claiming
+                        // the group, so they elect another (docs/cluster.md, "Liveness and
+                        // elections"), and the write looks for that one.
+                        if target == Some(self.id()) {
+                            super::rpc::Groups::refused_here(&*self.inner, &group);
+                            tried_unreachable.push(self.id());
+                        }
                     }
                 },
                 // Only a connection that was never made is retried elsewhere: a write that may

@@ -26,7 +26,13 @@ use super::types::BrokerId;
 #[derive(Default)]
 pub(super) struct Liveness {
     peers: RwLock<HashMap<BrokerId, Heard>>,
+    /// Groups this broker leads but could not write to lately (no quorum renewed its lease),
+    /// with when: not claimed in pings for a while, so that followers elect another leader.
+    refused: RwLock<HashMap<GroupId, Instant>>,
 }
+
+/// How long a group that refused a write here goes unclaimed.
+const UNCLAIMED: Duration = Duration::from_secs(2);
 
 #[derive(Default)]
 struct Heard {
@@ -42,11 +48,24 @@ struct Heard {
 struct Pending {
     /// Since when the group has had no leader this broker trusts.
     since: Instant,
-    /// When this broker last asked for an election.
-    asked: Option<Instant>,
+    /// When this broker last asked for an election, and the random part of the wait before it
+    /// may ask again.
+    asked: Option<(Instant, Duration)>,
 }
 
 impl Liveness {
+    /// Notes that `group`, led here, refused a write for want of a quorum.
+    pub(super) fn refused_here(&self, group: &GroupId) {
+        self.refused.write().insert(group.clone(), Instant::now());
+    }
+
+    /// Whether this broker may claim `group` it leads in its pings.
+    pub(super) fn claims(&self, group: &GroupId) -> bool {
+        let mut refused = self.refused.write();
+        refused.retain(|_, at| at.elapsed() < UNCLAIMED);
+        !refused.contains_key(group)
+    }
+
     /// Whether `peer` answered within `window`.
     fn alive(&self, peer: BrokerId, window: Duration) -> bool {
         self.peers
@@ -90,7 +109,9 @@ impl Cluster {
         peers.extend(self.metadata().brokers.keys().copied());
         peers.sort_unstable();
         peers.dedup();
-        let ttl = Duration::from_millis(self.inner.config.election_ms);
+        // Half the window: a peer is doubted only after two pings in a row went unanswered
+        // (or one hung), not after one slow answer.
+        let ttl = Duration::from_millis(self.inner.config.election_ms / 2);
         for peer in peers.into_iter().filter(|p| *p != me) {
             let asking = self
                 .inner
@@ -131,7 +152,8 @@ impl Cluster {
             .iter()
             .map(|(g, ep)| (g.clone(), ep.clone()))
             .collect();
-        pending.retain(|g, _| groups.iter().any(|(x, _)| x == g));
+        let present: std::collections::HashSet<&GroupId> = groups.iter().map(|(g, _)| g).collect();
+        pending.retain(|g, _| present.contains(g));
         let meta = self.metadata();
         for (group, ep) in groups {
             let view = ep.view();
@@ -177,13 +199,25 @@ impl Cluster {
                 .filter(|b| **b == me || live.alive(**b, election))
                 .position(|b| *b == me)
                 .unwrap_or(0) as u32;
+            // The rank's stagger before the first try, and between tries an election timeout
+            // stretched at random (up to twice), so that two candidates that split a vote do
+            // not run again in step.
             let wait = grace + election / 2 * rank;
-            let again = state.asked.is_none_or(|at| now - at >= election);
+            let again = state
+                .asked
+                .is_none_or(|(at, jitter)| now - at >= election + election / 2 * rank + jitter);
             if now - state.since >= wait && again {
-                state.asked = Some(now);
+                state.asked = Some((now, jitter(election)));
                 tracing::debug!(%group, rank, leader = ?view.leader, "no live leader: asking for an election");
                 tokio::spawn(async move { ep.elect().await });
             }
         }
     }
+}
+
+/// A random duration below `max`.
+fn jitter(max: Duration) -> Duration {
+    let mut b = [0u8; 4];
+    let r = getrandom::fill(&mut b).map_or(0, |()| u32::from_le_bytes(b));
+    max.mul_f64(f64::from(r) / f64::from(u32::MAX))
 }

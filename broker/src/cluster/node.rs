@@ -80,10 +80,12 @@ impl ClusterConfig {
             // vote for another) is one election timeout, as long as a peer's silence must last
             // before its groups are taken over.
             enable_tick: meta,
+            // (Its lower bound is also how long a vote request waits for an answer, which
+            // includes the voter's fsync: kept close to the upper one.)
             election_timeout_min: if meta {
                 self.election_ms
             } else {
-                self.election_ms / 2
+                self.election_ms * 9 / 10
             },
             election_timeout_max: if meta {
                 self.election_ms * 2
@@ -190,6 +192,18 @@ impl Groups for Inner {
         }
     }
 
+    fn refused_here(&self, group: &GroupId) {
+        let me = self.config.node_id;
+        let leads = self
+            .partitions
+            .read()
+            .get(group)
+            .is_some_and(|ep| ep.view().leader == Some(me));
+        if leads {
+            self.liveness.refused_here(group);
+        }
+    }
+
     fn led(&self) -> Vec<(GroupId, u64)> {
         let me = self.config.node_id;
         self.partitions
@@ -197,7 +211,7 @@ impl Groups for Inner {
             .iter()
             .filter_map(|(g, ep)| {
                 let view = ep.view();
-                (view.leader == Some(me)).then(|| (g.clone(), view.term))
+                (view.leader == Some(me) && self.liveness.claims(g)).then(|| (g.clone(), view.term))
             })
             .collect()
     }

@@ -160,7 +160,11 @@ where
     fn view(&self) -> GroupView {
         let m = self.metrics().borrow_watched().clone();
         GroupView {
-            leader: m.current_leader,
+            // A leader removed from its group (a move) becomes a learner but keeps its own vote,
+            // and openraft still names it: only a replica in the leader state leads.
+            leader: m
+                .current_leader
+                .filter(|l| *l != m.id || m.state == openraft::ServerState::Leader),
             term: m.current_term,
             last_log_index: m.last_log_index,
             last_applied: m.last_applied.map(|l| l.index),
@@ -233,7 +237,7 @@ where
     SM: RaftStateMachine<Raft, SnapshotData = SnapshotBytes>,
 {
     let m = raft.metrics().borrow_watched().clone();
-    m.current_leader == Some(m.id)
+    m.current_leader == Some(m.id) && m.state == openraft::ServerState::Leader
 }
 
 /// One `client_write_many` of `commands`: the applied results, or why not.
@@ -285,6 +289,9 @@ pub trait Groups: Send + Sync + 'static {
     fn endpoint(&self, group: &GroupId) -> Option<Arc<dyn Endpoint>>;
     /// The partition groups this broker leads, with their terms (a ping's answer).
     fn led(&self) -> Vec<(GroupId, u64)>;
+    /// A write to `group` was refused here without naming a leader: if this broker leads the
+    /// group, no quorum renewed its lease (docs/cluster.md, "Liveness and elections").
+    fn refused_here(&self, group: &GroupId);
 }
 
 /// A body that does not decode is answered `400` with why.
@@ -361,7 +368,13 @@ pub async fn handle<G: Groups>(
                 Err(refusal) => return refusal.into_response(),
             };
             match groups.endpoint(&group) {
-                Some(ep) => encode_write(&ep.write(commands).await),
+                Some(ep) => {
+                    let answer = ep.write(commands).await;
+                    if matches!(answer, Err(WriteRefused::NotLeader { leader: None })) {
+                        groups.refused_here(&group);
+                    }
+                    encode_write(&answer)
+                }
                 None => {
                     encode_write::<Vec<Applied>>(&Err(WriteRefused::NotLeader { leader: None }))
                 }

@@ -66,10 +66,13 @@ impl Cluster {
                 if p.leader != Some(b.id) || p.lag.is_none() {
                     continue;
                 }
+                // The leader of the highest term wins: a leader cut off and healed claims its
+                // old term until the new leader's entries reach it.
                 if let Some(mine) = view
                     .partitions
                     .iter_mut()
                     .find(|x| x.topic == p.topic && x.partition == p.partition)
+                    && (p.term > mine.term || (p.term == mine.term && mine.lag.is_none()))
                 {
                     *mine = p;
                 }
@@ -78,7 +81,7 @@ impl Cluster {
         view
     }
 
-    async fn ask_view(&self, broker: BrokerId) -> Option<ClusterView> {
+    pub(super) async fn ask_view(&self, broker: BrokerId) -> Option<ClusterView> {
         let router = &self.inner.router;
         let base = router.peer(broker)?;
         let mut request = router
