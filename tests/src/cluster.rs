@@ -345,6 +345,19 @@ impl Cluster {
         })
     }
 
+    /// Three brokers started with `--fault-injection`, `n` messages of producer 1 acknowledged
+    /// on `orders` and every replica caught up: the cluster, the acks and the partition's
+    /// leader with the two others.
+    pub async fn faulty_with_orders(n: u64) -> (Self, Vec<Ack>, u64, Vec<u64>) {
+        let c = Cluster::start(3, &["--fault-injection"]).await;
+        c.meta_leader(1).await;
+        let acks = produce(&c, 1, "orders", 1, 0..n).await;
+        c.caught_up(1).await;
+        let leader = c.leader_of(1, "orders", 0).await.expect("a leader");
+        let others = (1..=3).filter(|b| *b != leader).collect();
+        (c, acks, leader, others)
+    }
+
     /// SIGKILLs broker `id`.
     pub fn kill(&mut self, id: u64) {
         if let Some(b) = self.brokers[(id - 1) as usize].take() {

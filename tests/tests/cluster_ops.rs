@@ -19,13 +19,8 @@ use serde_json::json;
 /// divergent or phantom.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_leader_whose_disk_refuses_writes_is_replaced_and_rejoins_without_a_restart() {
-    let cluster = Cluster::start(3, &["--fault-injection"]).await;
+    let (cluster, mut acks, leader, others) = Cluster::faulty_with_orders(10).await;
     let c = &cluster;
-    c.meta_leader(1).await;
-    let mut acks = produce(c, 1, "orders", 1, 0..10).await;
-    c.caught_up(1).await;
-    let leader = c.leader_of(1, "orders", 0).await.expect("a leader");
-    let others: Vec<u64> = (1..=3).filter(|b| *b != leader).collect();
     let pid = c.broker(leader).pid();
     let mut sent = sent(&acks);
     c.disk(leader, Some("eio")).await;
@@ -121,13 +116,8 @@ async fn a_follower_whose_disk_refuses_writes_does_not_stop_the_majority() {
 /// lost, divergent or phantom once the links heal.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_leader_the_others_cannot_hear_is_replaced() {
-    let cluster = Cluster::start(3, &["--fault-injection"]).await;
+    let (cluster, mut acks, leader, others) = Cluster::faulty_with_orders(5).await;
     let c = &cluster;
-    c.meta_leader(1).await;
-    let mut acks = produce(c, 1, "orders", 1, 0..5).await;
-    c.caught_up(1).await;
-    let leader = c.leader_of(1, "orders", 0).await.expect("a leader");
-    let others: Vec<u64> = (1..=3).filter(|b| *b != leader).collect();
     let cut = json!({ others[0].to_string(): "drop", others[1].to_string(): "drop" });
     c.faults(leader, &cut).await;
     let cut_at = Instant::now();
