@@ -221,6 +221,12 @@ fn check_removal(meta: &MetaState, id: BrokerId) -> Result<(), ClusterError> {
 /// Partition `p` of `topic`'s replicas with `id` replaced (at its place, so the preferred
 /// leader stays first) by the broker holding the fewest replicas that is not one already.
 fn replacement(meta: &MetaState, topic: &str, p: u32, id: BrokerId) -> Vec<BrokerId> {
+    // A move already under way that drops `id` (a removal run again) is finished as it was.
+    if let Some(target) = meta.topics[topic].moving.get(&p)
+        && !target.contains(&id)
+    {
+        return target.clone();
+    }
     let current = meta.topics[topic].placement[p as usize].clone();
     if !current.contains(&id) {
         // Only a move in flight adds `id`: finishing it at the placement drops it.

@@ -328,19 +328,36 @@ impl MetaState {
     ) -> Result<(), String> {
         self.check_replicas(topic, p, replicas)?;
         let t = self.topics.get_mut(topic).expect("checked");
+        // One move of a partition at a time: a move's end clears what it recorded, and two
+        // moves' voter changes interleaved with one's end would release replicas the other
+        // made voters (docs/cluster.md, "Membership").
+        let wanted: BTreeSet<BrokerId> = replicas.iter().copied().collect();
+        let under_way = t
+            .moving
+            .get(&p)
+            .map(|m| m.iter().copied().collect::<BTreeSet<_>>());
+        match &under_way {
+            Some(target) if *target != wanted => {
+                return Err(format!(
+                    "a move of {topic}/{p} to {:?} is under way: run it again to finish it, \
+                     then move the partition again",
+                    t.moving[&p]
+                ));
+            }
+            None if finish && t.placement[p as usize] != replicas => {
+                return Err(format!(
+                    "no move of {topic}/{p} to {replicas:?} is under way"
+                ));
+            }
+            _ => {}
+        }
         if finish {
             t.placement[p as usize] = replicas.to_vec();
             t.moving.remove(&p);
             t.reassigned.insert(p);
         } else {
-            // A move begun again (with the same target or another) keeps every broker an
-            // earlier target added: the group may already count them.
-            let target = t.moving.entry(p).or_default();
-            for b in replicas {
-                if !target.contains(b) {
-                    target.push(*b);
-                }
-            }
+            // A move begun again with the same target goes on where it was.
+            t.moving.insert(p, replicas.to_vec());
         }
         Ok(())
     }

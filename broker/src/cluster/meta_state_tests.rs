@@ -131,6 +131,22 @@ fn a_move_runs_the_group_on_both_sets_until_it_ends() {
     );
     assert!(t.initializes(0, left) && !t.initializes(0, spare));
     assert_eq!(s.replicas_on(spare), [("t".to_owned(), 0)]);
+    // One move at a time: another target, or an end that is not this move's, is refused and
+    // changes nothing; the same target again goes on.
+    let other = vec![before[0], spare, left];
+    let end_of = |replicas: Vec<BrokerId>| MetaCommand::FinishReassign {
+        topic: "t".into(),
+        partition: 0,
+        replicas,
+    };
+    let state = s.clone();
+    assert!(matches!(
+        s.apply(&begin(other.clone())),
+        MetaOutcome::Refused(_)
+    ));
+    assert!(matches!(s.apply(&end_of(other)), MetaOutcome::Refused(_)));
+    assert_eq!(s, state);
+    assert_eq!(s.apply(&begin(target.clone())), MetaOutcome::Done);
     let finish = MetaCommand::FinishReassign {
         topic: "t".into(),
         partition: 0,
@@ -144,6 +160,12 @@ fn a_move_runs_the_group_on_both_sets_until_it_ends() {
         !t.initializes(0, target[0]),
         "a moved group is never initialized again"
     );
+    // The end sent again (its answer was lost) is done; another end is refused.
+    assert_eq!(s.apply(&finish), MetaOutcome::Done);
+    assert!(matches!(
+        s.apply(&end_of(before.clone())),
+        MetaOutcome::Refused(_)
+    ));
 }
 
 #[test]
