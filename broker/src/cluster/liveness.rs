@@ -56,14 +56,18 @@ struct Pending {
 impl Liveness {
     /// Notes that `group`, led here, refused a write for want of a quorum.
     pub(super) fn refused_here(&self, group: &GroupId) {
-        self.refused.write().insert(group.clone(), Instant::now());
-    }
-
-    /// Whether this broker may claim `group` it leads in its pings.
-    pub(super) fn claims(&self, group: &GroupId) -> bool {
         let mut refused = self.refused.write();
         refused.retain(|_, at| at.elapsed() < UNCLAIMED);
-        !refused.contains_key(group)
+        refused.insert(group.clone(), Instant::now());
+    }
+
+    /// Whether this broker may claim `group` it leads in its pings (read for every group of
+    /// every ping: a read lock, the map pruned where it grows).
+    pub(super) fn claims(&self, group: &GroupId) -> bool {
+        self.refused
+            .read()
+            .get(group)
+            .is_none_or(|at| at.elapsed() >= UNCLAIMED)
     }
 
     /// Whether `peer` answered within `window`.
@@ -105,8 +109,12 @@ impl Cluster {
     /// Starts a ping to each peer that has none under way.
     fn ping_peers(&self) {
         let me = self.id();
+        let meta = self.metadata();
+        // `--peers` names the first brokers, the metadata those added later; a removed one is
+        // pinged no more.
         let mut peers: Vec<BrokerId> = self.inner.config.peers.keys().copied().collect();
-        peers.extend(self.metadata().brokers.keys().copied());
+        peers.extend(meta.brokers.keys().copied());
+        peers.retain(|p| !meta.retired.contains(p));
         peers.sort_unstable();
         peers.dedup();
         // Half the window: a peer is doubted only after two pings in a row went unanswered

@@ -221,7 +221,9 @@ where
                         return Err(WriteRefused::NotLeader { leader: None });
                     }
                 }
-                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+                // A heartbeat round takes a few ms here; polling faster only burns the core
+                // the pings share.
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             }
             answer => return answer,
         }
