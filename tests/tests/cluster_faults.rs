@@ -7,9 +7,10 @@
 //! nothing stored that no producer sent.
 //!
 //! Producers send through any broker, up or not, and record every attempt; half of them send
-//! produce ids. A message whose produce got no clear answer is sent again (with the same id,
-//! through the same broker, for those that have one), so duplicates can only come from a retry;
-//! they are counted and reported by kind.
+//! produce ids. A message whose produce got no clear answer is sent again, through a broker
+//! chosen at random again (with the same id, for those that have one), so duplicates can only
+//! come from a retry; they are counted and reported by kind, and those with ids must be 0
+//! (contract §9 and §13: ids stay deduplicated across a change of leader).
 //!
 //! `MMMQ_CLUSTER_FAULT_RUNS` (2 by default, as in CI; `scripts/cluster-faults` runs 50),
 //! `MMMQ_CLUSTER_FAULT_STEPS` (faults per run, 4), `MMMQ_CLUSTER_FAULT_SEED` (replays a run's
@@ -124,7 +125,6 @@ struct Ledger {
 
 /// One producer: messages `{p, s}` to partition `s % PARTITIONS` through a broker chosen at
 /// random per message (a down one too: the answer is an error and the message is sent again).
-/// A producer with ids sends every attempt of a message to the same broker while it is up.
 async fn producer(
     p: u64,
     seed: u64,
@@ -173,7 +173,7 @@ async fn producer(
                 Err(e) if e.is_timeout() => Err("timeout".to_owned()),
                 Err(_) => Err("connection lost".to_owned()),
             };
-            let failed = {
+            let acked = {
                 let mut l = ledger.lock();
                 l.attempts += 1;
                 match outcome {
@@ -189,7 +189,7 @@ async fn producer(
                             .entry(partition)
                             .or_default()
                             .push(Instant::now());
-                        None
+                        true
                     }
                     Ok(Err(e)) => panic!("an acknowledgement that is not JSON: {e}"),
                     Err(e) => {
@@ -198,20 +198,20 @@ async fn producer(
                         if !never_reached {
                             l.retried.insert(msg);
                         }
-                        Some(never_reached)
+                        false
                     }
                 }
             };
-            let Some(never_reached) = failed else { break };
+            if acked {
+                break;
+            }
             assert!(
                 first.elapsed() < RECOVERY + REQUEST_TIMEOUT,
                 "producer {p}: message {seq} unacknowledged after {tries} tries"
             );
-            // A broker that is down is left for another; one with ids keeps its broker
-            // otherwise, since the id's claim lives there.
-            if never_reached || !with_ids {
-                via = rng.random_range(0..urls.len());
-            }
+            // Every retry goes through any broker: a producer with ids must get its message
+            // stored once whichever broker it retries through.
+            via = rng.random_range(0..urls.len());
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         seq += 1;
@@ -365,6 +365,10 @@ async fn run(seed: u64, steps: usize) -> Value {
     });
     println!("{summary}");
     assert!(report.clean(), "seed {seed}: {report}");
+    assert_eq!(
+        with_ids, 0,
+        "seed {seed}: messages with produce ids stored twice: {report}"
+    );
     summary
 }
 

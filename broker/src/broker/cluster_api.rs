@@ -6,18 +6,18 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mmmq_core::{Topic, TopicConfig, TopicId, now_ms};
+use mmmq_core::{Topic, TopicConfig, TopicId};
 use tokio_util::sync::CancellationToken;
 
 use super::produce_api::stored_payload;
 use super::{Broker, BrokerError, Produced};
+use crate::cluster::ids::PartitionIds;
 use crate::cluster::meta_state::{MetaCommand, MetaOutcome, MetaState};
 use crate::cluster::network::GroupId;
 use crate::cluster::node::{Cluster, ClusterError};
 use crate::cluster::types::{Applied, Command};
 use crate::produce::ProduceItem;
 use crate::storage::Vfs;
-use crate::topics::dedup::Claim;
 use crate::topics::settings::TopicUpdate;
 use crate::topics::{Registry, TopicLog};
 
@@ -39,15 +39,15 @@ impl Broker {
             };
             topics.push(t);
         }
-        // From the first claim on, the produce runs to its end in a task of its own, whatever
-        // happens to this future: a request dropped after a claim (its deadline, a client gone)
-        // would leave the id pending, and a retry would wait out the whole dedupe window.
-        let (registry, metrics) = (self.registry.clone(), self.metrics.clone());
+        // The produce runs to its end in a task of its own, whatever happens to this future: a
+        // request dropped mid-write (its deadline, a client gone) would leave the leader's
+        // claims of its ids pending until the write's own deadline.
+        let metrics = self.metrics.clone();
         let root = self.config.root_dir.clone();
         let (cluster, items) = (cluster.clone(), items.to_vec());
-        tokio::spawn(async move {
-            commit_clustered(&cluster, &registry, &metrics, &items, topics, root).await
-        })
+        tokio::spawn(
+            async move { commit_clustered(&cluster, &metrics, &items, topics, root).await },
+        )
         .await
         .expect("produce task panicked")
     }
@@ -217,11 +217,15 @@ async fn topic_in_metadata(cluster: &Cluster, topic: &Topic) -> Result<u32, Brok
     }
 }
 
-/// The produce from its claims on: each partition's share written through its leader, every
-/// claim resolved, answers in request order.
+/// The produce: each partition's share written through its leader, which decides on produce
+/// ids (docs/cluster.md, "Produce ids in a cluster"); answers in request order.
+///
+/// A message with an id and neither a key nor a partition goes where its id's hash sends it
+/// (contract §4 lets a keyless message go to any partition), so that a retry through another
+/// broker reaches the same partition's leader, whose log knows the id. Within one request, a
+/// repeated id is sent once and answered as the first's duplicate.
 async fn commit_clustered(
     cluster: &Cluster,
-    registry: &Registry,
     metrics: &crate::metrics::Metrics,
     items: &[ProduceItem],
     topics: Vec<Arc<TopicLog>>,
@@ -229,46 +233,19 @@ async fn commit_clustered(
 ) -> Result<Vec<Produced>, BrokerError> {
     let mut answers: Vec<Option<Produced>> = vec![None; items.len()];
     let mut groups: Vec<(GroupId, Vec<usize>)> = Vec::new();
-    let mut tickets = Vec::with_capacity(items.len());
-    let now = now_ms();
+    // Items whose id an earlier item of this request carries (to the same topic).
+    let mut repeats: Vec<(usize, usize)> = Vec::new();
     for (i, (item, t)) in items.iter().zip(&topics).enumerate() {
-        let ticket = match item.id() {
-            Some(id) => {
-                let window = registry.config_of(t).dedup_window_ms;
-                match t.dedup.claim(id, now, window) {
-                    Claim::Stored(partition, offset) => {
-                        answers[i] = Some(duplicate(partition, offset));
-                        tickets.push(None);
-                        continue;
-                    }
-                    Claim::Pending(ticket) => {
-                        if let Some((partition, offset)) = t.dedup.wait(&ticket).await {
-                            answers[i] = Some(duplicate(partition, offset));
-                            tickets.push(None);
-                            continue;
-                        }
-                        None
-                    }
-                    Claim::New(ticket) => Some(ticket),
-                }
-            }
-            None => None,
-        };
-        let partition = match t.route(item.partition(), item.key()) {
-            Ok(p) => p.number,
-            Err(e) => {
-                if let Some(ticket) = &ticket {
-                    t.dedup.withdraw(ticket);
-                }
-                for (k, earlier) in tickets.iter().enumerate() {
-                    if let Some(ticket) = earlier {
-                        topics[k].dedup.withdraw(ticket);
-                    }
-                }
-                return Err(e.into());
-            }
-        };
-        tickets.push(ticket);
+        if let Some(id) = item.id()
+            && let Some(first) = items[..i]
+                .iter()
+                .position(|e| e.id() == Some(id) && e.topic() == item.topic())
+        {
+            repeats.push((i, first));
+            continue;
+        }
+        let route_key = item.key().or(item.id());
+        let partition = t.route(item.partition(), route_key)?.number;
         let group = GroupId::Partition(item.topic().to_string(), partition);
         match groups.iter_mut().find(|(g, _)| *g == group) {
             Some((_, v)) => v.push(i),
@@ -288,36 +265,36 @@ async fn commit_clustered(
         let GroupId::Partition(_, partition) = group else {
             unreachable!("produce writes to partitions")
         };
-        match result {
-            Ok(applied) => {
-                for (&i, a) in indexes.iter().zip(applied) {
-                    let Applied::Offset(offset) = a else {
-                        failure = failure.or(Some(ClusterError::Failed(format!(
-                            "a message was applied as {a:?}"
-                        ))));
-                        continue;
-                    };
-                    if let Some(ticket) = &tickets[i] {
-                        topics[i].dedup.stored(ticket, *partition, offset);
-                    }
+        let applied = match result {
+            Ok(applied) => applied,
+            Err(e) => {
+                failure = failure.or(Some(e));
+                continue;
+            }
+        };
+        for (&i, a) in indexes.iter().zip(applied) {
+            answers[i] = match a {
+                Applied::Offset(offset) => {
                     let bytes = items[i].content().get().len();
                     metrics.count_in(items[i].topic(), 1, bytes);
-                    answers[i] = Some(Produced {
+                    Some(Produced {
                         partition: *partition,
                         offset,
                         duplicate: false,
-                    });
+                    })
                 }
-            }
-            Err(e) => {
-                for &i in indexes {
-                    if let Some(ticket) = &tickets[i] {
-                        topics[i].dedup.withdraw(ticket);
-                    }
+                Applied::Duplicate { partition, offset } => Some(duplicate(partition, offset)),
+                other => {
+                    failure = failure.or(Some(ClusterError::Failed(format!(
+                        "a message was applied as {other:?}"
+                    ))));
+                    None
                 }
-                failure = failure.or(Some(e));
-            }
+            };
         }
+    }
+    for (i, first) in repeats {
+        answers[i] = answers[first].map(|a| duplicate(a.partition, a.offset));
     }
     match failure {
         None => Ok(answers.into_iter().map(|a| a.expect("answered")).collect()),
@@ -508,8 +485,17 @@ async fn follow_topic(
             .partition(p)
             .ok_or_else(|| ClusterError::Failed(format!("{name}/{p} was not opened here")))?;
         let initialize = meta.initializes(p, me).then_some(replicas.as_slice());
+        let window = local.clone();
+        let ids = PartitionIds::new(local.clone(), p, Box::new(move || window.dedup_window_ms()));
         cluster
-            .serve_partition(name, p, partition.log.clone(), vfs.clone(), initialize)
+            .serve_partition(
+                name,
+                p,
+                partition.log.clone(),
+                vfs.clone(),
+                Arc::new(ids),
+                initialize,
+            )
             .await?;
     }
     Ok(())

@@ -22,6 +22,7 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
+use super::ids::PartitionIds;
 use super::log_store::{SegmentLogStore, Shared, StoreError, blocking};
 use super::network::SnapshotBytes;
 use super::types::{Applied, Command, GroupKind, LogId, Raft};
@@ -69,6 +70,9 @@ pub struct PartitionMachine {
     persisted: Instant,
     /// The current snapshot (shared with the snapshot builders).
     current: Arc<Mutex<Option<SnapshotFile>>>,
+    /// The topic's produce ids, told of every message applied (docs/cluster.md, "Produce ids in
+    /// a cluster"); `None` in the log store's own tests.
+    ids: Option<Arc<PartitionIds>>,
 }
 
 impl std::fmt::Debug for PartitionMachine {
@@ -158,7 +162,13 @@ impl PartitionMachine {
             state,
             persisted: Instant::now(),
             current: Arc::new(Mutex::new(snapshot)),
+            ids: None,
         })
+    }
+
+    /// Tells `ids` of every message applied from now on.
+    pub(super) fn remember_ids(&mut self, ids: Arc<PartitionIds>) {
+        self.ids = Some(ids);
     }
 
     /// The offset the next applied message takes.
@@ -245,11 +255,17 @@ impl RaftStateMachine<Raft> for PartitionMachine {
                 Some(Ok(item)) => item,
             };
             let reply = match &entry.payload {
-                EntryPayload::Normal(Command::Message(_)) => match self.apply_message(entry.log_id)
-                {
-                    Ok(reply) => reply,
-                    Err(e) => break Err(e.into()),
-                },
+                EntryPayload::Normal(Command::Message(payload)) => {
+                    match self.apply_message(entry.log_id) {
+                        Ok(reply) => {
+                            if let (Some(ids), Applied::Offset(offset)) = (&self.ids, &reply) {
+                                ids.applied(payload, *offset);
+                            }
+                            reply
+                        }
+                        Err(e) => break Err(e.into()),
+                    }
+                }
                 EntryPayload::Normal(Command::Meta(_)) => {
                     break Err(io::Error::other(StoreError::Inconsistent {
                         dir: self.shared.log.dir().to_owned(),

@@ -11,12 +11,14 @@
 //!   through a group's leader; `status`: `GET /mmmq/cluster`.
 //! - `supervise`: a partition group opened again after a storage error stopped it, and its
 //!   metrics kept; `metrics`: the groups' Prometheus metrics.
+//! - `ids`: produce ids kept with each partition's replicated log, decided by its leader.
 //! - `membership`: member changes made by a group's leader; `admin`: the operator's commands
 //!   (add or remove a broker, move a partition) built on them.
 
 pub mod admin;
 pub mod faults;
 pub mod forward;
+pub mod ids;
 mod liveness;
 pub mod log_store;
 pub mod machine;

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::ids::PartitionIds;
 use super::network::GroupId;
 use super::node::{Cluster, ClusterError};
 use super::rpc::Endpoint;
@@ -25,6 +26,7 @@ impl Cluster {
         p: u32,
         log: Log,
         vfs: Arc<dyn Vfs>,
+        ids: Arc<PartitionIds>,
         initialize: Option<&[BrokerId]>,
     ) -> Result<(), ClusterError> {
         let group = GroupId::Partition(topic.to_owned(), p);
@@ -39,6 +41,7 @@ impl Cluster {
             group: group.clone(),
             log,
             vfs,
+            ids,
         };
         let raft = opener.open().await.map_err(|e| failed(&e))?;
         // Every replica initializes the group, with the same membership from the metadata:

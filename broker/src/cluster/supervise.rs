@@ -23,6 +23,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::ids::PartitionIds;
 use super::log_store::SegmentLogStore;
 use super::machine::PartitionMachine;
 use super::membership::MembersChange;
@@ -33,7 +34,7 @@ use super::types::{Applied, BrokerId, Command, GroupKind, Raft};
 use crate::storage::{Log, Vfs};
 
 /// A partition's Raft on this broker.
-pub(super) type PartitionRaft = openraft::Raft<Raft, PartitionMachine>;
+pub type PartitionRaft = openraft::Raft<Raft, PartitionMachine>;
 
 type SnapshotMeta = openraft::alias::SnapshotMetaOf<Raft>;
 type Vote = openraft::alias::VoteOf<Raft>;
@@ -52,6 +53,8 @@ pub(super) struct Opener {
     pub(super) group: GroupId,
     pub(super) log: Log,
     pub(super) vfs: Arc<dyn Vfs>,
+    /// The topic's produce ids (docs/cluster.md, "Produce ids in a cluster").
+    pub(super) ids: Arc<PartitionIds>,
 }
 
 impl Opener {
@@ -62,9 +65,17 @@ impl Opener {
             SegmentLogStore::on_log(self.log.clone(), self.vfs.clone(), GroupKind::Partition)
                 .await
                 .map_err(|e| e.to_string())?;
-        let machine = PartitionMachine::open(&store)
+        let mut machine = PartitionMachine::open(&store)
             .await
             .map_err(|e| e.to_string())?;
+        // The window's ids of what was applied, before anything new is: a leader decides on
+        // ids only once its term's first entry is applied, which comes after these.
+        let ids = self.ids.clone();
+        tokio::task::spawn_blocking(move || ids.restore())
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        machine.remember_ids(self.ids.clone());
         let network = NetworkFactory::new(self.router.clone(), self.group.clone());
         openraft::Raft::new(self.id, self.config.clone(), network, store, machine)
             .await
@@ -76,6 +87,8 @@ impl Opener {
 pub(super) struct Supervised {
     /// The running Raft; `None` while the group is being opened again.
     raft: RwLock<Option<PartitionRaft>>,
+    /// The topic's produce ids: a write with ids is decided here when this replica leads.
+    ids: Arc<PartitionIds>,
     stop: CancellationToken,
     task: Mutex<Option<JoinHandle<()>>>,
 }
@@ -85,6 +98,7 @@ impl Supervised {
     pub(super) fn start(raft: PartitionRaft, opener: Opener, series: GroupSeries) -> Arc<Self> {
         let this = Arc::new(Self {
             raft: RwLock::new(Some(raft.clone())),
+            ids: opener.ids.clone(),
             stop: CancellationToken::new(),
             task: Mutex::new(None),
         });
@@ -232,7 +246,7 @@ impl Endpoint for Supervised {
         let Some(r) = self.running() else {
             return Err(WriteRefused::NotLeader { leader: None });
         };
-        match Endpoint::write(&r, commands).await {
+        match self.ids.write(&r, commands).await {
             // The group stopped under the write (its disk refused): the other replicas may
             // still commit what it sent them.
             Err(WriteRefused::Failed(why))

@@ -39,6 +39,14 @@ pub enum Command {
 pub enum Applied {
     /// A message's offset in its partition.
     Offset(u64),
+    /// A message whose produce id the partition's leader found stored (contract §9; docs/cluster.md,
+    /// "Produce ids in a cluster"): where the first one is. Nothing was proposed for it.
+    Duplicate {
+        /// The first one's partition (a retry routed elsewhere can find it in another).
+        partition: u32,
+        /// Its offset there.
+        offset: u64,
+    },
     /// A metadata change's outcome, as JSON.
     Meta(Bytes),
     /// Entries that answer nothing (blanks, memberships).

@@ -61,8 +61,14 @@ pub fn restore(
 
 /// Remembers the ids `partition` stored from offset `from` on with a timestamp at or after
 /// `horizon`; returns how many messages it read. Reads only the segments whose newest message
-/// is inside the window. Blocking.
-fn scan(t: &TopicLog, partition: &Partition, from: u64, horizon: u64) -> Result<u64, StorageError> {
+/// is inside the window. Blocking. (A clustered partition's group calls it when it opens, its
+/// log visible up to what its state machine applied: docs/cluster.md, "Produce ids in a cluster".)
+pub(crate) fn scan(
+    t: &TopicLog,
+    partition: &Partition,
+    from: u64,
+    horizon: u64,
+) -> Result<u64, StorageError> {
     #[derive(serde::Deserialize)]
     struct IdAndTime {
         timestamp: u64,
@@ -79,8 +85,12 @@ fn scan(t: &TopicLog, partition: &Partition, from: u64, horizon: u64) -> Result<
         if s.end <= from {
             break;
         }
+        // A clustered log may show less than it holds (what its state machine applied).
+        if s.start >= end {
+            continue;
+        }
         let newest = log
-            .read(s.end - 1)
+            .read(s.end.min(end) - 1)
             .ok()
             .flatten()
             .and_then(|p| serde_json::from_slice::<IdAndTime>(&p).ok());

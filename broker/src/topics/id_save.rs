@@ -129,6 +129,11 @@ pub async fn save(
     window_ms: u64,
     now_ms: u64,
 ) -> Result<bool, StorageError> {
+    // A cluster member rebuilds its ids from its replicated logs (docs/cluster.md, "Produce
+    // ids in a cluster").
+    if t.first().log.clustered() {
+        return Ok(false);
+    }
     let next: Vec<u64> = t.partitions().iter().map(|p| p.log.next_offset()).collect();
     if t.ids_file.is_current(&next) {
         return Ok(false);

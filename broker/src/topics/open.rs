@@ -47,7 +47,14 @@ pub(super) fn open_topic(
             c.dedup_window_ms
         });
     let next: Vec<u64> = partitions.iter().map(|p| p.log.next_offset()).collect();
-    let snapshot = id_snapshot::load(&*vfs, &dir, &topic, id, &next);
+    // A cluster member's partitions show nothing until their groups open, which restore their
+    // ids then (docs/cluster.md, "Produce ids in a cluster"); it keeps no snapshot of them.
+    let clustered = config.raft_header;
+    let snapshot = if clustered {
+        None
+    } else {
+        id_snapshot::load(&*vfs, &dir, &topic, id, &next)
+    };
     // The snapshot's keys are hashes under its seed: the table must use the same one.
     let dedup = dedup::Dedup::with_seed(ids, snapshot.as_ref().map(|s| s.seed));
     // A snapshot read to every log's end is current: an idle topic is not written again.
@@ -56,7 +63,11 @@ pub(super) fn open_topic(
         _ => id_save::Saved::default(),
     };
     let t = TopicLog::new(topic, id, dir, partitions, settings, dedup, saved);
-    let restored = id_restore::restore(&t, snapshot, window, mmmq_core::now_ms())?;
+    let restored = if clustered {
+        id_restore::Restored::default()
+    } else {
+        id_restore::restore(&t, snapshot, window, mmmq_core::now_ms())?
+    };
     Ok((t, restored))
 }
 

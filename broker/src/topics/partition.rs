@@ -134,6 +134,15 @@ impl TopicLog {
         self.partitions.read().get(p as usize).cloned()
     }
 
+    /// How long its produce ids are remembered: its own `dedupWindowMs`, else the default (a
+    /// cluster's topics always have their own, from the metadata).
+    pub fn dedup_window_ms(&self) -> u64 {
+        self.config.read().as_ref().map_or_else(
+            || mmmq_core::TopicConfig::default().dedup_window_ms,
+            |c| c.dedup_window_ms,
+        )
+    }
+
     /// Partition 0: the one every topic has.
     pub fn first(&self) -> Arc<Partition> {
         self.partitions.read()[0].clone()
