@@ -259,6 +259,7 @@ impl Broker {
     /// its topics follow the cluster's metadata and its produces go through Raft.
     pub fn attach_cluster(&self, cluster: crate::cluster::node::Cluster) {
         if self.cluster.set(cluster.clone()).is_ok() {
+            self.groups.attach_cluster(cluster.clone());
             tokio::spawn(cluster_api::follow(
                 self.registry.clone(),
                 cluster,

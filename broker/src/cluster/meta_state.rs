@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+pub use super::meta_groups::{GroupOffset, GroupTopic};
 use super::types::BrokerId;
 
 /// A change to the metadata, as proposed to the metadata group.
@@ -66,6 +67,13 @@ pub enum MetaCommand {
         partition: u32,
         /// The replicas, preferred leader first (the target of the move).
         replicas: Vec<BrokerId>,
+    },
+    /// A pull group's committed offsets (docs/cluster.md, "Pull groups in a cluster").
+    CommitGroup {
+        /// The group.
+        group: String,
+        /// Its next offsets.
+        offsets: Vec<GroupOffset>,
     },
 }
 
@@ -150,6 +158,9 @@ pub struct MetaState {
     pub topics: BTreeMap<String, TopicMeta>,
     /// Counts topic creations, for [`TopicMeta::incarnation`].
     pub created: u64,
+    /// Pull groups' committed offsets: group → topic → offsets of one incarnation.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub groups: BTreeMap<String, BTreeMap<String, GroupTopic>>,
 }
 
 /// Replicas per partition when a topic does not say: `min(3, brokers)` (contract §13).
@@ -212,9 +223,13 @@ impl MetaState {
                 id,
             } => self.put_topic(name, config, *replication_factor, id.as_deref()),
             MetaCommand::DeleteTopic { name } => match self.topics.remove(name) {
-                Some(_) => Ok(()),
+                Some(_) => {
+                    self.forget_group_topic(name);
+                    Ok(())
+                }
                 None => Err(format!("no topic {name:?}")),
             },
+            MetaCommand::CommitGroup { group, offsets } => self.commit_group(group, offsets),
             MetaCommand::Reassign {
                 topic,
                 partition,

@@ -5,7 +5,7 @@
 //! - `types`: the Raft type configuration every group shares, and what entries carry.
 //! - `log_store`: openraft's log store on a segment log (a partition's log is its Raft log).
 //! - `machine`: a partition's state machine (applying moves the log's visible end).
-//! - `meta_state`, `meta_machine`: the metadata and the metadata group's state machine.
+//! - `meta_state`, `meta_groups`, `meta_machine`: the metadata (pull groups' commits too) and the metadata group's state machine.
 //! - `network`, `rpc`, `faults`: Raft's traffic between brokers, both ends, and a fault switch.
 //! - `node`: a broker's part of the cluster, the metadata group's start; `forward`: writes
 //!   through a group's leader; `status`: `GET /mmmq/cluster`.
@@ -23,6 +23,7 @@ mod liveness;
 pub mod log_store;
 pub mod machine;
 pub mod membership;
+pub mod meta_groups;
 pub mod meta_machine;
 pub mod meta_state;
 pub mod metrics;

@@ -464,6 +464,21 @@ impl Cluster {
         let _ = self.inner.meta.shutdown().await;
     }
 
+    /// The metadata group's leader and term as this broker sees them. The leader is the pull
+    /// groups' coordinator (docs/cluster.md, "Pull groups in a cluster").
+    pub fn coordinator(&self) -> (Option<BrokerId>, u64) {
+        let view = self.inner.meta_view();
+        (view.leader, view.term)
+    }
+
+    /// Whether this broker runs a replica of partition `p` of `topic`.
+    pub fn replicates(&self, topic: &str, p: u32) -> bool {
+        self.inner
+            .partitions
+            .read()
+            .contains_key(&GroupId::Partition(topic.to_owned(), p))
+    }
+
     /// The voters of the metadata group: the cluster's brokers, whether or not they announced
     /// themselves yet.
     pub fn voters(&self) -> Vec<BrokerId> {

@@ -27,6 +27,7 @@ use crate::metrics::{DispatchLabel, Metrics};
 use crate::storage::{Checkpoints, StorageError};
 use crate::topics::{Partition, Registry};
 
+mod cluster;
 mod read;
 mod status;
 
@@ -89,6 +90,10 @@ pub enum GroupError {
     /// The disk said no.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// The cluster could not do it now (a commit through the metadata group, a read through a
+    /// partition's leader).
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::node::ClusterError),
 }
 
 /// A partition of one incarnation of a topic.
@@ -143,6 +148,10 @@ pub struct Groups {
     /// `serve --max-groups`: each group holds a position per partition it consumes, so their
     /// number is capped.
     max: usize,
+    /// The cluster, when this broker is a member (`cluster`).
+    cluster: std::sync::OnceLock<crate::cluster::node::Cluster>,
+    /// The metadata group's term the groups in memory were served in (`cluster`).
+    served_term: Mutex<u64>,
 }
 
 fn name(kind: &str, s: &str) -> Result<String, GroupError> {
@@ -163,6 +172,8 @@ impl Groups {
             metrics,
             groups: Mutex::new(BTreeMap::new()),
             max,
+            cluster: std::sync::OnceLock::new(),
+            served_term: Mutex::new(0),
         }
     }
 
@@ -209,6 +220,15 @@ impl Groups {
                 .collect()
         };
         if missing.is_empty() {
+            return Ok(());
+        }
+        if let Some(cluster) = self.cluster() {
+            if let Some(g) = self.groups.lock().get_mut(group) {
+                for (k, _) in missing {
+                    let committed = Self::committed_in_metadata(cluster, group, &k);
+                    g.committed.entry(k).or_insert(committed);
+                }
+            }
             return Ok(());
         }
         let id = ConsumerId::new(group).map_err(|e| GroupError::Invalid(e.to_string()))?;
@@ -301,10 +321,12 @@ impl Groups {
             TopicPattern::new(pattern).map_err(|e| GroupError::Invalid(format!("pattern: {e}")))?;
         let deadline = Instant::now() + wait;
         loop {
+            self.follow_coordinator();
             let owned = self
                 .join(&group, &member, &pattern, session_timeout)
                 .await?;
-            let (messages, read_to) = read_owned(&owned, max.clamp(1, MAX_POLL)).await?;
+            let (messages, read_to) =
+                read_owned(&owned, max.clamp(1, MAX_POLL), self.cluster()).await?;
             let assignment = owned.iter().map(|(k, _, _)| topic_partition(k)).collect();
             let now = Instant::now();
             if !messages.is_empty() || now >= deadline || stop.is_cancelled() {
@@ -454,6 +476,7 @@ impl Groups {
     ) -> Result<(), GroupError> {
         let group = name("group", group)?;
         let member = name("member", member)?;
+        self.follow_coordinator();
         let mut writes = Vec::new();
         {
             let groups = self.groups.lock();
@@ -483,13 +506,29 @@ impl Groups {
                     return Err(not_owner());
                 }
                 let next = p.log.next_offset();
-                if offset > next {
+                // A cluster member without a replica of the partition reads it through its
+                // leader: its own log says nothing of where it ends.
+                let local = self
+                    .cluster()
+                    .is_none_or(|c| c.replicates(t.as_str(), partition));
+                if local && offset > next {
                     return Err(GroupError::Invalid(format!(
                         "offset {offset} of {topic} partition {partition} is past its next offset {next}"
                     )));
                 }
                 writes.push((key, p, offset));
             }
+        }
+        if let Some(cluster) = self.cluster() {
+            let offsets: Vec<(Key, u64)> = writes.into_iter().map(|(k, _, o)| (k, o)).collect();
+            if offsets.is_empty() {
+                return Ok(());
+            }
+            Self::commit_in_metadata(cluster, &group, &member, &offsets).await?;
+            if let Some(g) = self.groups.lock().get_mut(&group) {
+                g.committed.extend(offsets);
+            }
+            return Ok(());
         }
         let id = ConsumerId::new(group.clone()).expect("checked group name");
         for (key, p, offset) in writes {
@@ -518,6 +557,7 @@ impl Groups {
 
     /// The member leaves; its partitions go to the others at their next poll.
     pub fn leave(&self, group: &str, member: &str) -> Result<(), GroupError> {
+        self.follow_coordinator();
         let mut groups = self.groups.lock();
         let g = groups
             .get_mut(group)

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use mmmq_core::{Envelope, StoredMessage};
 
 use super::{GroupError, Key};
+use crate::cluster::node::Cluster;
 use crate::topics::Partition;
 
 /// Reads up to `max` messages over the owned partitions, from each one's position: in rounds
@@ -14,6 +15,7 @@ use crate::topics::Partition;
 pub(super) async fn read_owned(
     owned: &[(Key, Arc<Partition>, u64)],
     max: usize,
+    cluster: Option<&Cluster>,
 ) -> Result<(Vec<Envelope>, Vec<(Key, u64)>), GroupError> {
     let mut out = Vec::new();
     // Where each partition is read next, while it may have more; and where its reading ended.
@@ -32,7 +34,33 @@ pub(super) async fn read_owned(
             if out.len() >= max {
                 break;
             }
-            let (log, want) = (p.log.clone(), per.min(max - out.len()));
+            let want = per.min(max - out.len());
+            // A cluster member reads a partition it holds no replica of through its leader
+            // (`super::cluster`).
+            if let Some(c) = cluster
+                && !c.replicates(key.0.as_str(), key.2)
+            {
+                // A partition that cannot be read now (its leader is being elected, its only
+                // replica is down) answers nothing this time; the member's other partitions
+                // are not held up by it.
+                let envelopes = match super::cluster::read_remote(c, key, from, want).await {
+                    Ok(envelopes) => envelopes,
+                    Err(e) => {
+                        tracing::debug!(topic = %key.0, partition = key.2, error = %e, "a group's partition cannot be read through its leader now");
+                        next[i] = None;
+                        continue;
+                    }
+                };
+                let full = envelopes.len() >= want;
+                next[i] = None;
+                if let Some(last) = envelopes.last() {
+                    ends[i] = Some(last.offset + 1);
+                    next[i] = full.then_some(last.offset + 1);
+                }
+                out.extend(envelopes);
+                continue;
+            }
+            let log = p.log.clone();
             let read = tokio::task::spawn_blocking(move || log.read_from(from, want, 8 << 20))
                 .await
                 .expect("read task panicked");

@@ -25,9 +25,17 @@ impl Groups {
             .map(|(name, _)| name.clone())
             .collect();
         let p = partition.clone();
-        let on_disk = tokio::task::spawn_blocking(move || store(&p).list())
-            .await
-            .expect("group read task panicked");
+        let on_disk = match self.cluster() {
+            // A cluster's commits are in its metadata (`super::cluster`).
+            Some(c) => Ok(c.metadata().committed_by_groups(
+                topic.as_str(),
+                &partition.topic_id.to_string(),
+                partition.number,
+            )),
+            None => tokio::task::spawn_blocking(move || store(&p).list())
+                .await
+                .expect("group read task panicked"),
+        };
         let on_disk = match on_disk {
             Ok(list) => list,
             // Unreadable: hold everything rather than delete what a group may not have read.
@@ -49,6 +57,7 @@ impl Groups {
     /// whether more groups follow.
     pub async fn list(&self, after: Option<&str>, limit: usize) -> (Vec<GroupStatus>, bool) {
         use std::ops::Bound::{Excluded, Unbounded};
+        self.follow_coordinator();
         let names: Vec<String> = {
             let mut groups = self.groups.lock();
             Self::forget_empty(&mut groups, Instant::now());
@@ -74,6 +83,7 @@ impl Groups {
 
     /// One group's members, assignments, committed offsets and lag.
     pub async fn status(&self, group: &str) -> Result<GroupStatus, GroupError> {
+        self.follow_coordinator();
         if !self.groups.lock().contains_key(group) {
             return Err(GroupError::Unknown(group.to_owned()));
         }

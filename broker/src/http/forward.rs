@@ -34,6 +34,45 @@ pub(super) async fn to_leader(
         .forward_http(leader, reqwest::Method::GET, path, None, timeout)
         .await
         .map_err(crate::broker::BrokerError::from)?;
+    Ok(Some(passed_on(answer)))
+}
+
+/// `Some(answer)` when this broker is a cluster member but not the pull groups' coordinator
+/// (the metadata group's leader: docs/cluster.md, "Pull groups in a cluster"), which answered
+/// the request, forwarded with its method and body; `None` when this broker answers.
+pub(super) async fn to_coordinator(
+    broker: &Broker,
+    headers: &HeaderMap,
+    (method, uri): (reqwest::Method, &Uri),
+    body: Option<bytes::Bytes>,
+    timeout: std::time::Duration,
+) -> Result<Option<Response>, ApiError> {
+    let Some(cluster) = broker.cluster() else {
+        return Ok(None);
+    };
+    if headers.contains_key(FORWARDED) {
+        return Ok(None);
+    }
+    let coordinator = match cluster.coordinator().0 {
+        Some(c) if c == cluster.id() => return Ok(None),
+        Some(c) => c,
+        None => {
+            return Err(ApiError::NoLeader {
+                error: "the cluster's metadata group has no leader now, so pull groups have no coordinator; try again".into(),
+                leader: None,
+            });
+        }
+    };
+    let path = uri.path_and_query().map_or(uri.path(), |pq| pq.as_str());
+    let answer = cluster
+        .forward_http(coordinator, method, path, body, timeout)
+        .await
+        .map_err(crate::broker::BrokerError::from)?;
+    Ok(Some(passed_on(answer)))
+}
+
+/// Another broker's answer, as it came.
+fn passed_on(answer: crate::cluster::partitions::Forwarded) -> Response {
     let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
     let mut response = (status, answer.body).into_response();
     if let Some(t) = answer
@@ -42,5 +81,5 @@ pub(super) async fn to_leader(
     {
         response.headers_mut().insert(header::CONTENT_TYPE, t);
     }
-    Ok(Some(response))
+    response
 }

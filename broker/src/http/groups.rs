@@ -6,13 +6,20 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, Uri};
+use axum::response::{IntoResponse, Response};
 use mmmq_core::{GroupPoll, GroupStatus};
 use serde::Deserialize;
 
+use super::forward::to_coordinator;
 use super::openapi::{BodyErrors, Committed, ErrorBody, Errors, Left};
 use super::{ApiError, AppState, parse_json};
 use crate::broker::MAX_PULL_WAIT;
 use crate::groups::DEFAULT_SESSION_TIMEOUT;
+
+/// How long a group call forwarded to the coordinator may take beyond its own wait (contract
+/// §13: any broker answers; docs/cluster.md, "Pull groups in a cluster").
+const FORWARD_SLACK: Duration = Duration::from_secs(10);
 
 fn path<T>(p: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
     p.map(|Path(t)| t)
@@ -42,9 +49,11 @@ pub(super) struct PollQuery {
     responses((status = 200, body = GroupPoll), Errors))]
 pub(super) async fn poll(
     State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
     group: Result<Path<String>, PathRejection>,
     query: Result<Query<PollQuery>, QueryRejection>,
-) -> Result<Json<GroupPoll>, ApiError> {
+) -> Result<Response, ApiError> {
     let broker = state.broker()?;
     let group = path(group)?;
     let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
@@ -57,12 +66,16 @@ pub(super) async fn poll(
         ));
     }
     let wait = Duration::from_millis(q.wait_ms.unwrap_or(0)).min(MAX_PULL_WAIT);
+    let hop = (reqwest::Method::GET, &uri);
+    if let Some(answer) = to_coordinator(broker, &headers, hop, None, wait + FORWARD_SLACK).await? {
+        return Ok(answer);
+    }
     let limits = (q.max.unwrap_or(100), wait, session);
     let answer = broker
         .groups()
         .poll(&group, &q.member, &q.pattern, limits, &state.stopping)
         .await?;
-    Ok(Json(answer))
+    Ok(Json(answer).into_response())
 }
 
 /// A member's positions.
@@ -99,12 +112,26 @@ pub(super) struct CommitOffset {
     responses((status = 200, body = Committed), (status = 409, description = "Not the partition's owner", body = ErrorBody), Errors, BodyErrors))]
 pub(super) async fn commit(
     State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
     group: Result<Path<String>, PathRejection>,
     body: axum::body::Body,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let broker = state.broker()?;
     let group = path(group)?;
     let bytes = state.read_body(body, 1 << 20).await?;
+    let hop = (reqwest::Method::POST, &uri);
+    if let Some(answer) = to_coordinator(
+        broker,
+        &headers,
+        hop,
+        Some(bytes.to_vec().into()),
+        FORWARD_SLACK,
+    )
+    .await?
+    {
+        return Ok(answer);
+    }
     let req: CommitRequest = parse_json(&bytes)?;
     let offsets = req
         .offsets
@@ -112,7 +139,7 @@ pub(super) async fn commit(
         .map(|o| (o.topic, o.topic_id, o.partition, o.offset))
         .collect();
     broker.groups().commit(&group, &req.member, offsets).await?;
-    Ok(Json(serde_json::json!({"committed": true})))
+    Ok(Json(serde_json::json!({"committed": true})).into_response())
 }
 
 /// A member leaves its group at once.
@@ -121,11 +148,18 @@ pub(super) async fn commit(
     responses((status = 200, body = Left), Errors))]
 pub(super) async fn leave(
     State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
     p: Result<Path<(String, String)>, PathRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let (group, member) = path(p)?;
-    state.broker()?.groups().leave(&group, &member)?;
-    Ok(Json(serde_json::json!({"left": member})))
+    let broker = state.broker()?;
+    let hop = (reqwest::Method::DELETE, &uri);
+    if let Some(answer) = to_coordinator(broker, &headers, hop, None, FORWARD_SLACK).await? {
+        return Ok(answer);
+    }
+    broker.groups().leave(&group, &member)?;
+    Ok(Json(serde_json::json!({"left": member})).into_response())
 }
 
 /// A page of the group list.
@@ -147,9 +181,16 @@ pub(super) struct ListQuery {
         headers(("Link" = String, description = "`<…>; rel=\"next\"` while more groups follow"))), Errors))]
 pub(super) async fn list(
     State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<axum::response::Response, ApiError> {
-    use axum::response::IntoResponse;
+    let hop = (reqwest::Method::GET, &uri);
+    if let Some(answer) =
+        to_coordinator(state.broker()?, &headers, hop, None, FORWARD_SLACK).await?
+    {
+        return Ok(answer);
+    }
     let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let limit = q.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
@@ -183,8 +224,15 @@ pub(super) async fn list(
     responses((status = 200, body = GroupStatus), Errors))]
 pub(super) async fn show(
     State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
     group: Result<Path<String>, PathRejection>,
-) -> Result<Json<GroupStatus>, ApiError> {
+) -> Result<Response, ApiError> {
     let group = path(group)?;
-    Ok(Json(state.broker()?.groups().status(&group).await?))
+    let broker = state.broker()?;
+    let hop = (reqwest::Method::GET, &uri);
+    if let Some(answer) = to_coordinator(broker, &headers, hop, None, FORWARD_SLACK).await? {
+        return Ok(answer);
+    }
+    Ok(Json(broker.groups().status(&group).await?).into_response())
 }

@@ -364,6 +364,7 @@ impl From<crate::groups::GroupError> for ApiError {
             G::NotOwner { .. } => Self::Conflict(e.to_string()),
             G::Limit { .. } | G::Members { .. } => Self::Busy(e.to_string()),
             G::Storage(_) => Self::Internal(e.to_string()),
+            G::Cluster(c) => crate::broker::BrokerError::Cluster(c).into(),
         }
     }
 }
