@@ -6,7 +6,8 @@
 //! - `log_store`: openraft's log store on a segment log (a partition's log is its Raft log).
 //! - `machine`: a partition's state machine (applying moves the log's visible end).
 //! - `meta_state`, `meta_machine`: the metadata and the metadata group's state machine.
-//! - `network`, `rpc`, `faults`: Raft's traffic between brokers, both ends, and a fault switch.
+//! - `network`, `rpc`, `faults`: Raft's traffic between brokers, both ends, and a fault switch;
+//!   `identity`: the cluster's id every message carries, and the guard that checks it.
 //! - `node`: a broker's part of the cluster, the metadata group's start; `forward`: writes
 //!   through a group's leader; `status`: `GET /mmmq/cluster`.
 //! - `supervise`: a partition group opened again after a storage error stopped it, and its
@@ -17,6 +18,7 @@
 pub mod admin;
 pub mod faults;
 pub mod forward;
+pub mod identity;
 mod liveness;
 pub mod log_store;
 pub mod machine;
