@@ -14,6 +14,10 @@ pub struct ClusterView {
     pub clustered: bool,
     /// The broker that answered.
     pub node_id: Option<u64>,
+    /// The cluster's id, as the broker that answered knows it (`null`: a single-node broker,
+    /// or a new broker its cluster's metadata has not reached yet).
+    #[serde(default)]
+    pub cluster_id: Option<String>,
     /// The metadata group.
     pub meta: Option<MetaView>,
     /// The brokers.

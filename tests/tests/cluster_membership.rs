@@ -265,3 +265,140 @@ async fn a_single_broker_refuses_membership_commands() {
     assert_eq!(code, 400, "{body}");
     assert!(error_of(&body).contains("not a cluster member"), "{body}");
 }
+
+/// Waits until broker `b` knows its cluster's id (`GET /mmmq/cluster`'s `clusterId`).
+async fn cluster_id_of(b: &Broker) -> String {
+    eventually_async(Duration::from_secs(10), "the cluster's id", || async {
+        let (_, view) = b.get("/mmmq/cluster").await;
+        view["clusterId"].as_str().map(str::to_owned)
+    })
+    .await
+}
+
+/// How many lines of broker `b`'s log contain `text`.
+fn logged(b: &Broker, text: &str) -> usize {
+    b.log.lock().matches(text).count()
+}
+
+/// Waits until broker `b` logged `text`.
+async fn logs(b: &Broker, text: &str) {
+    eventually_async(Duration::from_secs(10), text, || async {
+        (logged(b, text) > 0).then_some(())
+    })
+    .await
+}
+
+/// docs/cluster.md, "The cluster's id": a broker of another cluster, added with `add-broker` or
+/// started with `--peers` naming this cluster's brokers, has its messages refused and refuses
+/// this cluster's (each side logs it once); a member whose id file names another cluster does
+/// not rejoin. Cluster A's messages stay where they were, on every replica.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_broker_of_another_cluster_is_refused() {
+    let mut c = Cluster::start(3, &[]).await;
+    c.meta_leader(1).await;
+    let a = cluster_id_of(c.broker(1)).await;
+    for id in 1..=3 {
+        assert_eq!(cluster_id_of(c.broker(id)).await, a);
+        let kept = std::fs::read_to_string(c.root(id).join("cluster").join("id")).unwrap();
+        assert_eq!(kept.trim(), a, "broker {id} keeps the id");
+    }
+    let text =
+        String::from_utf8_lossy(&c.broker(2).cli_ok(["cluster", "status"]).stdout).into_owned();
+    assert!(text.contains(&format!("cluster id: {a}")), "{text}");
+    let mut acks = produce(&c, 1, "orders", 1, 0..10).await;
+
+    // Cluster B: one broker, formed on its own, with a topic of its own.
+    let b_root = tempfile::tempdir().unwrap();
+    let b_addr = format!("127.0.0.1:{}", mmmq_tests::free_port());
+    let start_b = |peers: String| {
+        let (root, addr) = (b_root.path().to_owned(), b_addr.clone());
+        async move {
+            let args = ["--listen", &addr, "--node-id", "4", "--peers", &peers];
+            Broker::start_with(&root, &args).await
+        }
+    };
+    let b = start_b(format!("4={b_addr}")).await;
+    let b_id = cluster_id_of(&b).await;
+    assert_ne!(b_id, a);
+    let (code, body) = b
+        .post(
+            "/mmmq/messages",
+            &json!({"topic": "own", "content": {"b": 1}}),
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+
+    // Added to A: refused at once, saying why; neither cluster changes.
+    let out = c
+        .broker(2)
+        .cli(["cluster", "add-broker", "4", b_addr.as_str()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let b_refuses_a = format!("this broker belongs to cluster {b_id}, the message to cluster {a}");
+    assert!(err.contains(&b_refuses_a), "{err}");
+    let view = brokers_are(&c, 1, &[1, 2, 3]).await;
+    assert_eq!(view["meta"]["voters"], json!([1, 2, 3]), "{view}");
+    logs(&b, "refusing the Raft messages of another cluster").await;
+
+    // Started again with --peers naming A's brokers: they refuse its pings, and it logs each
+    // refusal once however often it pings (every 100 ms).
+    assert!(b.terminate().success());
+    let b = start_b(format!("{},4={b_addr}", c.peers())).await;
+    let a_refuses_b = format!("this broker belongs to cluster {a}, the message to cluster {b_id}");
+    for id in 1..=3 {
+        logs(
+            &b,
+            &format!("broker {id} refuses this broker's messages: {a_refuses_b}"),
+        )
+        .await;
+        logs(c.broker(id), &a_refuses_b).await;
+    }
+    // Ten pings to each later, still one line per refusing broker.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(logged(&b, &a_refuses_b), 3, "{}", b.log.lock());
+    for id in 1..=3 {
+        assert_eq!(logged(c.broker(id), &a_refuses_b), 1);
+    }
+    assert_eq!(cluster_id_of(&b).await, b_id);
+    let (code, page) = b.get("/mmmq/topics/own/messages?from=0").await;
+    assert_eq!(code, 200, "{page}");
+    assert_eq!(page["messages"].as_array().unwrap().len(), 1, "{page}");
+    assert!(b.terminate().success());
+
+    // A member whose id file names another cluster does not rejoin: its peers' messages are
+    // refused, and it takes none of their metadata. A goes on with the two others.
+    let three = c.brokers[2].take().unwrap();
+    assert!(three.terminate().success());
+    let id_file = c.root(3).join("cluster").join("id");
+    std::fs::write(&id_file, "0123456789abcdef\n").unwrap();
+    c.restart(3).await;
+    let three_refuses =
+        format!("this broker belongs to cluster 0123456789abcdef, the message to cluster {a}");
+    logs(
+        c.broker(1),
+        &format!("broker 3 refuses this broker's messages: {three_refuses}"),
+    )
+    .await;
+    assert_eq!(cluster_id_of(c.broker(3)).await, "0123456789abcdef");
+    acks.extend(produce(&c, 2, "orders", 1, 10..20).await);
+
+    // Its own id back, it catches up; every replica of A holds every message.
+    let three = c.brokers[2].take().unwrap();
+    assert!(three.terminate().success());
+    std::fs::write(&id_file, format!("{a}\n")).unwrap();
+    c.restart(3).await;
+    assert_eq!(cluster_id_of(c.broker(3)).await, a);
+    c.caught_up(3).await;
+    let (code, page) = c.broker(3).get("/mmmq/topics/orders/messages?from=0").await;
+    assert_eq!(code, 200, "{page}");
+    assert_eq!(page["messages"].as_array().unwrap().len(), 20, "{page}");
+    let sent = mmmq_tests::cluster::sent(&acks);
+    let replicas = c.stop_and_read("orders", 0).await;
+    mmmq_tests::cluster::assert_each_holds(&replicas, 20);
+    let report = check(
+        &BTreeMap::from([(("orders".to_owned(), 0), replicas)]),
+        &acks,
+        &sent,
+    );
+    assert!(report.clean(), "{report}");
+}

@@ -10,12 +10,15 @@ use std::time::{Duration, Instant};
 
 use super::membership::MembersChange;
 use super::meta_state::{MetaCommand, MetaOutcome, MetaState};
-use super::network::GroupId;
+use super::network::{GroupId, SendError};
 use super::node::{Cluster, ClusterError};
 use super::types::BrokerId;
 
 /// How long a removal waits for the removed broker to let go of its replicas.
 const RELEASE_WAIT: Duration = Duration::from_secs(10);
+
+/// How long an added broker is given to say which cluster it belongs to.
+const PROBE_WAIT: Duration = Duration::from_secs(2);
 
 fn done(outcome: MetaOutcome) -> Result<(), ClusterError> {
     match outcome {
@@ -141,6 +144,16 @@ impl Cluster {
             )));
         }
         self.inner.router.set_peer(id, &addr);
+        // A broker of another cluster at that address would refuse the learner's appends until
+        // the catch-up wait ran out: asked first, it says so at once (docs/cluster.md, "The
+        // cluster's id"). One that does not answer is waited for as before.
+        if let Err(SendError::OtherCluster(_, why)) =
+            self.inner.router.ping(id, self.id(), PROBE_WAIT).await
+        {
+            return Err(ClusterError::Refused(format!(
+                "broker {id} at {addr} belongs to another cluster: {why}"
+            )));
+        }
         self.change_members(GroupId::Meta, MembersChange::Join(id, addr.clone()))
             .await?;
         done(self.propose(MetaCommand::AddBroker { id, addr }).await?)?;

@@ -3,6 +3,10 @@
 //! which opens and closes partition groups to match. The state is small (brokers, topics,
 //! placement), so a snapshot is all of it, written to `cluster/meta/snapshot` when openraft asks
 //! for one; at boot the snapshot is loaded and the log after it applied again.
+//!
+//! The cluster's id is taken here, before the state that names it is published: metadata that
+//! names another cluster than the one this broker keeps stops the group (docs/cluster.md, "The
+//! cluster's id"), so the broker never acts on it (deleting its replicas, say).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -15,6 +19,7 @@ use openraft::{EntryPayload, OptionalSend};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use super::identity::Identity;
 use super::meta_state::{MetaCommand, MetaOutcome, MetaState};
 use super::network::SnapshotBytes;
 use super::types::{Applied, Command, Raft};
@@ -43,12 +48,13 @@ pub struct MetaMachine {
     inner: Arc<tokio::sync::Mutex<Inner>>,
     dir: PathBuf,
     published: watch::Sender<Arc<MetaState>>,
+    identity: Arc<Identity>,
 }
 
 impl MetaMachine {
-    /// Opens the machine in `dir` (`{root}/cluster/meta`), from its snapshot if there is one.
-    /// Blocking.
-    pub fn open(dir: &Path) -> io::Result<Self> {
+    /// Opens the machine in `dir` (`{root}/cluster/meta`), from its snapshot if there is one,
+    /// for a broker of `identity`'s cluster (refused if the snapshot names another). Blocking.
+    pub fn open(dir: &Path, identity: Arc<Identity>) -> io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let (applied, membership, state, snapshot) = match std::fs::read(dir.join(SNAPSHOT_FILE)) {
             Ok(bytes) => {
@@ -71,6 +77,9 @@ impl MetaMachine {
             }
             Err(e) => return Err(e),
         };
+        if let Some(id) = &state.cluster_id {
+            identity.adopt(id)?;
+        }
         let (published, _) = watch::channel(Arc::new(state.clone()));
         Ok(Self {
             inner: Arc::new(tokio::sync::Mutex::new(Inner {
@@ -81,6 +90,7 @@ impl MetaMachine {
             })),
             dir: dir.to_owned(),
             published,
+            identity,
         })
     }
 
@@ -107,6 +117,20 @@ impl MetaMachine {
             .map_err(io::Error::other)?
             .map_err(io::Error::other)?;
         Ok(bytes)
+    }
+
+    /// Takes the cluster's id the metadata names, before the state naming it is applied: an
+    /// error (another cluster's metadata) stops the group.
+    async fn adopt(&self, id: &str) -> io::Result<()> {
+        let identity = self.identity.clone();
+        let id = id.to_owned();
+        let adopted = tokio::task::spawn_blocking(move || identity.adopt(&id))
+            .await
+            .map_err(io::Error::other)?;
+        adopted.map_err(|e| {
+            tracing::error!(error = %e, "the metadata names another cluster; the metadata group stops");
+            e.into()
+        })
     }
 }
 
@@ -152,10 +176,19 @@ impl RaftStateMachine<Raft> for MetaMachine {
     {
         let mut inner = self.inner.lock().await;
         while let Some((entry, responder)) = entries.try_next().await? {
+            let command = match &entry.payload {
+                EntryPayload::Normal(Command::Meta(bytes)) => Some(decode(bytes)),
+                _ => None,
+            };
+            if let Some(Ok(MetaCommand::SetClusterId { id })) = &command
+                && inner.state.cluster_id.is_none()
+            {
+                self.adopt(id).await?;
+            }
             inner.applied = Some(entry.log_id);
             let answer = match &entry.payload {
-                EntryPayload::Normal(Command::Meta(bytes)) => {
-                    let outcome = match decode(bytes) {
+                EntryPayload::Normal(Command::Meta(_)) => {
+                    let outcome = match command.expect("decoded above") {
                         Ok(command) => inner.state.apply(&command),
                         Err(why) => MetaOutcome::Refused(why),
                     };
@@ -194,6 +227,9 @@ impl RaftStateMachine<Raft> for MetaMachine {
     ) -> Result<(), io::Error> {
         let stored: StoredSnapshot = serde_json::from_slice(&snapshot)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        if let Some(id) = &stored.state.cluster_id {
+            self.adopt(id).await?;
+        }
         let bytes = self.store(meta, &stored.state).await?;
         let mut inner = self.inner.lock().await;
         inner.applied = meta.last_log_id;
@@ -219,5 +255,70 @@ impl RaftStateMachine<Raft> for MetaMachine {
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         self.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::entry::RaftEntry;
+
+    use super::*;
+    use crate::cluster::log_store::log_id;
+
+    type Entry = openraft::alias::EntryOf<Raft>;
+
+    fn set_id(index: u64, id: &str) -> Entry {
+        let command = serde_json::to_vec(&MetaCommand::SetClusterId { id: id.into() }).unwrap();
+        Entry::new_normal(log_id(1, index), Command::Meta(command.into()))
+    }
+
+    async fn apply(machine: &mut MetaMachine, entries: &[Entry]) -> io::Result<()> {
+        let items: Vec<_> = entries.iter().map(|e| Ok((e.clone(), None))).collect();
+        machine.apply(futures_util::stream::iter(items)).await
+    }
+
+    fn identity(dir: &Path) -> Arc<Identity> {
+        Arc::new(Identity::open(dir).unwrap())
+    }
+
+    /// A broker takes the id its metadata names, keeps it, and stops at metadata that names
+    /// another cluster before anything of it is published (docs/cluster.md, "The cluster's id").
+    #[tokio::test]
+    async fn the_metadata_names_the_cluster_once_and_another_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (root, meta) = (tmp.path(), tmp.path().join("meta"));
+        let mut machine = MetaMachine::open(&meta, identity(root)).unwrap();
+        apply(&mut machine, &[set_id(1, "aaaa"), set_id(2, "bbbb")])
+            .await
+            .unwrap();
+        assert_eq!(machine.current().cluster_id.as_deref(), Some("aaaa"));
+        assert_eq!(identity(root).known().as_deref(), Some("aaaa"));
+        // The same broker's metadata from another cluster: refused, nothing published.
+        let elsewhere = tmp.path().join("elsewhere");
+        let mut other = MetaMachine::open(&elsewhere, identity(root)).unwrap();
+        let err = apply(&mut other, &[set_id(1, "cccc")]).await.unwrap_err();
+        assert!(err.to_string().contains("belongs to cluster aaaa"), "{err}");
+        assert_eq!(other.current().cluster_id, None);
+        // A snapshot naming another cluster stops the broker at boot.
+        let snapshot = machine.build_snapshot().await.unwrap();
+        let fresh = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(fresh.path().join("meta")).unwrap();
+        std::fs::copy(
+            meta.join(SNAPSHOT_FILE),
+            fresh.path().join("meta").join(SNAPSHOT_FILE),
+        )
+        .unwrap();
+        std::fs::write(fresh.path().join("id"), "dddd\n").unwrap();
+        let refused = MetaMachine::open(&fresh.path().join("meta"), identity(fresh.path()));
+        let err = refused.err().expect("refused");
+        assert!(err.to_string().contains("names cluster aaaa"), "{err}");
+        // ... and a broker that knew none takes it from the snapshot it installs.
+        let new = tempfile::tempdir().unwrap();
+        let mut joined = MetaMachine::open(&new.path().join("meta"), identity(new.path())).unwrap();
+        joined
+            .install_snapshot(&snapshot.meta, snapshot.snapshot)
+            .await
+            .unwrap();
+        assert_eq!(identity(new.path()).known().as_deref(), Some("aaaa"));
     }
 }

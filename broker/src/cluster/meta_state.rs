@@ -14,6 +14,12 @@ use super::types::BrokerId;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "camelCase")]
 pub enum MetaCommand {
+    /// Names the cluster (docs/cluster.md, "The cluster's id"): proposed once the cluster
+    /// forms, by any broker that finds its metadata without an id. The first applied stays.
+    SetClusterId {
+        /// 128 random bits, in hex.
+        id: String,
+    },
     /// A broker joins (or, known already, announces a new address).
     AddBroker {
         /// Its id (never one that was removed).
@@ -150,6 +156,9 @@ impl TopicMeta {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MetaState {
+    /// The cluster's id, once one was proposed (docs/cluster.md, "The cluster's id").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<String>,
     /// The brokers of the cluster.
     pub brokers: BTreeMap<BrokerId, BrokerMeta>,
     /// Ids of brokers removed: never given out again.
@@ -193,6 +202,13 @@ impl MetaState {
 
     fn try_apply(&mut self, command: &MetaCommand) -> Result<(), String> {
         match command {
+            MetaCommand::SetClusterId { id } => match &self.cluster_id {
+                Some(ours) if ours != id => Err(format!("the cluster's id is {ours} already")),
+                _ => {
+                    self.cluster_id = Some(id.clone());
+                    Ok(())
+                }
+            },
             MetaCommand::AddBroker { id, addr } => {
                 if self.retired.contains(id) {
                     return Err(format!("broker id {id} was removed and is never reused"));

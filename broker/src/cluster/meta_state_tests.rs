@@ -194,3 +194,22 @@ fn a_create_of_an_existing_topic_changes_nothing() {
     assert_eq!(s.apply(&create), MetaOutcome::TopicExists);
     assert_eq!(s.topics["t"], before);
 }
+
+/// Several brokers may propose an id as a cluster forms: the first applied is the cluster's on
+/// every broker, the others change nothing. A snapshot without one (written before ids) loads.
+#[test]
+fn the_first_cluster_id_applied_stays() {
+    let mut s = cluster(1);
+    assert_eq!(s.cluster_id, None);
+    let set = |id: &str| MetaCommand::SetClusterId { id: id.into() };
+    assert_eq!(s.apply(&set("aaaa")), MetaOutcome::Done);
+    assert_eq!(s.apply(&set("aaaa")), MetaOutcome::Done);
+    assert!(matches!(s.apply(&set("bbbb")), MetaOutcome::Refused(why) if why.contains("aaaa")));
+    assert_eq!(s.cluster_id.as_deref(), Some("aaaa"));
+    let json = serde_json::to_value(&s).unwrap();
+    assert_eq!(json["clusterId"], "aaaa");
+    let mut old = json.clone();
+    old.as_object_mut().unwrap().remove("clusterId");
+    let loaded: MetaState = serde_json::from_value(old).unwrap();
+    assert_eq!(loaded.cluster_id, None);
+}

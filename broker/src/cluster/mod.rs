@@ -5,8 +5,10 @@
 //! - `types`: the Raft type configuration every group shares, and what entries carry.
 //! - `log_store`: openraft's log store on a segment log (a partition's log is its Raft log).
 //! - `machine`: a partition's state machine (applying moves the log's visible end).
-//! - `meta_state`, `meta_groups`, `meta_machine`: the metadata (pull groups' commits too) and the metadata group's state machine.
-//! - `network`, `rpc`, `faults`: Raft's traffic between brokers, both ends, and a fault switch.
+//! - `meta_state`, `meta_groups`, `meta_machine`: the metadata (pull groups' commits too) and
+//!   the metadata group's state machine.
+//! - `network`, `rpc`, `faults`: Raft's traffic between brokers, both ends, and a fault switch;
+//!   `identity`: the cluster's id every message carries, and the guard that checks it.
 //! - `node`: a broker's part of the cluster, the metadata group's start; `forward`: writes
 //!   through a group's leader; `status`: `GET /mmmq/cluster`.
 //! - `supervise`: a partition group opened again after a storage error stopped it, and its
@@ -18,6 +20,7 @@
 pub mod admin;
 pub mod faults;
 pub mod forward;
+pub mod identity;
 pub mod ids;
 mod liveness;
 pub mod log_store;

@@ -25,6 +25,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::faults::Faults;
+use super::identity::{CLUSTER_HEADER, Identity};
 use super::types::{BrokerId, Raft};
 
 /// The path prefix of Raft's traffic on a broker's HTTP listener.
@@ -67,6 +68,12 @@ struct RouterInner {
     peers: RwLock<HashMap<BrokerId, String>>,
     token: Option<String>,
     faults: Faults,
+    /// This broker's cluster id: every message carries it once known (docs/cluster.md, "The
+    /// cluster's id").
+    identity: Arc<Identity>,
+    /// Peers that refused this broker's messages as another cluster's, with what they said:
+    /// logged once, not at every retry, until a message to the peer goes through again.
+    refusals: RwLock<HashMap<BrokerId, String>>,
 }
 
 /// Why a message did not get an answer.
@@ -82,15 +89,19 @@ pub(super) enum SendError {
     Status(BrokerId, reqwest::StatusCode, String),
     #[error("exchange with broker {0} failed: {1}")]
     Exchange(BrokerId, String),
+    #[error("broker {0} refused the message: {1}")]
+    OtherCluster(BrokerId, String),
 }
 
 impl SendError {
-    /// Unreachable makes openraft back off; anything else is retried at once.
+    /// Unreachable makes openraft back off; anything else is retried at once. A broker of
+    /// another cluster is as good as unreachable: it refuses whatever is sent.
     fn into_rpc(self) -> RPCError<Raft> {
         match self {
-            SendError::NoAddress(_) | SendError::CutOff(_) | SendError::Connect(..) => {
-                RPCError::Unreachable(Unreachable::new(&self))
-            }
+            SendError::NoAddress(_)
+            | SendError::CutOff(_)
+            | SendError::Connect(..)
+            | SendError::OtherCluster(..) => RPCError::Unreachable(Unreachable::new(&self)),
             _ => RPCError::Network(NetworkError::new(&self)),
         }
     }
@@ -105,8 +116,14 @@ impl SendError {
 }
 
 impl Router {
-    /// A router that knows `peers` (broker id → `host:port` or `http://host:port`).
-    pub fn new(peers: &HashMap<BrokerId, String>, token: Option<String>, faults: Faults) -> Self {
+    /// A router that knows `peers` (broker id → `host:port` or `http://host:port`), its messages
+    /// naming `identity`'s cluster.
+    pub fn new(
+        peers: &HashMap<BrokerId, String>,
+        token: Option<String>,
+        faults: Faults,
+        identity: Arc<Identity>,
+    ) -> Self {
         let http = reqwest::Client::builder()
             .pool_idle_timeout(Duration::from_secs(90))
             .tcp_nodelay(true)
@@ -119,6 +136,8 @@ impl Router {
                 peers: RwLock::new(HashMap::new()),
                 token,
                 faults,
+                identity,
+                refusals: RwLock::new(HashMap::new()),
             }),
         };
         for (id, addr) in peers {
@@ -147,13 +166,18 @@ impl Router {
         &self.inner.faults
     }
 
+    /// This broker's cluster id.
+    pub fn identity(&self) -> &Arc<Identity> {
+        &self.inner.identity
+    }
+
     /// The shared HTTP client (forwarding to leaders uses the same pool).
     pub fn http(&self) -> &reqwest::Client {
         &self.inner.http
     }
 
     /// A `POST /mmmq/internal/raft/{rpc}` to peer `to` with a postcard `body`, the token
-    /// presented; `None` when no address of `to` is known.
+    /// presented and the cluster named; `None` when no address of `to` is known.
     pub fn internal_post(
         &self,
         to: BrokerId,
@@ -162,17 +186,42 @@ impl Router {
         timeout: Duration,
     ) -> Option<reqwest::RequestBuilder> {
         let base = self.peer(to)?;
-        let mut request = self
+        let request = self
             .inner
             .http
             .post(format!("{base}{RAFT_PATH}/{rpc}"))
             .header("content-type", "application/octet-stream")
             .timeout(timeout)
             .body(body);
+        Some(self.credentials(request))
+    }
+
+    /// The token and the cluster's id, on a request to a peer.
+    fn credentials(&self, mut request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         if let Some(token) = &self.inner.token {
             request = request.bearer_auth(token);
         }
-        Some(request)
+        if let Some(id) = self.inner.identity.known() {
+            request = request.header(CLUSTER_HEADER, id);
+        }
+        request
+    }
+
+    /// Notes a peer's refusal of this broker's cluster: logged the first time, not at each
+    /// retry (docs/cluster.md, "The cluster's id").
+    fn refused(&self, peer: BrokerId, why: &str) {
+        let mut refusals = self.inner.refusals.write();
+        if refusals.get(&peer).is_none_or(|said| said != why) {
+            tracing::error!(peer, "broker {peer} refuses this broker's messages: {why}");
+            refusals.insert(peer, why.to_owned());
+        }
+    }
+
+    /// Forgets a peer's refusal once a message went through: a new one is logged again.
+    fn answered(&self, peer: BrokerId) {
+        if self.inner.refusals.read().contains_key(&peer) {
+            self.inner.refusals.write().remove(&peer);
+        }
     }
 
     /// The auth token peers expect, if any.
@@ -215,17 +264,14 @@ impl Router {
         }
         let body = postcard::to_stdvec(&(group, req))
             .map_err(|e| SendError::Exchange(target, e.to_string()))?;
-        let mut request = self
+        let request = self
             .inner
             .http
             .post(format!("{base}{RAFT_PATH}/{rpc}"))
             .timeout(ttl)
             .header("content-type", "application/octet-stream")
             .body(body);
-        if let Some(token) = &self.inner.token {
-            request = request.bearer_auth(token);
-        }
-        let response = request.send().await.map_err(|e| {
+        let response = self.credentials(request).send().await.map_err(|e| {
             if e.is_connect() {
                 SendError::Connect(target, e)
             } else {
@@ -233,14 +279,22 @@ impl Router {
             }
         })?;
         let status = response.status();
+        // A 409 naming the peer's cluster: it belongs to another (its guard, in `identity`).
+        let other_cluster = status == reqwest::StatusCode::CONFLICT
+            && response.headers().contains_key(CLUSTER_HEADER);
         let bytes = response
             .bytes()
             .await
             .map_err(|e| SendError::Exchange(target, e.to_string()))?;
         if !status.is_success() {
             let text = String::from_utf8_lossy(&bytes).into_owned();
+            if other_cluster {
+                self.refused(target, &text);
+                return Err(SendError::OtherCluster(target, text));
+            }
             return Err(SendError::Status(target, status, text));
         }
+        self.answered(target);
         postcard::from_bytes(&bytes).map_err(|e| SendError::Exchange(target, e.to_string()))
     }
 

@@ -4,7 +4,8 @@
 //! Boot: the metadata group's log and machine open from `{root}/cluster/meta/`; the broker with
 //! the lowest id of `--peers` initializes the group once, with every peer a voter (one broker
 //! initializing is what keeps two fresh brokers from writing two different first entries);
-//! once the group has a leader every broker makes sure the metadata names it at its address.
+//! once the group has a leader every broker makes sure the metadata names it at its address,
+//! and that it names the cluster (docs/cluster.md, "The cluster's id").
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ use parking_lot::RwLock;
 use tokio_util::sync::CancellationToken;
 
 use super::faults::Faults;
+use super::identity::Identity;
 use super::meta_machine::MetaMachine;
 use super::meta_state::{MetaCommand, MetaOutcome, MetaState};
 use super::metrics::ClusterMetrics;
@@ -228,12 +230,13 @@ impl Cluster {
     where
         LS: RaftLogStorage<Raft>,
     {
+        let identity = Identity::load(&config.dir).await?;
         let peers: HashMap<_, _> = config.peers.clone().into_iter().collect();
-        let router = Router::new(&peers, config.token.clone(), faults);
+        let router = Router::new(&peers, config.token.clone(), faults, identity.clone());
         let meta_dir = config.dir.join("meta");
         let machine = {
             let dir = meta_dir.clone();
-            tokio::task::spawn_blocking(move || MetaMachine::open(&dir))
+            tokio::task::spawn_blocking(move || MetaMachine::open(&dir, identity))
                 .await
                 .map_err(|e| ClusterError::Failed(e.to_string()))?
                 .map_err(|e| ClusterError::Failed(format!("{}: {e}", meta_dir.display())))?
@@ -317,6 +320,11 @@ impl Cluster {
         self.inner.config.node_id
     }
 
+    /// The cluster's id, once this broker knows it (docs/cluster.md, "The cluster's id").
+    pub fn cluster_id(&self) -> Option<String> {
+        self.inner.router.identity().known()
+    }
+
     /// The metadata as applied on this broker.
     pub fn metadata(&self) -> Arc<MetaState> {
         self.inner.machine.current()
@@ -336,6 +344,12 @@ impl Cluster {
                 axum::routing::post(super::rpc::handle::<Inner>),
             )
             .with_state(groups)
+            // Another cluster's messages are refused before they are read (docs/cluster.md,
+            // "The cluster's id").
+            .layer(axum::middleware::from_fn_with_state(
+                self.inner.router.identity().clone(),
+                super::identity::guard,
+            ))
             // An append carries up to openraft's batch of entries, a forwarded write a whole
             // produce batch (32 × --max-body-bytes): axum's 2 MiB default would stall both.
             .layer(axum::extract::DefaultBodyLimit::max(RAFT_BODY_LIMIT));
@@ -367,7 +381,9 @@ impl Cluster {
     }
 
     /// Keeps this broker named at its address in the metadata: proposed once the group has a
-    /// leader, again whenever the metadata lost it (a snapshot from before the join).
+    /// leader, again whenever the metadata lost it (a snapshot from before the join). Then
+    /// names the cluster if nobody has: the first id applied stays, so brokers that propose
+    /// at once agree (docs/cluster.md, "The cluster's id").
     async fn announce(self) {
         let mut metadata = self.watch_metadata();
         loop {
@@ -400,6 +416,15 @@ impl Cluster {
                             _ = self.inner.stop.cancelled() => return,
                         }
                     }
+                }
+            }
+            if metadata.borrow().cluster_id.is_none()
+                && let Err(e) = self.name_cluster().await
+            {
+                tracing::debug!(node = me, error = %e, "naming the cluster, retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => continue,
+                    _ = self.inner.stop.cancelled() => return,
                 }
             }
             tokio::select! {

@@ -28,6 +28,7 @@ impl Cluster {
         ClusterView {
             clustered: true,
             node_id: Some(self.id()),
+            cluster_id: self.cluster_id(),
             meta: Some(MetaView {
                 leader: meta_view.leader,
                 term: meta_view.term,

@@ -147,6 +147,8 @@ pub fn status(view: &ClusterView, json: bool, out: &mut dyn Write) -> Result<(),
         writeln!(out, "a single broker (not a cluster member)")?;
         return Ok(());
     }
+    let id = view.cluster_id.as_deref().unwrap_or("not known yet");
+    writeln!(out, "cluster id: {id}")?;
     let meta = view.meta.clone().unwrap_or_default();
     let leader = meta.leader.map_or("none".to_owned(), |l| l.to_string());
     writeln!(out, "metadata leader: {leader} (term {})", meta.term)?;
