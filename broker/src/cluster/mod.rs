@@ -13,6 +13,7 @@
 //!   metrics kept; `metrics`: the groups' Prometheus metrics.
 //! - `membership`: member changes made by a group's leader; `admin`: the operator's commands
 //!   (add or remove a broker, move a partition) built on them.
+//! - `retention`: retention's purge of a partition's segments through its group.
 
 pub mod admin;
 pub mod faults;
@@ -27,6 +28,7 @@ pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod partitions;
+pub mod retention;
 pub mod rpc;
 pub mod status;
 pub mod supervise;
