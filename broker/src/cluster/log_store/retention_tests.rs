@@ -193,3 +193,37 @@ async fn a_retention_snapshot_never_replaces_a_newer_one() {
         newer.meta
     );
 }
+
+/// A crash after the snapshot was taken and before the purge: the replica opens at the
+/// snapshot's point or later with its whole log, and the next pass purges there, without
+/// another snapshot.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_between_the_snapshot_and_the_purge_leaves_the_next_pass_to_purge() {
+    let (tmp, store, mut machine, h) = opened(71).await;
+    let t = machine.retention_target(25).await.unwrap().unwrap();
+    let snap = machine
+        .try_create_snapshot_builder(false)
+        .await
+        .unwrap()
+        .build_snapshot()
+        .await
+        .unwrap();
+    drop((store, machine));
+    let (mut store, mut machine) = open(tmp.path()).await.unwrap();
+    assert_eq!(all(&mut store).await, h, "nothing purged");
+    assert_eq!(store.log().first_offset(), 0);
+    let (applied, _) = machine.applied_state().await.unwrap();
+    assert!(applied >= Some(t.last), "{applied:?}");
+    assert_eq!(
+        machine.get_current_snapshot().await.unwrap().unwrap().meta,
+        snap.meta
+    );
+    assert_eq!(machine.retention_target(25).await.unwrap(), Some(t));
+    assert!(
+        machine.try_create_snapshot_builder(false).await.is_none(),
+        "the snapshot covers it already"
+    );
+    store.purge(t.last).await.unwrap();
+    assert_eq!(store.log().first_offset(), t.first_offset);
+    assert_eq!(all(&mut store).await, h[(t.last.index + 1) as usize..]);
+}
