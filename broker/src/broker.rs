@@ -134,7 +134,7 @@ pub struct Broker {
     /// Deployed plugins and their versions.
     plugins: Arc<crate::plugin::store::PluginStore>,
     /// This broker's part of a cluster, when it is a member (contract §13).
-    cluster: std::sync::OnceLock<crate::cluster::node::Cluster>,
+    cluster: Arc<std::sync::OnceLock<crate::cluster::node::Cluster>>,
 }
 
 impl Broker {
@@ -223,7 +223,9 @@ impl Broker {
             metrics.clone(),
             config.max_groups,
         ));
+        let cluster = Arc::new(std::sync::OnceLock::new());
         topic_admin::spawn_retention(
+            cluster.clone(),
             registry.clone(),
             dispatch.clone(),
             groups.clone(),
@@ -246,7 +248,7 @@ impl Broker {
             background,
             groups,
             plugins,
-            cluster: std::sync::OnceLock::new(),
+            cluster,
         })
     }
 

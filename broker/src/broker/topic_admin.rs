@@ -123,8 +123,10 @@ impl Broker {
 }
 
 /// Runs retention over every topic now and every `every`, until `stop`, and writes the id
-/// snapshot of each topic that stored messages since its last one.
+/// snapshot of each topic that stored messages since its last one. A cluster member's partitions
+/// go through their groups once `cluster` is set (docs/cluster.md, "Retention in a cluster").
 pub(super) fn spawn_retention(
+    cluster: Arc<std::sync::OnceLock<crate::cluster::node::Cluster>>,
     registry: Arc<Registry>,
     dispatch: Arc<Dispatch>,
     groups: Arc<crate::groups::Groups>,
@@ -149,7 +151,8 @@ pub(super) fn spawn_retention(
                     } else {
                         None
                     };
-                    match retention::apply(&t.topic, &p, &config, now_ms(), floor).await {
+                    let raft = cluster.get().map(|c| c as &dyn retention::RaftRetention);
+                    match retention::apply(&t.topic, &p, &config, now_ms(), floor, raft).await {
                         Ok(0) => {}
                         Ok(n) => {
                             metrics

@@ -10,6 +10,9 @@
 //! forward. A snapshot is those three values too ([`PartitionSnapshot`]): what a follower that
 //! installs one holds is a log that starts over, empty, at its next offset (the messages before
 //! it are on the replicas that kept them).
+//!
+//! Snapshots are taken only where retention purges the log (`retain`: at the last entry of the
+//! segments it deletes, docs/cluster.md, "Retention in a cluster").
 
 use std::io;
 use std::path::PathBuf;
@@ -26,6 +29,9 @@ use super::ids::PartitionIds;
 use super::log_store::{SegmentLogStore, Shared, StoreError, blocking};
 use super::network::SnapshotBytes;
 use super::types::{Applied, Command, GroupKind, LogId, Raft};
+
+mod retain;
+pub use retain::RetentionTarget;
 
 /// The state machine's file of its last applied state, in `raft/`.
 pub const APPLIED: &str = "applied";
@@ -73,6 +79,8 @@ pub struct PartitionMachine {
     /// The topic's produce ids, told of every message applied (docs/cluster.md, "Produce ids in
     /// a cluster"); `None` in the log store's own tests.
     ids: Option<Arc<PartitionIds>>,
+    /// The snapshot retention asked for, built at its purge point (`retain`).
+    retain_at: Option<PartitionSnapshot>,
 }
 
 impl std::fmt::Debug for PartitionMachine {
@@ -163,6 +171,7 @@ impl PartitionMachine {
             persisted: Instant::now(),
             current: Arc::new(Mutex::new(snapshot)),
             ids: None,
+            retain_at: None,
         })
     }
 
@@ -294,6 +303,20 @@ impl RaftStateMachine<Raft> for PartitionMachine {
         Ok(())
     }
 
+    /// A partition's snapshot is built where retention purges (`retain`), and otherwise only
+    /// when openraft must have one (`force`: none to send a follower), at the applied state.
+    async fn try_create_snapshot_builder(&mut self, force: bool) -> Option<Self::SnapshotBuilder> {
+        match self.retain_at.take() {
+            Some(state) => Some(PartitionSnapshotBuilder {
+                shared: self.shared.clone(),
+                state,
+                current: self.current.clone(),
+            }),
+            None if force => Some(self.get_snapshot_builder().await),
+            None => None,
+        }
+    }
+
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         PartitionSnapshotBuilder {
             shared: self.shared.clone(),
@@ -320,13 +343,8 @@ impl RaftStateMachine<Raft> for PartitionMachine {
         };
         // The snapshot and the state first: if the power fails before the log starts over,
         // opening the state machine finishes it.
-        let shared = self.shared.clone();
-        let written = stored.clone();
-        blocking(move || {
-            super::log_store::write_json(&*shared.vfs, &file(&shared, SNAPSHOT), &written)?;
-            super::log_store::write_json(&*shared.vfs, &file(&shared, APPLIED), &written.data)
-        })
-        .await?;
+        let (shared, current) = (self.shared.clone(), self.current.clone());
+        blocking(move || retain::save(&shared, &current, stored, true)).await?;
         if let Some(last) = data.last_log_id {
             self.shared.continue_after(last, data.next_offset).await?;
             // A log that holds the snapshot's last entry kept its messages: they must end where
@@ -345,7 +363,7 @@ impl RaftStateMachine<Raft> for PartitionMachine {
         }
         self.state = data;
         self.persisted = Instant::now();
-        *self.current.lock() = Some(stored);
+        self.retain_at = None;
         self.shared.log.advance_visible(self.state.next_offset);
         Ok(())
     }
@@ -372,19 +390,15 @@ impl RaftSnapshotBuilder<Raft> for PartitionSnapshotBuilder {
             last_membership: self.state.membership.clone(),
         };
         let stored = SnapshotFile {
-            meta: meta.clone(),
+            meta,
             data: self.state.clone(),
         };
-        let shared = self.shared.clone();
-        let written = stored.clone();
-        blocking(move || {
-            super::log_store::write_json(&*shared.vfs, &file(&shared, SNAPSHOT), &written)
-        })
-        .await?;
-        *self.current.lock() = Some(stored);
+        // A newer snapshot installed meanwhile stays the current one.
+        let (shared, current) = (self.shared.clone(), self.current.clone());
+        let kept = blocking(move || retain::save(&shared, &current, stored, false)).await?;
         Ok(Snapshot {
-            meta,
-            snapshot: encode(&self.state)?,
+            snapshot: encode(&kept.data)?,
+            meta: kept.meta,
         })
     }
 }

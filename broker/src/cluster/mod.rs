@@ -16,6 +16,7 @@
 //! - `ids`: produce ids kept with each partition's replicated log, decided by its leader.
 //! - `membership`: member changes made by a group's leader; `admin`: the operator's commands
 //!   (add or remove a broker, move a partition) built on them.
+//! - `retention`: retention's purge of a partition's segments through its group.
 
 pub mod admin;
 pub mod faults;
@@ -33,6 +34,7 @@ pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod partitions;
+pub mod retention;
 pub mod rpc;
 pub mod status;
 pub mod supervise;

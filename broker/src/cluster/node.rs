@@ -95,14 +95,16 @@ impl ClusterConfig {
                 self.election_ms
             },
             // The metadata's snapshot is its whole state, and its log is purged behind it. A
-            // partition's log is its messages: only retention deletes them, never a snapshot
-            // (docs/cluster.md, "Clustered partitions on disk").
+            // partition's log is its messages: only retention deletes them, and builds the
+            // snapshot its purge needs (docs/cluster.md, "Retention in a cluster").
             snapshot_policy: if meta {
                 openraft::SnapshotPolicy::LogsSinceLast(1000)
             } else {
                 openraft::SnapshotPolicy::Never
             },
-            max_in_snapshot_log_to_keep: 100,
+            // openraft purges a partition's log only when retention asks (`trigger().purge_log`,
+            // docs/cluster.md, "Retention in a cluster"): after a snapshot it keeps every entry.
+            max_in_snapshot_log_to_keep: if meta { 100 } else { u64::MAX },
             // A leader may apply what its followers hold before its own fsync returns, so a
             // leader that restarts (a crash, or its group opened again after a storage error)
             // may have lost entries of its term that others hold. Restored as leader of that

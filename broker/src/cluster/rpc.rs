@@ -86,6 +86,13 @@ pub trait Endpoint: Send + Sync {
     /// Asks this replica to run for leader (a pre-vote first: refused while a majority still
     /// hears from a leader). See docs/cluster.md, "Liveness and elections".
     async fn elect(&self);
+    /// Retention on this replica of a partition: its whole segments before `offset` go through
+    /// its group's purge; answers the new first offset if they went (docs/cluster.md,
+    /// "Retention in a cluster"). Partition groups only.
+    async fn purge_before(&self, offset: u64) -> Result<Option<u64>, String> {
+        let _ = offset;
+        Err("only a partition's group purges for retention".to_owned())
+    }
 }
 
 /// A group as one broker sees it (`GET /mmmq/cluster`, metrics).

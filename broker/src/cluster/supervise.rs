@@ -278,6 +278,13 @@ impl Endpoint for Supervised {
         }
     }
 
+    async fn purge_before(&self, offset: u64) -> Result<Option<u64>, String> {
+        match self.running() {
+            Some(r) => super::retention::purge_before(&r, offset).await,
+            None => Ok(None),
+        }
+    }
+
     async fn stop(&self) {
         self.stop.cancel();
         let task = self.task.lock().take();

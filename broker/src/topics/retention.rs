@@ -4,12 +4,38 @@
 //! back whatever a dispatcher has not passed yet.
 //!
 //! [`plan`] decides, as a pure function of the segments, their newest timestamps and the clock;
-//! [`apply`] carries it out on one topic.
+//! [`apply`] carries it out on one topic. A clustered partition's segments are its Raft log: they
+//! go through its group's purge ([`RaftRetention`], docs/cluster.md, "Retention in a cluster").
 
 use mmmq_core::{StoredMessage, TopicConfig};
 
 use super::Partition;
 use crate::storage::{SegmentSummary, StorageError};
+
+/// Why a retention pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RetentionError {
+    /// The segment log refused.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// A clustered partition's group did not purge.
+    #[error("{0}")]
+    Cluster(String),
+}
+
+/// Deletes a clustered partition's segments through its Raft group (the cluster this broker is
+/// a member of).
+#[async_trait::async_trait]
+pub trait RaftRetention: Send + Sync {
+    /// Deletes this replica's whole segments before `before` (rounded down to a segment's start,
+    /// within what it applied); answers the new first offset, `None` if nothing went.
+    async fn purge_before(
+        &self,
+        topic: &mmmq_core::Topic,
+        partition: u32,
+        before: u64,
+    ) -> Result<Option<u64>, String>;
+}
 
 /// What one pass does to a topic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,14 +111,17 @@ fn newest_timestamp(p: &Partition, s: &SegmentSummary) -> Option<u64> {
         .map(|m| m.timestamp)
 }
 
-/// One retention pass over one partition of `topic`; returns how many segments it deleted.
+/// One retention pass over one partition of `topic`; returns how many segments it deleted. A
+/// clustered partition's go through `raft` (none yet: the broker has not joined its cluster, and
+/// nothing is deleted).
 pub async fn apply(
     topic: &mmmq_core::Topic,
     t: &std::sync::Arc<Partition>,
     config: &TopicConfig,
     now_ms: u64,
     floor: Option<u64>,
-) -> Result<usize, StorageError> {
+    raft: Option<&dyn RaftRetention>,
+) -> Result<usize, RetentionError> {
     if config.retention_ms.is_none() && config.retention_bytes.is_none() {
         return Ok(0);
     }
@@ -110,12 +139,12 @@ pub async fn apply(
         .await
         .expect("retention task panicked")
     };
-    // A clustered partition's segments are its Raft log: deleting them under the group would
-    // break its recovery and its followers' catching up. Until retention goes through the
-    // group's purge, a cluster keeps its messages (docs/cluster.md, "State of the work").
-    if t.log.clustered() {
-        return Ok(0);
-    }
+    // A clustered partition's segments are its Raft log: deleted under the group, they would
+    // break its recovery and its followers' catching up, so only its purge removes them.
+    let raft = match raft {
+        None if t.log.clustered() => return Ok(0),
+        raft => raft.filter(|_| t.log.clustered()),
+    };
     let mut p = decide(t.clone(), config.clone()).await;
     if p.roll_tail {
         t.log.roll().await?;
@@ -125,9 +154,21 @@ pub async fn apply(
         return Ok(0);
     }
     let (log, keep_from) = (t.log.clone(), p.keep_from);
-    let removed = tokio::task::spawn_blocking(move || log.remove_segments_before(keep_from))
-        .await
-        .expect("retention task panicked")?;
+    let removed = match raft {
+        Some(raft) => {
+            let segments = t.log.segments();
+            let first = raft
+                .purge_before(topic, t.number, keep_from)
+                .await
+                .map_err(RetentionError::Cluster)?;
+            first.map_or(0, |first| {
+                segments.iter().filter(|s| s.start < first).count()
+            })
+        }
+        None => tokio::task::spawn_blocking(move || log.remove_segments_before(keep_from))
+            .await
+            .expect("retention task panicked")?,
+    };
     if removed > 0 {
         tracing::info!(topic = %topic, partition = t.number, segments = removed, first_offset = t.log.first_offset(), "retention deleted segments");
     }

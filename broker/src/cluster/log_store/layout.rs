@@ -205,6 +205,16 @@ impl Layout {
         Some((upto, offset))
     }
 
+    /// The last membership entry at or before `index` that the log holds (after its purge
+    /// point): what a snapshot at `index` records as its membership, if the log holds it.
+    pub(super) fn membership_upto(&self, index: u64) -> Option<&Entry> {
+        self.others
+            .range(..=index)
+            .rev()
+            .map(|(_, e)| e)
+            .find(|e| matches!(e.payload, openraft::EntryPayload::Membership(_)))
+    }
+
     /// Where each index of `[from, to)` (clamped to what is held) is, in order.
     pub(super) fn plan(&self, from: u64, to: u64) -> Vec<(u64, Slot)> {
         let Some((first, last)) = self.held else {

@@ -10,7 +10,8 @@
 //!   that hold one pay a second fsync.
 //! - An index's offset follows from an anchor and the few sidecar entries after it (`layout`).
 //! - The vote and the purge point are small files replaced atomically (`files`).
-//! - At open, the log is the longest run of consecutive indexes (`recover`).
+//! - At open, the log is the longest run of consecutive indexes (`recover`), and a purge a crash
+//!   interrupted is finished (`purge`, which also answers what retention needs of the log).
 //! - The trait implementations (`storage`) keep messages not yet durable in memory, so that an
 //!   append's entries can be read (replicated) at once, before its fsync returns.
 //!
@@ -19,6 +20,7 @@
 
 mod files;
 mod layout;
+mod purge;
 mod recover;
 mod storage;
 
@@ -26,6 +28,8 @@ mod storage;
 mod power_tests;
 #[cfg(test)]
 mod recovery_tests;
+#[cfg(test)]
+mod retention_tests;
 #[cfg(test)]
 mod suite;
 #[cfg(test)]
@@ -223,6 +227,15 @@ impl SegmentLogStore {
             Fix::Truncate(end) => log.truncate(end).await?,
             Fix::Reset(next) => log.reset(next).await?,
         }
+        let sidecar = {
+            let (log, mut sidecar) = (log.clone(), recovered.sidecar);
+            let purged = recovered.layout.purged();
+            blocking(move || {
+                purge::finish(&log, &mut sidecar, purged)?;
+                Ok(sidecar)
+            })
+            .await?
+        };
         let failed = Arc::new(Mutex::new(None));
         let (flusher, queue) = mpsc::unbounded_channel();
         tokio::spawn(storage::flush(queue, failed.clone(), dir));
@@ -237,7 +250,7 @@ impl SegmentLogStore {
                     pending: VecDeque::new(),
                     vote: recovered.vote,
                 }),
-                sidecar: Mutex::new(recovered.sidecar),
+                sidecar: Mutex::new(sidecar),
                 failed,
                 flusher,
             }),

@@ -81,6 +81,16 @@ async fn fresh() -> (SimFs, Arc<dyn Vfs>, SegmentLogStore) {
     (fs, vfs, store)
 }
 
+/// [`fresh`], holding `entries` (appended in one call, all flushed).
+async fn fresh_holding(entries: &[Entry]) -> (SimFs, Arc<dyn Vfs>, SegmentLogStore) {
+    let (fs, vfs, mut store) = fresh().await;
+    assert_eq!(
+        append_all(&mut store, entries, &[entries.len()]).await,
+        entries.len()
+    );
+    (fs, vfs, store)
+}
+
 /// Cuts the power and opens the store again, which must work.
 async fn cut_and_reopen(
     fs: &SimFs,
@@ -154,8 +164,7 @@ async fn a_power_cut_at_any_step_of_a_cut_or_a_purge_leaves_one_history() {
     let mut ops = 0;
     while !finished {
         for mode in MODES {
-            let (fs, vfs, mut store) = fresh().await;
-            assert_eq!(append_all(&mut store, &old, &[old.len()]).await, old.len());
+            let (fs, vfs, mut store) = fresh_holding(&old).await;
             fs.die_after(ops);
             let mut done = store.truncate_after(Some(id(2, 4))).await.is_ok();
             done = done && append_all(&mut store, &new[4..], &[3]).await == 3;
@@ -180,4 +189,64 @@ async fn a_power_cut_at_any_step_of_a_cut_or_a_purge_leaves_one_history() {
         assert!(ops < 400, "never finished");
     }
     assert!(ops > 5, "{ops}");
+}
+
+/// Retention's purge at a segment boundary (docs/cluster.md, "Retention in a cluster") while the
+/// disk fails at every step: what opens is the log before the purge or after it — the purge
+/// point, the sidecar and the segments agreeing (a purge cut short after its point was written
+/// is finished at open) — and every entry after the purge point is there.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_power_cut_at_any_step_of_a_retention_purge_opens_before_or_after_it() {
+    let h: Vec<Entry> = (1..=40)
+        .map(|i| {
+            if i % 6 == 0 {
+                RaftEntry::new_blank(id(1, i))
+            } else {
+                msg(1, i)
+            }
+        })
+        .collect();
+    let mut finished = false;
+    let mut ops = 0;
+    while !finished {
+        for mode in MODES {
+            let (fs, vfs, mut store) = fresh_holding(&h).await;
+            let starts: Vec<u64> = store.log().segments().iter().map(|s| s.start).collect();
+            assert!(starts.len() >= 4, "{starts:?}");
+            let boundary = starts[2];
+            let frame = store.log().read_raft_from(boundary - 1, 1, 1).unwrap();
+            let (term, index) = frame[0].entry.as_ref().unwrap().0;
+            let last = id(term, index);
+            fs.die_after(ops);
+            finished = store.purge(last).await.is_ok();
+            drop(store);
+            let what = format!("power failing after {ops} ops, {mode:?}");
+            let mut store = cut_and_reopen(&fs, &vfs, ops * 13 + 5, mode, &what).await;
+            let purged = store.get_log_state().await.unwrap().last_purged_log_id;
+            let got = all(&mut store).await;
+            match purged {
+                None => {
+                    assert_eq!(got, h, "{what}");
+                    assert_eq!(store.log().first_offset(), 0, "{what}");
+                }
+                Some(p) => {
+                    assert_eq!(p, last, "{what}");
+                    assert_eq!(got[..], h[index as usize..], "{what}");
+                    assert_eq!(store.log().first_offset(), boundary, "{what}");
+                    let raw =
+                        crate::storage::vfs::read_whole(&*vfs, Path::new("/sim/p/raft/entries"))
+                            .unwrap()
+                            .unwrap_or_default();
+                    let records = super::parse_sidecar(&raw).unwrap().entries;
+                    assert!(records.iter().all(|e| e.log_id.index > index), "{what}");
+                }
+            }
+            if finished {
+                assert_eq!(purged, Some(last), "{what}");
+            }
+        }
+        ops += 1;
+        assert!(ops < 400, "never finished");
+    }
+    assert!(ops > 3, "{ops}");
 }
