@@ -39,9 +39,9 @@ impl Broker {
             };
             topics.push(t);
         }
-        // The produce runs to its end in a task of its own, whatever happens to this future: a
-        // request dropped mid-write (its deadline, a client gone) would leave the leader's
-        // claims of its ids pending until the write's own deadline.
+        // The produce runs to its end in a task of its own, whatever happens to this future (a
+        // request dropped mid-write: its deadline, a client gone), so that its answer is
+        // counted in the metrics and the hint of its partition's leader kept.
         let metrics = self.metrics.clone();
         let root = self.config.root_dir.clone();
         let (cluster, items) = (cluster.clone(), items.to_vec());
@@ -235,17 +235,19 @@ async fn commit_clustered(
     let mut groups: Vec<(GroupId, Vec<usize>)> = Vec::new();
     // Items whose id an earlier item of this request carries (to the same topic).
     let mut repeats: Vec<(usize, usize)> = Vec::new();
+    let mut first_of: std::collections::HashMap<(&Topic, &str), usize> =
+        std::collections::HashMap::new();
     for (i, (item, t)) in items.iter().zip(&topics).enumerate() {
-        if let Some(id) = item.id()
-            && let Some(first) = items[..i]
-                .iter()
-                .position(|e| e.id() == Some(id) && e.topic() == item.topic())
-        {
-            repeats.push((i, first));
-            continue;
-        }
+        // Routed first: a repeat naming a partition the topic lacks is refused as on one broker.
         let route_key = item.key().or(item.id());
         let partition = t.route(item.partition(), route_key)?.number;
+        if let Some(id) = item.id() {
+            if let Some(&first) = first_of.get(&(item.topic(), id)) {
+                repeats.push((i, first));
+                continue;
+            }
+            first_of.insert((item.topic(), id), i);
+        }
         let group = GroupId::Partition(item.topic().to_string(), partition);
         match groups.iter_mut().find(|(g, _)| *g == group) {
             Some((_, v)) => v.push(i),

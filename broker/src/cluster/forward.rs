@@ -69,6 +69,12 @@ impl Cluster {
                         WriteRefused::Discarded.to_string(),
                     ));
                 }
+                // Nothing written: tried again (at whichever broker leads by then) until the
+                // deadline.
+                Ok(Err(WriteRefused::Retry(why))) => {
+                    tracing::debug!(%group, %why, "a write to try again");
+                    last_leader = target;
+                }
                 Ok(Err(WriteRefused::Unknown(why))) => {
                     let at = target.unwrap_or(self.id());
                     return Err(ClusterError::Unknown(at, why));

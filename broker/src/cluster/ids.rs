@@ -3,26 +3,35 @@
 //!
 //! Every replica remembers the id of each message its state machine applies (a committed
 //! message), in its topic's table ([`crate::topics::dedup`]), and rebuilds the window from its
-//! log when the group opens. Only a partition's leader decides whether a message is new: after
-//! its term's first entry is applied (then every message a previous leader committed is applied
-//! here too, and remembered), it claims each id before it proposes the message; an id already
-//! stored is answered with where it is, and an id still being written (a retry racing its
-//! original) waits for that write. A claim whose write fails is withdrawn, as on one broker; if
-//! the write was committed after all (its leader lost its leadership just after), the replicas
-//! remember it once they apply it, and the next leader answers its retry `duplicate`.
+//! log when the group opens (in the background: the leader waits for it before deciding). Only a
+//! partition's leader decides whether a message is new: after its term's first entry is applied
+//! (then every message a previous leader committed is applied here too, and remembered), it
+//! claims each id and proposes the new messages on the condition that its term has not changed;
+//! an id already stored is answered with where it is, and an id still being written (a retry
+//! racing its original) waits for that write. From its claims on, a write runs to its end in a
+//! task of its own, so every claim is settled whatever happens to the request: stored when its
+//! message is applied, withdrawn when its write fails (if that write was committed after all,
+//! its leader having lost its leadership just after, the replicas remember it once they apply
+//! it, and the next leader answers its retry `duplicate`).
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
-use super::rpc::{Endpoint, WriteRefused};
+use openraft::async_runtime::WatchReceiver;
+
+use super::rpc::{Endpoint, WriteRefused, with_lease, write_once};
 use super::supervise::PartitionRaft;
 use super::types::{Applied, Command};
 use crate::storage::StorageError;
 use crate::topics::TopicLog;
 use crate::topics::dedup::{Claim, Ticket};
 
-/// How long a write with ids waits for its leader's term to be applied here (a new leader
-/// applies what it holds of its predecessors' entries first).
-const BARRIER_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+/// How long a write with ids waits for its leader's term to be applied here, for the ids to be
+/// restored, or for a write of one of its ids under way, before it is refused as one to try
+/// again (nothing written).
+const WAIT: Duration = Duration::from_secs(3);
 
 /// The produce ids of one partition's topic, as its group on this broker uses them.
 pub struct PartitionIds {
@@ -30,6 +39,9 @@ pub struct PartitionIds {
     partition: u32,
     /// The topic's `dedupWindowMs` now (a topic's configuration can change).
     window_ms: Box<dyn Fn() -> u64 + Send + Sync>,
+    /// Whether the window was read from the log since the group opened.
+    restored: AtomicBool,
+    restored_now: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for PartitionIds {
@@ -51,19 +63,24 @@ enum Slot {
     Repeat(usize),
 }
 
-/// The id and timestamp of a stored message payload, if it carries an id (docs/storage.md:
-/// the payload is JSON with `timestamp`, `key`, `content` and, last, `id`). A payload without
-/// `"id":` anywhere is passed over without being parsed.
+/// The id and timestamp of a stored message payload, if it carries an id. The payload is the
+/// JSON `{"timestamp":…,"key":…,"content":…,"id":"…"}` with the id last
+/// (`mmmq_core::write_produced_payload`), so only its ends are read: its content, however
+/// large, is never parsed. A payload whose last field is not a string `id` has none (an
+/// unescaped `,"id":"` cannot occur inside a JSON string, and content that ends the payload
+/// ends in `}`, `]`, a literal or a string followed by the closing brace, never `"}` after an
+/// `,"id":"`, unless it is the id).
 pub fn id_of(payload: &[u8]) -> Option<(String, u64)> {
-    #[derive(serde::Deserialize)]
-    struct IdAndTime {
-        timestamp: u64,
-        #[serde(default)]
-        id: Option<String>,
+    let body = payload.strip_suffix(b"}")?;
+    if !body.ends_with(b"\"") {
+        return None;
     }
-    memchr::memmem::find(payload, b"\"id\":")?;
-    let m: IdAndTime = serde_json::from_slice(payload).ok()?;
-    Some((m.id?, m.timestamp))
+    let at = memchr::memmem::rfind(body, b",\"id\":\"")?;
+    let id: String = serde_json::from_slice(&body[at + 6..]).ok()?;
+    let rest = payload.strip_prefix(b"{\"timestamp\":")?;
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    let timestamp = std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()?;
+    Some((id, timestamp))
 }
 
 impl PartitionIds {
@@ -77,32 +94,60 @@ impl PartitionIds {
             topic,
             partition,
             window_ms,
+            restored: AtomicBool::new(false),
+            restored_now: tokio::sync::Notify::new(),
         }
     }
 
     /// The state machine applied `payload` at `offset`: its id, if it has one, is remembered.
     pub(super) fn applied(&self, payload: &[u8], offset: u64) {
         if let Some((id, at_ms)) = id_of(payload) {
+            let position = (self.partition, offset);
+            let (now, window) = (mmmq_core::now_ms(), (self.window_ms)());
             self.topic
                 .dedup
-                .remember(&id, at_ms, self.partition, offset);
+                .remember_applied(&id, at_ms, position, now, window);
         }
     }
 
     /// Remembers the ids of the window the partition's log holds up to its visible end (what
-    /// its state machine applied), when its group opens. Blocking.
+    /// its state machine applied), when its group opens; the leader decides on ids only once
+    /// this is done. Blocking.
     pub(super) fn restore(&self) -> Result<u64, StorageError> {
-        let Some(partition) = self.topic.partition(self.partition) else {
-            return Ok(0);
+        let scanned = match self.topic.partition(self.partition) {
+            Some(partition) => {
+                let horizon = mmmq_core::now_ms().saturating_sub((self.window_ms)());
+                crate::topics::id_restore::scan(&self.topic, &partition, 0, horizon)?
+            }
+            None => 0,
         };
-        let horizon = mmmq_core::now_ms().saturating_sub((self.window_ms)());
-        crate::topics::id_restore::scan(&self.topic, &partition, 0, horizon)
+        self.restored.store(true, Ordering::SeqCst);
+        self.restored_now.notify_waiters();
+        Ok(scanned)
+    }
+
+    /// Waits (up to [`WAIT`]) until [`PartitionIds::restore`] is done.
+    async fn until_restored(&self) -> Result<(), WriteRefused> {
+        let wait = async {
+            loop {
+                let notified = self.restored_now.notified();
+                if self.restored.load(Ordering::SeqCst) {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(WAIT, wait).await.map_err(|_| {
+            WriteRefused::Retry(
+                "the partition's produce ids are still being read from its log".into(),
+            )
+        })
     }
 
     /// Writes `commands` at this broker, the partition's leader, storing only the messages whose
     /// ids are new (see the module's doc).
     pub(super) async fn write(
-        &self,
+        self: &Arc<Self>,
         raft: &PartitionRaft,
         commands: Vec<Command>,
     ) -> Result<Vec<Applied>, WriteRefused> {
@@ -113,27 +158,49 @@ impl PartitionIds {
         if ids.iter().all(Option::is_none) {
             return Endpoint::write(raft, commands).await;
         }
-        term_applied(raft).await?;
-        let slots = self.claim(&ids).await;
-        let mut proposed = Vec::new();
-        for (slot, command) in slots.iter().zip(commands) {
-            if let Slot::Write(_) = slot {
-                proposed.push(command);
-            }
-        }
+        self.until_restored().await?;
+        let (slots, term) = self.claim(raft, &ids).await?;
+        // From here on the write is settled in a task of its own: dropped (a timeout, a request
+        // gone), it would leave its claims pending and every retry of its ids waiting.
+        let (this, raft) = (self.clone(), raft.clone());
+        tokio::spawn(async move { this.propose(&raft, term, slots, commands).await })
+            .await
+            .unwrap_or_else(|e| Err(WriteRefused::Failed(format!("a write task failed: {e}"))))
+    }
+
+    /// Proposes the new messages of a claimed write in `term` (refused if the term changed:
+    /// another term's leader has not been through [`term_applied`]), settles its claims and
+    /// answers every message.
+    async fn propose(
+        &self,
+        raft: &PartitionRaft,
+        term: u64,
+        slots: Vec<Slot>,
+        commands: Vec<Command>,
+    ) -> Result<Vec<Applied>, WriteRefused> {
+        let proposed: Vec<Command> = slots
+            .iter()
+            .zip(commands)
+            .filter_map(|(slot, c)| matches!(slot, Slot::Write(_)).then_some(c))
+            .collect();
         let written = if proposed.is_empty() {
-            Vec::new()
+            Ok(Vec::new())
         } else {
-            match Endpoint::write(raft, proposed).await {
-                Ok(written) => written,
-                Err(e) => {
-                    for slot in &slots {
-                        if let Slot::Write(Some(ticket)) = slot {
-                            self.topic.dedup.withdraw(ticket);
-                        }
-                    }
-                    return Err(e);
+            with_lease(raft, || async {
+                if raft.metrics().borrow_watched().current_term != term {
+                    return Err(WriteRefused::Retry(
+                        "the partition's leader changed term before the write".into(),
+                    ));
                 }
+                write_once(raft, proposed.clone()).await
+            })
+            .await
+        };
+        let written = match written {
+            Ok(written) => written,
+            Err(e) => {
+                self.withdraw(&slots);
+                return Err(e);
             }
         };
         let mut written = written.into_iter();
@@ -164,48 +231,68 @@ impl PartitionIds {
         Ok(answers)
     }
 
-    /// Claims every id of a write. An id another write is storing is waited for with no claim
-    /// held (two writes that each waited on the other's id while holding their own would wait
+    fn withdraw(&self, slots: &[Slot]) {
+        for slot in slots {
+            if let Slot::Write(Some(ticket)) = slot {
+                self.topic.dedup.withdraw(ticket);
+            }
+        }
+    }
+
+    /// Claims every id of a write, in the term this leader applied its first entry of (checked
+    /// again before every try). An id another write is storing is waited for with no claim held
+    /// (two writes that each waited on the other's id while holding their own would wait
     /// forever), then every id is claimed again.
-    async fn claim(&self, ids: &[Option<String>]) -> Vec<Slot> {
+    async fn claim(
+        &self,
+        raft: &PartitionRaft,
+        ids: &[Option<String>],
+    ) -> Result<(Vec<Slot>, u64), WriteRefused> {
         let dedup = &self.topic.dedup;
+        let mut first_of: HashMap<&str, usize> = HashMap::new();
         'again: loop {
+            let term = term_applied(raft).await?;
             let (now, window) = (mmmq_core::now_ms(), (self.window_ms)());
+            first_of.clear();
             let mut slots: Vec<Slot> = Vec::with_capacity(ids.len());
             for (i, id) in ids.iter().enumerate() {
                 let Some(id) = id else {
                     slots.push(Slot::Write(None));
                     continue;
                 };
-                if let Some(first) = ids[..i].iter().position(|e| e.as_ref() == Some(id)) {
+                if let Some(&first) = first_of.get(id.as_str()) {
                     slots.push(Slot::Repeat(first));
                     continue;
                 }
+                first_of.insert(id, i);
                 match dedup.claim(id, now, window) {
                     Claim::New(ticket) => slots.push(Slot::Write(Some(ticket))),
                     Claim::Stored(partition, offset) => slots.push(Slot::Stored(partition, offset)),
                     Claim::Pending(other) => {
-                        for slot in &slots {
-                            if let Slot::Write(Some(mine)) = slot {
-                                dedup.withdraw(mine);
-                            }
+                        self.withdraw(&slots);
+                        if tokio::time::timeout(WAIT, dedup.wait(&other))
+                            .await
+                            .is_err()
+                        {
+                            return Err(WriteRefused::Retry(format!(
+                                "a write of produce id {id:?} is still under way"
+                            )));
                         }
-                        dedup.wait(&other).await;
                         continue 'again;
                     }
                 }
             }
-            return slots;
+            return Ok((slots, term));
         }
     }
 }
 
 /// Waits until this broker, leading the group, applied its term's first entry: then every
-/// message committed before its term is applied here, and its id remembered. Refused as "not
-/// the leader" if it does not lead (or stops leading meanwhile).
-async fn term_applied(raft: &PartitionRaft) -> Result<(), WriteRefused> {
+/// message committed before its term is applied here, and its id remembered. Answers the term;
+/// refused as "not the leader" if it does not lead (or stops leading meanwhile).
+async fn term_applied(raft: &PartitionRaft) -> Result<u64, WriteRefused> {
     let applied = raft
-        .wait(Some(BARRIER_WAIT))
+        .wait(Some(WAIT))
         .metrics(
             |m| {
                 m.state != openraft::ServerState::Leader
@@ -216,13 +303,48 @@ async fn term_applied(raft: &PartitionRaft) -> Result<(), WriteRefused> {
         )
         .await;
     match applied {
-        Ok(m) if m.state == openraft::ServerState::Leader => Ok(()),
+        Ok(m) if m.state == openraft::ServerState::Leader => Ok(m.current_term),
         Ok(m) => Err(WriteRefused::NotLeader {
             leader: m.current_leader.filter(|l| *l != m.id),
         }),
-        // Nothing was written: a retry (these writes carry ids) is safe.
-        Err(e) => Err(WriteRefused::Unknown(format!(
-            "the leader has not applied its term's first entry yet ({e}); nothing was written"
+        Err(e) => Err(WriteRefused::Retry(format!(
+            "the leader has not applied its term's first entry yet ({e})"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::id_of;
+
+    fn payload(content: &str, key: Option<&str>, id: Option<&str>) -> Vec<u8> {
+        let mut out = Vec::new();
+        let content: Box<serde_json::value::RawValue> =
+            serde_json::value::RawValue::from_string(content.to_owned()).unwrap();
+        mmmq_core::write_produced_payload(&mut out, 1234, key, &content, id);
+        out
+    }
+
+    #[test]
+    fn the_id_is_read_from_the_payloads_end_and_never_from_its_content() {
+        assert_eq!(
+            id_of(&payload(r#"{"a":1}"#, Some("k"), Some("order-1"))),
+            Some(("order-1".to_owned(), 1234))
+        );
+        assert_eq!(
+            id_of(&payload(r#""x""#, None, Some(r#"we"ird,"id":"x"#))),
+            Some((r#"we"ird,"id":"x"#.to_owned(), 1234))
+        );
+        for content in [
+            r#"{"id":"x"}"#,
+            r#"{"a":{"b":1},"id":"x"}"#,
+            r#"["id","x"]"#,
+            r#"",\"id\":\"x""#,
+            r#""x""#,
+            "17",
+        ] {
+            assert_eq!(id_of(&payload(content, Some("k"), None)), None, "{content}");
+            assert_eq!(id_of(&payload(content, None, None)), None, "{content}");
+        }
     }
 }

@@ -174,6 +174,7 @@ impl Cluster {
                     named = leader.filter(|l| Some(*l) != target && !unreachable.contains(l));
                     last_error = Some(format!("no leader for {group} now"));
                 }
+                Ok(Err(e @ WriteRefused::Retry(_))) => last_error = Some(e.to_string()),
                 Err(e) => {
                     if let Some(t) = target {
                         unreachable.push(t);

@@ -46,6 +46,10 @@ pub enum WriteRefused {
     /// other replicas may still commit what it had sent them.
     #[error("the group stopped during the write, its outcome is unknown: {0}")]
     Unknown(String),
+    /// Nothing was written, and the same write may be tried again soon (a new leader that has
+    /// not applied its term's first entry yet: docs/cluster.md, "Produce ids in a cluster").
+    #[error("nothing was written, try again: {0}")]
+    Retry(String),
 }
 
 /// What a group's Raft answers, whatever its state machine: the handler finds one by group.
@@ -250,7 +254,7 @@ where
 }
 
 /// One `client_write_many` of `commands`: the applied results, or why not.
-async fn write_once<SM>(
+pub(super) async fn write_once<SM>(
     raft: &openraft::Raft<Raft, SM>,
     commands: Vec<Command>,
 ) -> Result<Vec<Applied>, WriteRefused>

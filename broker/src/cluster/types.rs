@@ -39,6 +39,10 @@ pub enum Command {
 pub enum Applied {
     /// A message's offset in its partition.
     Offset(u64),
+    /// A metadata change's outcome, as JSON.
+    Meta(Bytes),
+    /// Entries that answer nothing (blanks, memberships).
+    Nothing,
     /// A message whose produce id the partition's leader found stored (contract §9; docs/cluster.md,
     /// "Produce ids in a cluster"): where the first one is. Nothing was proposed for it.
     Duplicate {
@@ -47,10 +51,6 @@ pub enum Applied {
         /// Its offset there.
         offset: u64,
     },
-    /// A metadata change's outcome, as JSON.
-    Meta(Bytes),
-    /// Entries that answer nothing (blanks, memberships).
-    Nothing,
 }
 
 /// Which kind of group a log belongs to: how its frames' payloads decode back into commands.

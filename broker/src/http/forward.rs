@@ -20,12 +20,9 @@ pub(super) async fn to_leader(
     p: u32,
     timeout: std::time::Duration,
 ) -> Result<Option<Response>, ApiError> {
-    let Some(cluster) = broker.cluster() else {
+    let Some(cluster) = forwarding(broker, headers) else {
         return Ok(None);
     };
-    if headers.contains_key(FORWARDED) {
-        return Ok(None);
-    }
     let Some(leader) = cluster.forward_target(topic, p) else {
         return Ok(None);
     };
@@ -47,12 +44,9 @@ pub(super) async fn to_coordinator(
     body: Option<bytes::Bytes>,
     timeout: std::time::Duration,
 ) -> Result<Option<Response>, ApiError> {
-    let Some(cluster) = broker.cluster() else {
+    let Some(cluster) = forwarding(broker, headers) else {
         return Ok(None);
     };
-    if headers.contains_key(FORWARDED) {
-        return Ok(None);
-    }
     let coordinator = match cluster.coordinator().0 {
         Some(c) if c == cluster.id() => return Ok(None),
         Some(c) => c,
@@ -69,6 +63,17 @@ pub(super) async fn to_coordinator(
         .await
         .map_err(crate::broker::BrokerError::from)?;
     Ok(Some(passed_on(answer)))
+}
+
+/// The cluster, when this broker is a member and the request was not forwarded to it already
+/// (a request is forwarded at most once).
+fn forwarding<'a>(
+    broker: &'a Broker,
+    headers: &HeaderMap,
+) -> Option<&'a crate::cluster::node::Cluster> {
+    broker
+        .cluster()
+        .filter(|_| !headers.contains_key(FORWARDED))
 }
 
 /// Another broker's answer, as it came.

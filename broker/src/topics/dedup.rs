@@ -172,6 +172,32 @@ impl Dedup {
         self.remember_key(self.key(id), at_ms, partition, offset)
     }
 
+    /// Remembers the id of a message a cluster's partition applied (docs/cluster.md, "Produce
+    /// ids in a cluster"), past the window forgetting what is older and, past the budget, making
+    /// room as a claim does: a replica that leads none of the topic's partitions claims nothing,
+    /// and would otherwise never trim.
+    pub fn remember_applied(
+        &self,
+        id: &str,
+        at_ms: u64,
+        (partition, offset): (u32, u64),
+        now_ms: u64,
+        window_ms: u64,
+    ) {
+        let key = self.key(id);
+        let shard = self.shard(key);
+        {
+            let mut inner = shard.inner.lock();
+            Shard::expire(
+                &mut inner,
+                now_ms.saturating_sub(window_ms),
+                &self.account,
+                true,
+            );
+        }
+        shard.remember(key, at_ms, partition, offset, &self.account);
+    }
+
     /// Makes room for `n` more ids at once (a snapshot's, at boot) rather than growing step by
     /// step.
     pub fn reserve(&self, n: usize) {
@@ -363,25 +389,40 @@ impl Shard {
 
     /// Boot keeps every id of the window found in the log, past the budget too (the next claims
     /// trim it).
+    ///
+    /// A cluster's replica remembers what it applies (docs/cluster.md, "Produce ids in a
+    /// cluster"), also an id its leader claimed for that very message: the claim is then stored
+    /// (keeping its time, so it is queued once) and its waiters woken.
     fn remember(&self, key: Key, at_ms: u64, partition: u32, offset: u64, account: &Account) {
-        let mut inner = self.inner.lock();
-        let entry = Entry::Stored {
-            partition,
-            offset,
-            at: at_ms,
-        };
-        let queue = match inner.ids.insert(key, entry) {
-            None => {
-                account.add();
-                true
+        let was_pending = {
+            let mut inner = self.inner.lock();
+            let at = match inner.ids.get(&key) {
+                Some(Entry::Pending { at, .. }) => *at,
+                _ => at_ms,
+            };
+            let entry = Entry::Stored {
+                partition,
+                offset,
+                at,
+            };
+            let (queue, was_pending) = match inner.ids.insert(key, entry) {
+                None => {
+                    account.add();
+                    (true, false)
+                }
+                Some(old @ Entry::Pending { .. }) => (old.at_ms() != at, true),
+                // An id stored twice in the window (after it was forgotten early): its old queue
+                // entry no longer matches it, so without a new one it would never expire.
+                Some(old) => (old.at_ms() != at, false),
+            };
+            if queue {
+                inner.order_at.push_back(at);
+                inner.order_key.push_back(key);
             }
-            // An id stored twice in the window (after it was forgotten early): its old queue
-            // entry no longer matches it, so without a new one it would never expire.
-            Some(old) => old.at_ms() != at_ms,
+            was_pending
         };
-        if queue {
-            inner.order_at.push_back(at_ms);
-            inner.order_key.push_back(key);
+        if was_pending {
+            self.wake_waiters();
         }
     }
 

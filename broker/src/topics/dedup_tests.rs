@@ -46,6 +46,36 @@ async fn a_failed_append_frees_the_id() {
     assert!(matches!(d.claim("b", 6, 100), Claim::Stored(1, 3)));
 }
 
+/// A cluster's replica applies the message its leader claimed the id for: the claim is stored
+/// (queued once, so it is counted once) and a retry waiting on it learns where it went; the
+/// leader's own `stored` or `withdraw` afterwards changes nothing.
+#[tokio::test]
+async fn an_applied_message_settles_the_claim_of_its_id_and_wakes_its_waiters() {
+    let d = Dedup::default();
+    let Claim::New(first) = d.claim("a", 1000, 100) else {
+        panic!("first claim")
+    };
+    let Claim::Pending(second) = d.claim("a", 1010, 100) else {
+        panic!("second claim")
+    };
+    let waiting = async {
+        tokio::time::timeout(std::time::Duration::from_secs(5), d.wait(&second))
+            .await
+            .expect("woken by the apply")
+    };
+    let applying = async {
+        tokio::task::yield_now().await;
+        d.remember_applied("a", 990, (1, 5), 1020, 100);
+    };
+    let (got, ()) = tokio::join!(waiting, applying);
+    assert_eq!(got, Some((1, 5)));
+    d.withdraw(&first);
+    assert!(matches!(d.claim("a", 1030, 100), Claim::Stored(1, 5)));
+    assert_eq!(d.len(), 1);
+    // Expired by the claim's time, the window it was remembered in.
+    assert!(matches!(d.claim("a", 1101, 100), Claim::New(_)));
+}
+
 fn stored_claim(shard: &Shard, key: Key, now: u64, account: &Account) {
     let Claim::New(t) = shard.claim(key, now, u64::MAX, account) else {
         panic!("{key} is new")
