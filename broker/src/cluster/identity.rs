@@ -8,7 +8,7 @@
 //! none and refuses nothing: it adopts the id its metadata brings. A message without an id is
 //! taken (a new broker's), so the id guards against brokers of another formed cluster.
 //!
-//! Naming a new cluster is [`Cluster::name_cluster`]'s (run by each broker's announcement loop
+//! Naming a new cluster is `Cluster::name_cluster`'s (run by each broker's announcement loop
 //! in `node`); taking the id from the metadata is the metadata's state machine's.
 
 use std::collections::HashSet;
