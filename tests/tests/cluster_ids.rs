@@ -98,6 +98,14 @@ async fn a_produce_id_stays_deduplicated_across_a_failover_and_a_restart() {
     assert_eq!(results[1]["duplicate"], true, "{batch}");
     assert_eq!(results[1]["offset"], results[0]["offset"], "{batch}");
     assert_eq!(results[2]["duplicate"], true, "{batch}");
+    assert_eq!(
+        (
+            results[2]["partition"].as_u64(),
+            results[2]["offset"].as_u64()
+        ),
+        (Some(first[&0].0), Some(first[&0].1)),
+        "{batch}"
+    );
     first.insert(
         MESSAGES,
         (

@@ -79,6 +79,17 @@ impl Liveness {
             .is_some_and(|at| at.elapsed() < window)
     }
 
+    /// The peer that answered within `window` claiming to lead `group` in the highest term.
+    pub(super) fn leader(&self, group: &GroupId, window: Duration) -> Option<BrokerId> {
+        self.peers
+            .read()
+            .iter()
+            .filter(|(_, h)| h.at.is_some_and(|at| at.elapsed() < window))
+            .filter_map(|(peer, h)| Some((*h.leads.get(group)?, *peer)))
+            .max()
+            .map(|(_, peer)| peer)
+    }
+
     /// Whether `peer` answered within `window` and said it leads `group` in `term` or later.
     fn leads(&self, peer: BrokerId, group: &GroupId, term: u64, window: Duration) -> bool {
         self.peers.read().get(&peer).is_some_and(|h| {

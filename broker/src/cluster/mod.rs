@@ -9,6 +9,7 @@
 //!   the metadata group's state machine.
 //! - `network`, `rpc`, `faults`: Raft's traffic between brokers, both ends, and a fault switch;
 //!   `identity`: the cluster's id every message carries, and the guard that checks it.
+//! - `coordinator`: the pull groups' coordinator (the metadata group's leader).
 //! - `node`: a broker's part of the cluster, the metadata group's start; `forward`: writes
 //!   through a group's leader; `status`: `GET /mmmq/cluster`.
 //! - `supervise`: a partition group opened again after a storage error stopped it, and its
@@ -19,6 +20,7 @@
 //! - `retention`: retention's purge of a partition's segments through its group.
 
 pub mod admin;
+pub mod coordinator;
 pub mod faults;
 pub mod forward;
 pub mod identity;

@@ -491,13 +491,6 @@ impl Cluster {
         let _ = self.inner.meta.shutdown().await;
     }
 
-    /// The metadata group's leader and term as this broker sees them. The leader is the pull
-    /// groups' coordinator (docs/cluster.md, "Pull groups in a cluster").
-    pub fn coordinator(&self) -> (Option<BrokerId>, u64) {
-        let view = self.inner.meta_view();
-        (view.leader, view.term)
-    }
-
     /// Whether this broker runs a replica of partition `p` of `topic`.
     pub fn replicates(&self, topic: &str, p: u32) -> bool {
         self.inner

@@ -73,14 +73,19 @@ impl Cluster {
         Ok(())
     }
 
-    /// The leader of a partition as this broker knows it (its replica's view, or the last
-    /// leader a forward found).
+    /// The leader of a partition as this broker knows it: its replica's view; without a
+    /// replica, the peer whose last ping claimed it (docs/cluster.md, "Liveness and
+    /// elections"), else the last leader a forward found.
     pub fn leader_of(&self, topic: &str, p: u32) -> Option<BrokerId> {
         let group = GroupId::Partition(topic.to_owned(), p);
         if let Some(ep) = self.inner.partitions.read().get(&group) {
             return ep.view().leader;
         }
-        self.inner.hints.read().get(&group).copied()
+        let alive = std::time::Duration::from_millis(self.inner.config.election_ms);
+        self.inner
+            .liveness
+            .leader(&group, alive)
+            .or_else(|| self.inner.hints.read().get(&group).copied())
     }
 
     /// Stops partition `p` of `topic`'s group here, if it runs, and deletes its files: the
@@ -156,6 +161,8 @@ pub struct Forwarded {
     pub status: u16,
     /// Its `Content-Type`.
     pub content_type: Option<String>,
+    /// Its `Link` (a page of a list names the next).
+    pub link: Option<String>,
     /// Its body.
     pub body: bytes::Bytes,
 }
@@ -189,6 +196,19 @@ impl Cluster {
         }
     }
 
+    /// Whether a request another broker forwarded here (it names its cluster's id, if it knows
+    /// it) may be answered: refused, with why, when it names another cluster than this one.
+    pub fn accepts_forwarded(&self, headers: &axum::http::HeaderMap) -> Result<(), String> {
+        let theirs = headers
+            .get(super::identity::CLUSTER_HEADER)
+            .map(|v| v.to_str().unwrap_or("(not text)"));
+        self.inner
+            .router
+            .identity()
+            .check(theirs)
+            .map_err(|refusal| refusal.to_string())
+    }
+
     /// Sends an HTTP request to another broker (one hop) and answers what it answered.
     pub async fn forward_http(
         &self,
@@ -210,6 +230,10 @@ impl Cluster {
         if let Some(token) = router.token() {
             request = request.bearer_auth(token);
         }
+        // Checked by the broker it reaches, as Raft's messages are (`super::identity`).
+        if let Some(id) = router.identity().known() {
+            request = request.header(super::identity::CLUSTER_HEADER, id);
+        }
         if let Some(body) = body {
             request = request
                 .header("content-type", "application/json")
@@ -223,10 +247,16 @@ impl Cluster {
             .get(reqwest::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
+        let link = response
+            .headers()
+            .get(reqwest::header::LINK)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let body = response.bytes().await.map_err(unreachable)?;
         Ok(Forwarded {
             status,
             content_type,
+            link,
             body,
         })
     }

@@ -77,10 +77,11 @@ impl Opener {
             while let Err(error) = ids.restore() {
                 tries += 1;
                 tracing::error!(%group, %error, tries, "cannot read the partition's produce ids from its log; writes with ids are refused until it can");
-                if tries >= 10 {
+                // Tried again while the group uses them (it holds the other references).
+                if Arc::strong_count(&ids) == 1 {
                     return;
                 }
-                std::thread::sleep(std::time::Duration::from_secs(1));
+                std::thread::sleep(std::time::Duration::from_secs(5));
             }
         });
         machine.remember_ids(self.ids.clone());

@@ -15,8 +15,9 @@ use super::{GroupError, Groups, Key};
 use crate::cluster::meta_state::{GroupOffset, MetaCommand, MetaOutcome};
 use crate::cluster::node::{Cluster, ClusterError};
 
-/// How long a read through another broker may take.
-const REMOTE_READ: Duration = Duration::from_secs(10);
+/// How long a read through another broker may take (well within the time the broker that
+/// forwarded the poll waits for it).
+const REMOTE_READ: Duration = Duration::from_secs(2);
 
 impl Groups {
     /// Makes this broker's groups a cluster member's (once).
@@ -29,19 +30,30 @@ impl Groups {
         self.cluster.get()
     }
 
-    /// A coordinator that took over in a new term of the metadata group starts with no group
-    /// in memory: what it held from an earlier term (members, positions, commits) may be older
-    /// than what the coordinator in between did. Called at the start of every group call.
-    pub(super) fn follow_coordinator(&self) {
+    /// Refuses a group call on a broker that does not coordinate the groups now (a call
+    /// forwarded here as leadership moved, or a long poll that outlived it: `503`, the member
+    /// tries again and reaches the coordinator). A coordinator that took over in a new term of
+    /// the metadata group starts with no group in memory: what it held from an earlier term
+    /// (members, positions, commits) may be older than what the coordinator in between did.
+    /// Called at the start of every group call, and of every round of a poll.
+    pub(super) fn follow_coordinator(&self) -> Result<(), GroupError> {
         let Some(cluster) = self.cluster() else {
-            return;
+            return Ok(());
         };
-        let term = cluster.coordinator().1;
+        let (_, term) = cluster.coordinator();
+        if !cluster.coordinates() {
+            return Err(ClusterError::NoLeader {
+                group: "pull groups' coordinator (the metadata group's leader)".into(),
+                leader: None,
+            }
+            .into());
+        }
         let mut served = self.served_term.lock();
         if *served != term {
             *served = term;
             self.groups.lock().clear();
         }
+        Ok(())
     }
 
     /// `group`'s committed next offset of `key` from the metadata (0: none).
@@ -72,7 +84,7 @@ impl Groups {
                 })
                 .collect(),
         };
-        match cluster.propose(command).await? {
+        match cluster.propose_here(command).await? {
             MetaOutcome::Done | MetaOutcome::TopicExists => Ok(()),
             MetaOutcome::Refused(_) => {
                 let (k, _) = offsets.first().expect("a refused commit has offsets");
@@ -87,16 +99,17 @@ impl Groups {
 }
 
 /// Up to `max` messages of partition `key` from `from`, read through the broker that leads it
-/// (this broker holds no replica of it).
+/// (this broker holds no replica of it), and the offset to read next (past entries the pull
+/// left out: corrupt ones, or those retention deleted).
 pub(super) async fn read_remote(
     cluster: &Cluster,
     key: &Key,
     from: u64,
     max: usize,
-) -> Result<Vec<Envelope>, GroupError> {
+) -> Result<(Vec<Envelope>, Option<u64>), GroupError> {
     let (topic, _, p) = key;
     let Some(target) = cluster.forward_target(topic.as_str(), *p) else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), None));
     };
     // Topic names are `[A-Za-z0-9._-]`: nothing to escape.
     let path = format!("/mmmq/topics/{topic}/messages?partition={p}&from={from}&max={max}");
@@ -114,11 +127,12 @@ pub(super) async fn read_remote(
     #[derive(serde::Deserialize)]
     struct Pulled {
         messages: Vec<Envelope>,
+        next: Option<u64>,
     }
     let pulled: Pulled = serde_json::from_slice(&answer.body).map_err(|e| {
         GroupError::from(ClusterError::Failed(format!(
             "reading {topic}/{p} through broker {target}: {e}"
         )))
     })?;
-    Ok(pulled.messages)
+    Ok((pulled.messages, pulled.next))
 }

@@ -28,6 +28,7 @@ use crate::storage::{Checkpoints, StorageError};
 use crate::topics::{Partition, Registry};
 
 mod cluster;
+mod commit;
 mod read;
 mod status;
 
@@ -321,7 +322,7 @@ impl Groups {
             TopicPattern::new(pattern).map_err(|e| GroupError::Invalid(format!("pattern: {e}")))?;
         let deadline = Instant::now() + wait;
         loop {
-            self.follow_coordinator();
+            self.follow_coordinator()?;
             let owned = self
                 .join(&group, &member, &pattern, session_timeout)
                 .await?;
@@ -466,98 +467,9 @@ impl Groups {
         }
     }
 
-    /// Durably stores the group's next offsets for partitions the member owns. An offset that
-    /// names its topic's id is refused unless the topic is still that incarnation.
-    pub async fn commit(
-        &self,
-        group: &str,
-        member: &str,
-        offsets: Vec<(String, Option<TopicId>, u32, u64)>,
-    ) -> Result<(), GroupError> {
-        let group = name("group", group)?;
-        let member = name("member", member)?;
-        self.follow_coordinator();
-        let mut writes = Vec::new();
-        {
-            let groups = self.groups.lock();
-            let g = groups
-                .get(&group)
-                .ok_or_else(|| GroupError::Unknown(group.clone()))?;
-            for (topic, topic_id, partition, offset) in offsets {
-                let t = Topic::new(topic.clone())
-                    .map_err(|e| GroupError::Invalid(format!("topic: {e}")))?;
-                let not_owner = || GroupError::NotOwner {
-                    member: member.clone(),
-                    topic: topic.clone(),
-                    partition,
-                };
-                // A topic that is gone (deleted) is owned by nobody: `409`, as for a partition
-                // the member lost, so a client drops these offsets.
-                let existing = self.registry.get(&t).ok_or_else(not_owner)?;
-                let p = existing.partition(partition).ok_or_else(|| {
-                    GroupError::Invalid(format!("no partition {partition} of {topic:?}"))
-                })?;
-                let key = key_of(&t, &p);
-                // Another incarnation than the one the member read: its offsets mean nothing
-                // here, as for a partition it no longer owns.
-                if topic_id.is_some_and(|id| id != p.topic_id)
-                    || g.owner.get(&key).map(String::as_str) != Some(member.as_str())
-                {
-                    return Err(not_owner());
-                }
-                let next = p.log.next_offset();
-                // A cluster member without a replica of the partition reads it through its
-                // leader: its own log says nothing of where it ends.
-                let local = self
-                    .cluster()
-                    .is_none_or(|c| c.replicates(t.as_str(), partition));
-                if local && offset > next {
-                    return Err(GroupError::Invalid(format!(
-                        "offset {offset} of {topic} partition {partition} is past its next offset {next}"
-                    )));
-                }
-                writes.push((key, p, offset));
-            }
-        }
-        if let Some(cluster) = self.cluster() {
-            let offsets: Vec<(Key, u64)> = writes.into_iter().map(|(k, _, o)| (k, o)).collect();
-            if offsets.is_empty() {
-                return Ok(());
-            }
-            Self::commit_in_metadata(cluster, &group, &member, &offsets).await?;
-            if let Some(g) = self.groups.lock().get_mut(&group) {
-                g.committed.extend(offsets);
-            }
-            return Ok(());
-        }
-        let id = ConsumerId::new(group.clone()).expect("checked group name");
-        for (key, p, offset) in writes {
-            let id = id.clone();
-            let written = tokio::task::spawn_blocking(move || store(&p).write(&id, offset))
-                .await
-                .expect("commit task panicked");
-            match written {
-                Ok(()) => {}
-                // The topic was deleted meanwhile; nothing was written (its directory stays gone).
-                Err(StorageError::Retired { .. }) => {
-                    return Err(GroupError::NotOwner {
-                        member: member.clone(),
-                        topic: key.0.to_string(),
-                        partition: key.2,
-                    });
-                }
-                Err(e) => return Err(e.into()),
-            }
-            if let Some(g) = self.groups.lock().get_mut(&group) {
-                g.committed.insert(key, offset);
-            }
-        }
-        Ok(())
-    }
-
     /// The member leaves; its partitions go to the others at their next poll.
     pub fn leave(&self, group: &str, member: &str) -> Result<(), GroupError> {
-        self.follow_coordinator();
+        self.follow_coordinator()?;
         let mut groups = self.groups.lock();
         let g = groups
             .get_mut(group)

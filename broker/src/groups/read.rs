@@ -43,8 +43,9 @@ pub(super) async fn read_owned(
                 // A partition that cannot be read now (its leader is being elected, its only
                 // replica is down) answers nothing this time; the member's other partitions
                 // are not held up by it.
-                let envelopes = match super::cluster::read_remote(c, key, from, want).await {
-                    Ok(envelopes) => envelopes,
+                let (envelopes, after) = match super::cluster::read_remote(c, key, from, want).await
+                {
+                    Ok(read) => read,
                     Err(e) => {
                         tracing::debug!(topic = %key.0, partition = key.2, error = %e, "a group's partition cannot be read through its leader now");
                         next[i] = None;
@@ -53,9 +54,14 @@ pub(super) async fn read_owned(
                 };
                 let full = envelopes.len() >= want;
                 next[i] = None;
-                if let Some(last) = envelopes.last() {
-                    ends[i] = Some(last.offset + 1);
-                    next[i] = full.then_some(last.offset + 1);
+                // Where the pull says to go on: past what it left out, too.
+                let end = envelopes
+                    .last()
+                    .map(|last| last.offset + 1)
+                    .max(after.filter(|n| *n > from));
+                if let Some(end) = end {
+                    ends[i] = Some(end);
+                    next[i] = full.then_some(end);
                 }
                 out.extend(envelopes);
                 continue;

@@ -57,7 +57,10 @@ impl Groups {
     /// whether more groups follow.
     pub async fn list(&self, after: Option<&str>, limit: usize) -> (Vec<GroupStatus>, bool) {
         use std::ops::Bound::{Excluded, Unbounded};
-        self.follow_coordinator();
+        // A broker that does not coordinate holds no group worth showing.
+        if self.follow_coordinator().is_err() {
+            return (Vec::new(), false);
+        }
         let names: Vec<String> = {
             let mut groups = self.groups.lock();
             Self::forget_empty(&mut groups, Instant::now());
@@ -83,7 +86,7 @@ impl Groups {
 
     /// One group's members, assignments, committed offsets and lag.
     pub async fn status(&self, group: &str) -> Result<GroupStatus, GroupError> {
-        self.follow_coordinator();
+        self.follow_coordinator()?;
         if !self.groups.lock().contains_key(group) {
             return Err(GroupError::Unknown(group.to_owned()));
         }

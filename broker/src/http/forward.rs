@@ -20,7 +20,7 @@ pub(super) async fn to_leader(
     p: u32,
     timeout: std::time::Duration,
 ) -> Result<Option<Response>, ApiError> {
-    let Some(cluster) = forwarding(broker, headers) else {
+    let Some(cluster) = forwarding(broker, headers)? else {
         return Ok(None);
     };
     let Some(leader) = cluster.forward_target(topic, p) else {
@@ -44,18 +44,17 @@ pub(super) async fn to_coordinator(
     body: Option<bytes::Bytes>,
     timeout: std::time::Duration,
 ) -> Result<Option<Response>, ApiError> {
-    let Some(cluster) = forwarding(broker, headers) else {
+    let Some(cluster) = forwarding(broker, headers)? else {
         return Ok(None);
     };
+    // Answered here when this broker coordinates; the groups refuse (`503`) when no broker
+    // can be named that does.
+    if cluster.coordinates() {
+        return Ok(None);
+    }
     let coordinator = match cluster.coordinator().0 {
-        Some(c) if c == cluster.id() => return Ok(None),
-        Some(c) => c,
-        None => {
-            return Err(ApiError::NoLeader {
-                error: "the cluster's metadata group has no leader now, so pull groups have no coordinator; try again".into(),
-                leader: None,
-            });
-        }
+        Some(c) if c != cluster.id() => c,
+        _ => return Ok(None),
     };
     let path = uri.path_and_query().map_or(uri.path(), |pq| pq.as_str());
     let answer = cluster
@@ -66,14 +65,22 @@ pub(super) async fn to_coordinator(
 }
 
 /// The cluster, when this broker is a member and the request was not forwarded to it already
-/// (a request is forwarded at most once).
+/// (a request is forwarded at most once). A request forwarded by a broker of another cluster
+/// is refused (`409`), as its Raft messages are (docs/cluster.md, "Raft traffic").
 fn forwarding<'a>(
     broker: &'a Broker,
     headers: &HeaderMap,
-) -> Option<&'a crate::cluster::node::Cluster> {
-    broker
-        .cluster()
-        .filter(|_| !headers.contains_key(FORWARDED))
+) -> Result<Option<&'a crate::cluster::node::Cluster>, ApiError> {
+    let Some(cluster) = broker.cluster() else {
+        return Ok(None);
+    };
+    if headers.contains_key(FORWARDED) {
+        cluster
+            .accepts_forwarded(headers)
+            .map_err(ApiError::Conflict)?;
+        return Ok(None);
+    }
+    Ok(Some(cluster))
 }
 
 /// Another broker's answer, as it came.
@@ -85,6 +92,9 @@ fn passed_on(answer: crate::cluster::partitions::Forwarded) -> Response {
         .and_then(|t| HeaderValue::from_str(&t).ok())
     {
         response.headers_mut().insert(header::CONTENT_TYPE, t);
+    }
+    if let Some(link) = answer.link.and_then(|l| HeaderValue::from_str(&l).ok()) {
+        response.headers_mut().insert(header::LINK, link);
     }
     response
 }
