@@ -117,6 +117,17 @@ impl GuestLog {
             b.refilled = now;
             if b.tokens < 1.0 {
                 b.dropped += 1;
+                let first = b.dropped == 1;
+                drop(b);
+                // Said at once, once per run of drops: a guest that floods and then stops
+                // logging would otherwise never have its drops reported (the count comes with
+                // its next line that gets through).
+                if first {
+                    tracing::warn!(
+                        consumer_id = &*self.consumer_id,
+                        "plugin logged too fast; lines were dropped (until its budget refills)"
+                    );
+                }
                 return;
             }
             b.tokens -= 1.0;
