@@ -285,8 +285,9 @@ async fn produce(cfg: &ClusterBench, dir: &Path, http: &reqwest::Client) -> anyh
         single
             .put_topic(http, &topic, json!({"partitions": 1}))
             .await?;
-        let r = load(single.urls(), p, topic.clone()).await?;
-        single_rows.push((p, r.rate(), r.p99_us));
+        let pids = [single.pid(1).unwrap_or(0), std::process::id()];
+        let (r, cpu) = cpu_per_message(&pids, load(single.urls(), p, topic.clone())).await?;
+        single_rows.push((p, r.rate(), r.p99_us, cpu));
     }
     drop(single);
     let cluster = Nodes::start(&dir.join("cluster"), cfg.brokers, true, http).await?;
@@ -298,8 +299,15 @@ async fn produce(cfg: &ClusterBench, dir: &Path, http: &reqwest::Client) -> anyh
         let view = cluster.settled(http).await?;
         let leader = leader_of(&view, &topic).ok_or_else(|| anyhow::anyhow!("no leader"))?;
         let spread = load(cluster.urls(), p, topic.clone()).await?;
-        let direct = load(vec![cluster.url(leader)], p, topic.clone()).await?;
-        let (_, single_rate, single_p99) = single_rows[i];
+        // The leader, its followers, then this process (the producers).
+        let mut pids: Vec<u32> = std::iter::once(leader)
+            .chain((1..=cfg.brokers).filter(|b| *b != leader))
+            .map(|b| cluster.pid(b).unwrap_or(0))
+            .collect();
+        pids.push(std::process::id());
+        let (direct, cluster_cpu) =
+            cpu_per_message(&pids, load(vec![cluster.url(leader)], p, topic.clone())).await?;
+        let (_, single_rate, single_p99, ref single_cpu) = single_rows[i];
         rows.push(json!({
             "producers": p,
             "single_msg_s": single_rate, "single_p99_us": single_p99,
@@ -308,6 +316,12 @@ async fn produce(cfg: &ClusterBench, dir: &Path, http: &reqwest::Client) -> anyh
             "cluster_any_broker_p50_us": spread.p50_us, "cluster_via_leader_p50_us": direct.p50_us,
             "ratio_any_broker": spread.rate() / single_rate,
             "ratio_via_leader": direct.rate() / single_rate,
+            "cpu_us_per_msg": {
+                "single_broker": single_cpu[0], "single_producers": single_cpu[1],
+                "cluster_via_leader_leader": cluster_cpu[0],
+                "cluster_via_leader_followers": &cluster_cpu[1..cluster_cpu.len() - 1],
+                "cluster_via_leader_producers": cluster_cpu[cluster_cpu.len() - 1],
+            },
         }));
     }
     Ok(json!({
@@ -406,6 +420,24 @@ async fn idle(cfg: &ClusterBench, dir: &Path, http: &reqwest::Client) -> anyhow:
         "bench": "cluster", "what": "idle", "partitions": partitions,
         "replicas_per_partition": cfg.brokers, "seconds": secs, "per_broker": brokers,
     }))
+}
+
+/// Runs `load` and answers its result with the CPU time (µs) each of `pids` spent per message
+/// it acknowledged: where a configuration's cost goes, since every process here shares the
+/// same cores.
+async fn cpu_per_message(
+    pids: &[u32],
+    load: impl std::future::Future<Output = anyhow::Result<super::http::LoadResult>>,
+) -> anyhow::Result<(super::http::LoadResult, Vec<f64>)> {
+    let before: Vec<u64> = pids.iter().map(|p| cpu_ticks(*p)).collect();
+    let r = load.await?;
+    let hz = clock_ticks_per_second();
+    let per_message = pids
+        .iter()
+        .zip(before)
+        .map(|(p, b)| cpu_ticks(*p).saturating_sub(b) as f64 / hz * 1e6 / r.count.max(1) as f64)
+        .collect();
+    Ok((r, per_message))
 }
 
 /// User and system CPU time of process `pid`, in clock ticks (`/proc/PID/stat` fields 14, 15).
