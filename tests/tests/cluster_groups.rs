@@ -20,11 +20,16 @@ async fn poll(c: &Cluster, via: u64, member: &str) -> Option<Value> {
             "/mmmq/groups/g/messages?member={member}&pattern=g.*&max=1000&sessionTimeoutMs=60000"
         ))
         .await;
+    ok_unless_503(code, body, &format!("poll of {member} through {via}"))
+}
+
+/// An answer of `200`; `None` for a `503` (the metadata group electing a new leader, a new
+/// coordinator not yet sure of its quorum: tried again); anything else fails the test.
+fn ok_unless_503(code: u16, body: Value, what: &str) -> Option<Value> {
     match code {
         200 => Some(body),
-        // The metadata group electing a new leader (a new coordinator).
         503 => None,
-        other => panic!("poll of {member} through {via}: HTTP {other} {body}"),
+        other => panic!("{what}: HTTP {other} {body}"),
     }
 }
 
@@ -90,14 +95,9 @@ async fn commit(c: &Cluster, via: u64, member: &str, positions: &Positions) {
         .map(|((t, p), o)| json!({"topic": t, "partition": p, "offset": o}))
         .collect();
     let body = json!({"member": member, "offsets": offsets});
-    // A `503` while the coordinator is not sure of its quorum is tried again.
     mmmq_tests::eventually_async(Duration::from_secs(10), "a commit", || async {
         let (code, answer) = c.broker(via).post("/mmmq/groups/g/commit", &body).await;
-        match code {
-            200 => Some(()),
-            503 => None,
-            other => panic!("commit of {member} through {via}: HTTP {other} {answer}"),
-        }
+        ok_unless_503(code, answer, &format!("commit of {member} through {via}"))
     })
     .await;
 }

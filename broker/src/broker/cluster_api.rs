@@ -487,8 +487,7 @@ async fn follow_topic(
             .partition(p)
             .ok_or_else(|| ClusterError::Failed(format!("{name}/{p} was not opened here")))?;
         let initialize = meta.initializes(p, me).then_some(replicas.as_slice());
-        let window = local.clone();
-        let ids = PartitionIds::new(local.clone(), p, Box::new(move || window.dedup_window_ms()));
+        let ids = PartitionIds::new(local.clone(), p);
         cluster
             .serve_partition(
                 name,

@@ -9,7 +9,7 @@ use openraft::async_runtime::WatchReceiver;
 use super::meta_state::{MetaCommand, MetaOutcome};
 use super::network::GroupId;
 use super::node::{Cluster, ClusterError};
-use super::types::{Applied, BrokerId, Command};
+use super::types::{BrokerId, Command};
 
 impl Cluster {
     /// The metadata group's leader and term as this broker sees them. The leader is the pull
@@ -26,9 +26,14 @@ impl Cluster {
     /// they can elect another; openraft itself never deposes it).
     pub fn coordinates(&self) -> bool {
         let lease = Duration::from_millis(self.inner.config.election_ms);
-        let alone = self.voters().len() <= 1;
         let m = self.inner.meta.metrics();
         let m = m.borrow_watched();
+        let alone = m
+            .membership_config
+            .membership()
+            .voter_ids()
+            .nth(1)
+            .is_none();
         m.state == openraft::ServerState::Leader
             && m.last_applied
                 .is_some_and(|l| l.committed_leader_id().term == m.current_term)
@@ -49,13 +54,7 @@ impl Cluster {
         })
         .await;
         match written {
-            Ok(applied) => match applied.first() {
-                Some(Applied::Meta(outcome)) => serde_json::from_slice(outcome)
-                    .map_err(|e| ClusterError::Failed(format!("a metadata answer: {e}"))),
-                other => Err(ClusterError::Failed(format!(
-                    "a metadata answer: {other:?}"
-                ))),
-            },
+            Ok(applied) => super::node::meta_outcome(&applied),
             Err(super::rpc::WriteRefused::Failed(why)) => Err(ClusterError::Failed(why)),
             Err(
                 e @ (super::rpc::WriteRefused::Discarded | super::rpc::WriteRefused::Unknown(_)),

@@ -37,8 +37,6 @@ const WAIT: Duration = Duration::from_secs(3);
 pub struct PartitionIds {
     topic: Arc<TopicLog>,
     partition: u32,
-    /// The topic's `dedupWindowMs` now (a topic's configuration can change).
-    window_ms: Box<dyn Fn() -> u64 + Send + Sync>,
     /// Whether the window was read from the log since the group opened.
     restored: AtomicBool,
     restored_now: tokio::sync::Notify,
@@ -84,16 +82,12 @@ pub fn id_of(payload: &[u8]) -> Option<(String, u64)> {
 }
 
 impl PartitionIds {
-    /// The ids of `partition` of `topic`, remembered for `window_ms()`.
-    pub fn new(
-        topic: Arc<TopicLog>,
-        partition: u32,
-        window_ms: Box<dyn Fn() -> u64 + Send + Sync>,
-    ) -> Self {
+    /// The ids of `partition` of `topic`, remembered for the topic's `dedupWindowMs` (read at
+    /// each use: a topic's configuration can change).
+    pub fn new(topic: Arc<TopicLog>, partition: u32) -> Self {
         Self {
             topic,
             partition,
-            window_ms,
             restored: AtomicBool::new(false),
             restored_now: tokio::sync::Notify::new(),
         }
@@ -103,20 +97,26 @@ impl PartitionIds {
     pub(super) fn applied(&self, payload: &[u8], offset: u64) {
         if let Some((id, at_ms)) = id_of(payload) {
             let position = (self.partition, offset);
-            let (now, window) = (mmmq_core::now_ms(), (self.window_ms)());
+            let (now, window) = (mmmq_core::now_ms(), self.topic.dedup_window_ms());
             self.topic
                 .dedup
                 .remember_applied(&id, at_ms, position, now, window);
         }
     }
 
+    /// Whether [`PartitionIds::restore`] was done: a group opened again (after a storage error)
+    /// keeps the ids it had, every one of them applied, so it does not read them again.
+    pub(super) fn restored(&self) -> bool {
+        self.restored.load(Ordering::SeqCst)
+    }
+
     /// Remembers the ids of the window the partition's log holds up to its visible end (what
-    /// its state machine applied), when its group opens; the leader decides on ids only once
-    /// this is done. Blocking.
+    /// its state machine applied), when its group first opens; the leader decides on ids only
+    /// once this is done. Blocking.
     pub(super) fn restore(&self) -> Result<u64, StorageError> {
         let scanned = match self.topic.partition(self.partition) {
             Some(partition) => {
-                let horizon = mmmq_core::now_ms().saturating_sub((self.window_ms)());
+                let horizon = mmmq_core::now_ms().saturating_sub(self.topic.dedup_window_ms());
                 crate::topics::id_restore::scan(&self.topic, &partition, 0, horizon)?
             }
             None => 0,
@@ -252,7 +252,7 @@ impl PartitionIds {
         let mut first_of: HashMap<&str, usize> = HashMap::new();
         'again: loop {
             let term = term_applied(raft).await?;
-            let (now, window) = (mmmq_core::now_ms(), (self.window_ms)());
+            let (now, window) = (mmmq_core::now_ms(), self.topic.dedup_window_ms());
             first_of.clear();
             let mut slots: Vec<Slot> = Vec::with_capacity(ids.len());
             for (i, id) in ids.iter().enumerate() {

@@ -221,6 +221,17 @@ impl Groups for Inner {
     }
 }
 
+/// What the metadata group answered a command with.
+pub(super) fn meta_outcome(applied: &[Applied]) -> Result<MetaOutcome, ClusterError> {
+    match applied.first() {
+        Some(Applied::Meta(outcome)) => serde_json::from_slice(outcome)
+            .map_err(|e| ClusterError::Failed(format!("a metadata answer: {e}"))),
+        other => Err(ClusterError::Failed(format!(
+            "a metadata answer: {other:?}"
+        ))),
+    }
+}
+
 impl Cluster {
     /// Starts this broker's metadata group on `meta_log` (the group's log store in
     /// `{root}/cluster/meta/log`) and joins the cluster.
@@ -466,13 +477,7 @@ impl Cluster {
         let applied = self
             .write(GroupId::Meta, vec![Command::Meta(bytes.into())])
             .await?;
-        match applied.first() {
-            Some(Applied::Meta(outcome)) => serde_json::from_slice(outcome)
-                .map_err(|e| ClusterError::Failed(format!("a metadata answer: {e}"))),
-            other => Err(ClusterError::Failed(format!(
-                "a metadata answer: {other:?}"
-            ))),
-        }
+        meta_outcome(&applied)
     }
 
     /// Stops every group of this broker.

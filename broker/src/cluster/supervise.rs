@@ -68,22 +68,24 @@ impl Opener {
         let mut machine = PartitionMachine::open(&store)
             .await
             .map_err(|e| e.to_string())?;
-        // The window's ids of what was applied, read in the background (a leader decides on
+        // The window's ids of what was applied, read in the background once (a leader decides on
         // ids only once they are: `PartitionIds`), so that a restart does not wait for every
         // partition's window to be read before its groups elect.
         let (ids, group) = (self.ids.clone(), self.group.clone());
-        tokio::task::spawn_blocking(move || {
-            let mut tries = 0;
-            while let Err(error) = ids.restore() {
-                tries += 1;
-                tracing::error!(%group, %error, tries, "cannot read the partition's produce ids from its log; writes with ids are refused until it can");
-                // Tried again while the group uses them (it holds the other references).
-                if Arc::strong_count(&ids) == 1 {
-                    return;
+        if !ids.restored() {
+            tokio::task::spawn_blocking(move || {
+                let mut tries = 0;
+                while let Err(error) = ids.restore() {
+                    tries += 1;
+                    tracing::error!(%group, %error, tries, "cannot read the partition's produce ids from its log; writes with ids are refused until it can");
+                    // Tried again while the group uses them (it holds the other references).
+                    if Arc::strong_count(&ids) == 1 {
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_secs(5));
                 }
-                std::thread::sleep(std::time::Duration::from_secs(5));
-            }
-        });
+            });
+        }
         machine.remember_ids(self.ids.clone());
         let network = NetworkFactory::new(self.router.clone(), self.group.clone());
         openraft::Raft::new(self.id, self.config.clone(), network, store, machine)

@@ -52,17 +52,12 @@ pub(super) async fn read_owned(
                         continue;
                     }
                 };
-                let full = envelopes.len() >= want;
-                next[i] = None;
                 // Where the pull says to go on: past what it left out, too.
                 let end = envelopes
                     .last()
                     .map(|last| last.offset + 1)
                     .max(after.filter(|n| *n > from));
-                if let Some(end) = end {
-                    ends[i] = Some(end);
-                    next[i] = full.then_some(end);
-                }
+                (next[i], ends[i]) = read_to_end(end, envelopes.len() >= want, ends[i]);
                 out.extend(envelopes);
                 continue;
             }
@@ -80,13 +75,8 @@ pub(super) async fn read_owned(
                 }
                 Err(e) => return Err(e.into()),
             };
-            // Fewer than asked: the partition's end (or its byte cap) for this poll.
-            let full = entries.len() >= want;
-            next[i] = None;
-            if let Some(last) = entries.last() {
-                ends[i] = Some(last.offset + 1);
-                next[i] = full.then_some(last.offset + 1);
-            }
+            let end = entries.last().map(|last| last.offset + 1);
+            (next[i], ends[i]) = read_to_end(end, entries.len() >= want, ends[i]);
             // A corrupt entry is left out (the gap in offsets shows it), and passed.
             for e in entries {
                 let Ok(bytes) = e.payload else { continue };
@@ -102,4 +92,14 @@ pub(super) async fn read_owned(
         .filter_map(|((key, _, _), end)| Some((key.clone(), end?)))
         .collect();
     Ok((out, read_to))
+}
+
+/// Where a partition is read next in this poll and where its reading ended, after a read that
+/// ended before `end` (nothing read: `None`) and returned all it was asked for (`full`): fewer
+/// than asked is the partition's end (or its byte cap) for this poll.
+fn read_to_end(end: Option<u64>, full: bool, ended: Option<u64>) -> (Option<u64>, Option<u64>) {
+    match end {
+        Some(end) => (full.then_some(end), Some(end)),
+        None => (None, ended),
+    }
 }
