@@ -7,6 +7,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// mimalloc rather than glibc's malloc: its per-thread free lists take no lock on the small,
+/// short-lived buffers of a broker's requests (docs/benchmarks.md, "A cluster").
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn init_tracing() {
     tracing_subscriber::fmt()
         .with_env_filter(
