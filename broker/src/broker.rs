@@ -19,6 +19,7 @@ use crate::storage::{FileCache, OsFs, StorageError, Vfs, clean};
 use crate::topics::Registry;
 
 mod cluster_api;
+mod cluster_append;
 mod cluster_release;
 mod plugin_admin;
 mod plugin_logs;
@@ -262,6 +263,11 @@ impl Broker {
     pub fn attach_cluster(&self, cluster: crate::cluster::node::Cluster) {
         if self.cluster.set(cluster.clone()).is_ok() {
             self.groups.attach_cluster(cluster.clone());
+            cluster_append::attach(
+                &self.registry,
+                cluster.clone(),
+                self.config.topic_defaults.clone(),
+            );
             tokio::spawn(cluster_api::follow(
                 self.registry.clone(),
                 cluster,
@@ -483,6 +489,11 @@ impl Broker {
             .add_pinned(spec, Arc::new(InProcessTarget::new(erased)))
             .await?;
         Ok(())
+    }
+
+    /// Stops every dispatcher (their final positions written); [`Broker::shutdown`] does it too.
+    pub async fn stop_dispatch(&self) {
+        self.dispatch.shutdown().await;
     }
 
     /// Stops delivery cleanly: in-flight deliveries finish, checkpoints are written.

@@ -132,6 +132,9 @@ pub async fn run_on(
     stopping.cancel();
     let served = server.await.expect("server task panicked");
     if let Some(cluster) = &cluster {
+        // Dispatchers first, while the groups still run: a leader's final positions are
+        // replicated (docs/cluster.md, "Delivery in a cluster").
+        broker.stop_dispatch().await;
         cluster.shutdown().await;
     }
     broker.shutdown().await;

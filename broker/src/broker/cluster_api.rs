@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::produce_api::stored_payload;
 use super::{Broker, BrokerError, Produced};
+use crate::cluster::delivery::{PartitionDelivery, PositionWriter};
 use crate::cluster::ids::PartitionIds;
 use crate::cluster::meta_state::{MetaCommand, MetaOutcome, MetaState};
 use crate::cluster::network::GroupId;
@@ -59,27 +60,8 @@ impl Broker {
         cluster: &Cluster,
         topic: &Topic,
     ) -> Result<Arc<TopicLog>, BrokerError> {
-        let wanted = match cluster.metadata().topics.get(topic.as_str()) {
-            Some(t) => t.placement.len() as u32,
-            None => {
-                cluster.wait_for_brokers(CREATE_WAIT).await;
-                let config = serde_json::to_value(&self.config.topic_defaults)
-                    .map_err(|e| ClusterError::Failed(e.to_string()))?;
-                let id = crate::topics::incarnation::random()?;
-                let put = MetaCommand::PutTopic {
-                    name: topic.to_string(),
-                    config,
-                    replication_factor: Some(default_replication(cluster)),
-                    id: Some(id.to_string()),
-                };
-                match cluster.propose(put).await? {
-                    MetaOutcome::Done => self.config.topic_defaults.partitions,
-                    MetaOutcome::TopicExists => topic_in_metadata(cluster, topic).await?,
-                    MetaOutcome::Refused(why) => return Err(ClusterError::Refused(why).into()),
-                }
-            }
-        };
-        self.local_topic(topic, wanted).await
+        let defaults = &self.config.topic_defaults;
+        ensure_topic(cluster, &self.registry, defaults, topic).await
     }
 
     /// Waits until the metadata's topic exists here with `partitions` partitions (the follower
@@ -89,22 +71,64 @@ impl Broker {
         topic: &Topic,
         partitions: u32,
     ) -> Result<Arc<TopicLog>, BrokerError> {
-        let deadline = Instant::now() + CREATE_WAIT;
-        loop {
-            if let Some(t) = self.registry.get(topic)
-                && t.partition_count() >= partitions
-            {
-                return Ok(t);
+        local_topic(&self.registry, topic, partitions).await
+    }
+}
+
+/// The local topic of a clustered topic, created in the metadata first (with `config`) if the
+/// cluster does not have it.
+pub(super) async fn ensure_topic(
+    cluster: &Cluster,
+    registry: &Registry,
+    config: &TopicConfig,
+    topic: &Topic,
+) -> Result<Arc<TopicLog>, BrokerError> {
+    let wanted = match cluster.metadata().topics.get(topic.as_str()) {
+        Some(t) => t.placement.len() as u32,
+        None => {
+            cluster.wait_for_brokers(CREATE_WAIT).await;
+            let value =
+                serde_json::to_value(config).map_err(|e| ClusterError::Failed(e.to_string()))?;
+            let id = crate::topics::incarnation::random()?;
+            let put = MetaCommand::PutTopic {
+                name: topic.to_string(),
+                config: value,
+                replication_factor: Some(default_replication(cluster)),
+                id: Some(id.to_string()),
+            };
+            match cluster.propose(put).await? {
+                MetaOutcome::Done => config.partitions,
+                MetaOutcome::TopicExists => topic_in_metadata(cluster, topic).await?,
+                MetaOutcome::Refused(why) => return Err(ClusterError::Refused(why).into()),
+                other => return Err(unexpected(other)),
             }
-            if Instant::now() > deadline {
-                return Err(ClusterError::Failed(format!(
-                    "topic {topic:?} is in the cluster's metadata but was not opened here in {} s",
-                    CREATE_WAIT.as_secs()
-                ))
-                .into());
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    };
+    local_topic(registry, topic, wanted).await
+}
+
+/// Waits until the metadata's topic exists here with `partitions` partitions (the follower task
+/// makes it).
+async fn local_topic(
+    registry: &Registry,
+    topic: &Topic,
+    partitions: u32,
+) -> Result<Arc<TopicLog>, BrokerError> {
+    let deadline = Instant::now() + CREATE_WAIT;
+    loop {
+        if let Some(t) = registry.get(topic)
+            && t.partition_count() >= partitions
+        {
+            return Ok(t);
+        }
+        if Instant::now() > deadline {
+            return Err(ClusterError::Failed(format!(
+                "topic {topic:?} is in the cluster's metadata but was not opened here in {} s",
+                CREATE_WAIT.as_secs()
+            ))
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -168,6 +192,7 @@ impl Broker {
             MetaOutcome::Done => {}
             MetaOutcome::TopicExists => return Ok(None),
             MetaOutcome::Refused(why) => return Err(ClusterError::Refused(why).into()),
+            other => return Err(unexpected(other)),
         }
         let deadline = Instant::now() + CREATE_WAIT;
         loop {
@@ -194,6 +219,7 @@ impl Broker {
             MetaOutcome::Refused(_) | MetaOutcome::TopicExists => {
                 return Err(BrokerError::UnknownTopic(topic.to_string()));
             }
+            other => return Err(unexpected(other)),
         }
         let deadline = Instant::now() + CREATE_WAIT;
         while self.registry.get(topic).is_some() && Instant::now() < deadline {
@@ -201,6 +227,21 @@ impl Broker {
         }
         Ok(())
     }
+}
+
+/// Whether two states of the metadata have the same brokers and topics (they may differ in
+/// dispatchers' positions and pull groups' commits).
+fn same_topics(a: &MetaState, b: &MetaState) -> bool {
+    a.topics == b.topics
+        && a.brokers == b.brokers
+        && a.retired == b.retired
+        && a.created == b.created
+        && a.cluster_id == b.cluster_id
+}
+
+/// An answer the metadata gives another kind of command only.
+fn unexpected(outcome: MetaOutcome) -> BrokerError {
+    ClusterError::Failed(format!("the metadata answered {outcome:?}")).into()
 }
 
 /// Waits until this broker's metadata has `topic` (it lagged behind the metadata leader's);
@@ -350,8 +391,25 @@ pub(super) async fn follow(
     let mut deleted = std::collections::BTreeSet::new();
     let mut releases = super::cluster_release::Releases::default();
     let mut retry = FOLLOW_RETRY_FIRST;
+    let writer = PositionWriter::start(cluster.clone());
+    let mut first = true;
     loop {
         let state = metadata.borrow_and_update().clone();
+        // Dispatchers' positions and pull groups' commits change the metadata many times a
+        // second and concern no topic's files.
+        if !first
+            && retry == FOLLOW_RETRY_FIRST
+            && !releases.pending()
+            && same_topics(&previous, &state)
+        {
+            previous = state;
+            tokio::select! {
+                changed = metadata.changed() => if changed.is_err() { return },
+                _ = stop.cancelled() => return,
+            }
+            continue;
+        }
+        first = false;
         deleted.extend(
             previous
                 .topics
@@ -360,7 +418,7 @@ pub(super) async fn follow(
                 .cloned(),
         );
         deleted.retain(|n| !state.topics.contains_key(n));
-        let failed = reconcile(&registry, &cluster, &vfs, &mut deleted, &state).await;
+        let failed = reconcile(&registry, &cluster, &writer, &vfs, &mut deleted, &state).await;
         releases.moved_away(&previous, &state, cluster.id());
         previous = state;
         let waiting = !releases.run(&registry, &cluster, &vfs).await;
@@ -395,6 +453,7 @@ pub(super) async fn follow(
 async fn reconcile(
     registry: &Registry,
     cluster: &Cluster,
+    writer: &PositionWriter,
     vfs: &Arc<dyn Vfs>,
     deleted: &mut std::collections::BTreeSet<String>,
     state: &MetaState,
@@ -412,7 +471,7 @@ async fn reconcile(
         }
     }
     for (name, meta) in &state.topics {
-        if let Err(error) = follow_topic(registry, cluster, vfs, name, meta).await {
+        if let Err(error) = follow_topic(registry, cluster, writer, vfs, name, meta).await {
             failed += 1;
             tracing::warn!(topic = %name, %error, "following the cluster's metadata for a topic; trying again later");
         }
@@ -440,6 +499,7 @@ async fn delete_topic(
 async fn follow_topic(
     registry: &Registry,
     cluster: &Cluster,
+    writer: &PositionWriter,
     vfs: &Arc<dyn Vfs>,
     name: &str,
     meta: &crate::cluster::meta_state::TopicMeta,
@@ -477,6 +537,17 @@ async fn follow_topic(
         let mut config = config.clone();
         config.partitions = partitions.max(config.partitions);
         registry.set_config(&local, config).await?;
+    }
+    for partition in local.partitions() {
+        // Every broker's worker waits for its broker to lead the partition (docs/cluster.md,
+        // "Delivery in a cluster"); a partition opened again (a new incarnation) gets its own.
+        partition.delivery.set(PartitionDelivery::control(
+            cluster.clone(),
+            writer.clone(),
+            name,
+            &meta.id,
+            partition.number,
+        ));
     }
     for (p, replicas) in meta.placement.iter().enumerate() {
         let p = p as u32;

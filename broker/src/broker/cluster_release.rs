@@ -26,6 +26,11 @@ pub(super) struct Releases {
 }
 
 impl Releases {
+    /// Whether releases may be left to do (some pending, or the first sweep not made).
+    pub(super) fn pending(&self) -> bool {
+        !self.pending.is_empty() || !self.swept
+    }
+
     /// Notes the partitions whose group ran here in `previous` and does not in `state`.
     pub(super) fn moved_away(&mut self, previous: &MetaState, state: &MetaState, me: BrokerId) {
         for (name, before) in &previous.topics {

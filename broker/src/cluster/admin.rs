@@ -25,6 +25,7 @@ fn done(outcome: MetaOutcome) -> Result<(), ClusterError> {
         MetaOutcome::Done => Ok(()),
         MetaOutcome::Refused(why) => Err(ClusterError::Refused(why)),
         MetaOutcome::TopicExists => Err(ClusterError::Refused("the topic exists".into())),
+        MetaOutcome::Each(_) => Err(ClusterError::Failed("an answer per part".into())),
     }
 }
 

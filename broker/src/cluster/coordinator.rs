@@ -28,19 +28,10 @@ impl Cluster {
         let lease = Duration::from_millis(self.inner.config.election_ms);
         let m = self.inner.meta.metrics();
         let m = m.borrow_watched();
-        let alone = m
-            .membership_config
-            .membership()
-            .voter_ids()
-            .nth(1)
-            .is_none();
         m.state == openraft::ServerState::Leader
             && m.last_applied
                 .is_some_and(|l| l.committed_leader_id().term == m.current_term)
-            && (alone
-                || m.last_quorum_acked
-                    .as_ref()
-                    .is_some_and(|t| openraft::Instant::elapsed(&**t) < lease))
+            && super::rpc::quorum_acked_within(&m, lease)
     }
 
     /// Proposes a metadata change at this broker only, as the metadata group's leader (never

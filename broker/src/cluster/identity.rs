@@ -214,7 +214,9 @@ impl Cluster {
         match self.propose(MetaCommand::SetClusterId { id }).await? {
             // Refused: another broker's id was applied first.
             MetaOutcome::Done | MetaOutcome::Refused(_) => Ok(()),
-            MetaOutcome::TopicExists => unreachable!("not a topic command"),
+            MetaOutcome::TopicExists | MetaOutcome::Each(_) => {
+                unreachable!("not a topic or positions command")
+            }
         }
     }
 }

@@ -290,7 +290,7 @@ impl PartitionIds {
 /// Waits until this broker, leading the group, applied its term's first entry: then every
 /// message committed before its term is applied here, and its id remembered. Answers the term;
 /// refused as "not the leader" if it does not lead (or stops leading meanwhile).
-async fn term_applied(raft: &PartitionRaft) -> Result<u64, WriteRefused> {
+pub(super) async fn term_applied(raft: &PartitionRaft) -> Result<u64, WriteRefused> {
     let applied = raft
         .wait(Some(WAIT))
         .metrics(

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+pub use super::meta_delivery::{PartitionDelivery, PositionWrite, StoredPosition};
 pub use super::meta_groups::{GroupOffset, GroupTopic};
 use super::types::BrokerId;
 
@@ -81,6 +82,25 @@ pub enum MetaCommand {
         /// Its next offsets.
         offsets: Vec<GroupOffset>,
     },
+    /// A partition's leader fences its dispatchers' positions to its term before delivering
+    /// (docs/cluster.md, "Delivery in a cluster").
+    DeliverPartition {
+        /// The topic.
+        topic: String,
+        /// Its id.
+        topic_id: String,
+        /// The partition.
+        partition: u32,
+        /// The leader's term in the partition's group.
+        term: u64,
+        /// The leader.
+        broker: BrokerId,
+    },
+    /// Dispatchers' positions, each applied only in its partition's fenced term.
+    SetPositions {
+        /// The writes, coalesced from one broker's round.
+        writes: Vec<PositionWrite>,
+    },
 }
 
 /// What applying a command answers.
@@ -95,6 +115,9 @@ pub enum MetaOutcome {
     /// its proposer decided from metadata that had not yet caught up, so it catches up and
     /// decides again rather than overwrite the topic's configuration with a new topic's.
     TopicExists,
+    /// A command of several independent parts ([`MetaCommand::SetPositions`]): per part,
+    /// `None` if applied, or why it was refused.
+    Each(Vec<Option<String>>),
 }
 
 /// A broker as the metadata knows it.
@@ -170,6 +193,9 @@ pub struct MetaState {
     /// Pull groups' committed offsets: group → topic → offsets of one incarnation.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub groups: BTreeMap<String, BTreeMap<String, GroupTopic>>,
+    /// Per topic and partition, who delivers it and its dispatchers' positions.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub deliveries: BTreeMap<String, BTreeMap<u32, PartitionDelivery>>,
 }
 
 /// Replicas per partition when a topic does not say: `min(3, brokers)` (contract §13).
@@ -193,6 +219,9 @@ impl MetaState {
             && self.topics.contains_key(name)
         {
             return MetaOutcome::TopicExists;
+        }
+        if let MetaCommand::SetPositions { writes } = command {
+            return self.set_positions(writes);
         }
         match self.try_apply(command) {
             Ok(()) => MetaOutcome::Done,
@@ -241,11 +270,20 @@ impl MetaState {
             MetaCommand::DeleteTopic { name } => match self.topics.remove(name) {
                 Some(_) => {
                     self.forget_group_topic(name);
+                    self.forget_deliveries(name);
                     Ok(())
                 }
                 None => Err(format!("no topic {name:?}")),
             },
             MetaCommand::CommitGroup { group, offsets } => self.commit_group(group, offsets),
+            MetaCommand::DeliverPartition {
+                topic,
+                topic_id,
+                partition,
+                term,
+                broker,
+            } => self.deliver_partition(topic, topic_id, *partition, *term, *broker),
+            MetaCommand::SetPositions { .. } => unreachable!("applied per write"),
             MetaCommand::Reassign {
                 topic,
                 partition,

@@ -21,6 +21,7 @@
 
 pub mod admin;
 pub mod coordinator;
+pub mod delivery;
 pub mod faults;
 pub mod forward;
 pub mod identity;
@@ -29,6 +30,7 @@ mod liveness;
 pub mod log_store;
 pub mod machine;
 pub mod membership;
+pub mod meta_delivery;
 pub mod meta_groups;
 pub mod meta_machine;
 pub mod meta_state;

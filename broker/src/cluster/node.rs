@@ -417,7 +417,9 @@ impl Cluster {
             if !named {
                 match self.propose(MetaCommand::AddBroker { id: me, addr }).await {
                     Ok(MetaOutcome::Done) => continue,
-                    Ok(MetaOutcome::TopicExists) => unreachable!("not a topic command"),
+                    Ok(MetaOutcome::TopicExists | MetaOutcome::Each(_)) => {
+                        unreachable!("not a topic or positions command")
+                    }
                     Ok(MetaOutcome::Refused(why)) => {
                         tracing::error!(node = me, %why, "the cluster refused this broker");
                         return;

@@ -90,6 +90,11 @@ pub trait Endpoint: Send + Sync {
     /// Asks this replica to run for leader (a pre-vote first: refused while a majority still
     /// hears from a leader). See docs/cluster.md, "Liveness and elections".
     async fn elect(&self);
+    /// The running Raft instance of a partition's group, for what needs more than these calls
+    /// (a dispatcher's lease, docs/cluster.md, "Delivery in a cluster").
+    fn partition_raft(&self) -> Option<super::supervise::PartitionRaft> {
+        None
+    }
     /// Retention on this replica of a partition: its whole segments before `offset` go through
     /// its group's purge; answers the new first offset if they went (docs/cluster.md,
     /// "Retention in a cluster"). Partition groups only.
@@ -239,6 +244,24 @@ where
             answer => return answer,
         }
     }
+}
+
+/// Whether a quorum acknowledged this leader within `lease` (or it is its group's only voter):
+/// the others then do not elect another yet (openraft's leader lease).
+pub(super) fn quorum_acked_within(
+    m: &openraft::RaftMetrics<Raft>,
+    lease: std::time::Duration,
+) -> bool {
+    let alone = m
+        .membership_config
+        .membership()
+        .voter_ids()
+        .nth(1)
+        .is_none();
+    alone
+        || m.last_quorum_acked
+            .as_ref()
+            .is_some_and(|t| openraft::Instant::elapsed(&**t) < lease)
 }
 
 /// How long a leader whose lease lapsed tries to renew it before a write is refused.

@@ -269,6 +269,10 @@ impl Endpoint for Supervised {
         }
     }
 
+    fn partition_raft(&self) -> Option<PartitionRaft> {
+        self.running()
+    }
+
     fn view(&self) -> GroupView {
         match self.running() {
             Some(r) => Endpoint::view(&r),

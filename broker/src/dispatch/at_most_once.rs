@@ -54,6 +54,7 @@ impl Worker {
             if self.cancel.is_cancelled() {
                 return Err(Stopped);
             }
+            self.may_send().await?;
             let batch: Vec<Delivery> = items[i..].iter().map(|(_, d)| d.clone()).collect();
             let RunAnswer { acked, stopped } = self.target.deliver_run(&batch, &self.cancel).await;
             for (offset, d) in &items[i..i + acked] {

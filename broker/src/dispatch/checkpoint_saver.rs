@@ -9,10 +9,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::claims::Claimer;
+use super::positions::Positions;
 use super::target::BoxFuture;
 use crate::config::{DeliveryMode, DispatcherSpec};
 use crate::storage::Position;
-use crate::topics::Partition;
 use mmmq_core::ConsumerId;
 
 /// How long a failed checkpoint write waits before it is retried when no newer position comes.
@@ -56,7 +56,7 @@ pub(super) struct CheckpointSaver {
 
 /// At-most-once: the claim writer, and where the true position goes at the end.
 struct Claims {
-    partition: Arc<Partition>,
+    positions: Positions,
     id: ConsumerId,
     claimer: Claimer,
     fence: Fence,
@@ -67,7 +67,7 @@ impl CheckpointSaver {
     /// `id` in the partition's checkpoints, or kept in memory only when `id` is `None` (a
     /// redrive of an explicit range, which nothing resumes).
     pub(super) fn new(
-        partition: Arc<Partition>,
+        positions: Positions,
         spec: Arc<DispatcherSpec>,
         id: Option<ConsumerId>,
         start: Position,
@@ -82,11 +82,11 @@ impl CheckpointSaver {
             };
         };
         match spec.delivery {
-            DeliveryMode::AtLeastOnce => Self::spawn(partition, spec, id, start, fence),
+            DeliveryMode::AtLeastOnce => Self::spawn(positions, spec, id, start, fence),
             DeliveryMode::AtMostOnce => Self {
                 claims: Some(Claims {
-                    claimer: Claimer::spawn(partition.clone(), id.clone(), &start),
-                    partition,
+                    claimer: Claimer::spawn(positions.clone(), id.clone(), &start),
+                    positions,
                     id,
                     fence,
                 }),
@@ -108,7 +108,7 @@ impl CheckpointSaver {
     }
 
     fn spawn(
-        topic: Arc<Partition>,
+        positions: Positions,
         spec: Arc<DispatcherSpec>,
         id: ConsumerId,
         start: Position,
@@ -165,14 +165,7 @@ impl CheckpointSaver {
                             }
                             break;
                         }
-                        let topic = topic.clone();
-                        let id = id.clone();
-                        let stored = value.clone();
-                        let r = tokio::task::spawn_blocking(move || {
-                            topic.checkpoints.write_position(&id, &stored)
-                        })
-                        .await
-                        .expect("checkpoint write panicked");
+                        let r = positions.write(&id, &value).await;
                         failed = r.is_err();
                         match r {
                             Ok(()) => written = Some(value),
@@ -238,12 +231,7 @@ impl CheckpointSaver {
         }
         // At-most-once: the true position (every message sent or dropped), below the claim.
         let position = self.tx.borrow().clone();
-        let id = c.id.clone();
-        let written = tokio::task::spawn_blocking(move || {
-            c.partition.checkpoints.write_position(&id, &position)
-        })
-        .await
-        .expect("checkpoint write panicked");
+        let written = c.positions.write(&c.id, &position).await;
         if let Err(e) = written {
             // The claim on disk stays: messages claimed and not sent are skipped, none repeated.
             tracing::error!(error = %e, "cannot write the final position; the last claim stays");

@@ -8,15 +8,13 @@
 //! message, never past what has been read) is written while sending goes on. A crash loses at
 //! most the claimed messages not sent yet: [`CLAIM_AHEAD`] per partition, plus what lanes hold.
 
-use std::sync::Arc;
-
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::backoff::Backoff;
+use super::positions::Positions;
 use crate::storage::Position;
-use crate::topics::Partition;
 use mmmq_core::ConsumerId;
 
 /// How far claims run ahead of the message being sent.
@@ -32,7 +30,7 @@ pub(super) struct Claimer {
 
 impl Claimer {
     /// Starts the writer; the starting position counts as claimed.
-    pub(super) fn spawn(partition: Arc<Partition>, id: ConsumerId, start: &Position) -> Self {
+    pub(super) fn spawn(positions: Positions, id: ConsumerId, start: &Position) -> Self {
         let (wanted, mut wanted_rx) = watch::channel(start.next);
         let (durable_tx, durable) = watch::channel(start.next);
         // Offsets above a claim already done (by lanes before a restart) stay done in it.
@@ -58,13 +56,7 @@ impl Claimer {
                             .map(|&(s, e)| (s.max(end), e))
                             .collect();
                         let position = Position { next: end, done };
-                        let (p, id) = (partition.clone(), id.clone());
-                        let written = tokio::task::spawn_blocking(move || {
-                            p.checkpoints.write_position(&id, &position)
-                        })
-                        .await
-                        .expect("checkpoint write panicked");
-                        match written {
+                        match positions.write(&id, &position).await {
                             Ok(()) => {
                                 durable_tx.send_replace(end);
                             }

@@ -25,6 +25,7 @@ mod checkpoint_saver;
 mod claims;
 mod lanes;
 mod last_error;
+mod positions;
 pub mod redrive;
 mod redrive_range;
 mod retries;
@@ -190,6 +191,7 @@ impl Dispatch {
             metrics: self.metrics.clone(),
             checkpoint_id,
             redrive: range,
+            grant: None,
         }
     }
 

@@ -76,6 +76,7 @@ impl Worker {
     async fn deliver_run_with_backoff(&self, batch: &[Delivery]) -> Result<RunAnswer, Stopped> {
         let mut backoff = Backoff::new();
         loop {
+            self.may_send().await?;
             match self.target.deliver_run(batch, &self.cancel).await {
                 RunAnswer {
                     acked: 0,
@@ -172,6 +173,7 @@ impl Worker {
     async fn deliver_with_backoff(&self, batch: &[Delivery]) -> Result<Outcome, Stopped> {
         let mut backoff = Backoff::new();
         loop {
+            self.may_send().await?;
             match self.target.deliver(batch, &self.cancel).await {
                 Outcome::Failed(why) => self.failed(&batch[0], why, &mut backoff).await?,
                 answer => {
@@ -211,15 +213,22 @@ impl Worker {
         .to_payload();
         let mut backoff = Backoff::new();
         loop {
-            let result = match self.registry.get_or_create(&dlq).await {
-                Ok(t) => {
-                    // Dead letters are routed by the original key, as a producer's would be.
-                    let p = t
-                        .route(None, d.envelope.key.as_deref())
-                        .expect("a route without an explicit partition always exists");
-                    p.log.append(&payload).await
-                }
-                Err(e) => Err(e),
+            let result = match self.registry.cluster_append() {
+                // A dead-letter topic has one partition, as on one broker.
+                Some(cluster) => cluster
+                    .append(&dlq, 1, d.envelope.key.as_deref(), payload.clone())
+                    .await
+                    .map(|(_, offset)| offset),
+                None => match self.registry.get_or_create(&dlq).await {
+                    Ok(t) => {
+                        // Dead letters are routed by the original key, as a producer's would be.
+                        let p = t
+                            .route(None, d.envelope.key.as_deref())
+                            .expect("a route without an explicit partition always exists");
+                        p.log.append(&payload).await.map_err(|e| e.to_string())
+                    }
+                    Err(e) => Err(e.to_string()),
+                },
             };
             match result {
                 Ok(dlq_offset) => {
@@ -241,7 +250,7 @@ impl Worker {
                 Err(e) => {
                     // Skipping would lose the message: wait for the disk instead.
                     tracing::error!(error = %e, "cannot write to the dead-letter topic; retrying");
-                    self.record_delivery_error(d, e.to_string());
+                    self.record_delivery_error(d, e);
                     self.sleep(backoff.failed()).await?;
                 }
             }

@@ -27,6 +27,7 @@ use super::target::{Delivery, Target};
 use crate::config::DispatcherSpec;
 use crate::metrics::{DispatchLabel, Metrics};
 use crate::storage::{Entry, Position};
+use crate::topics::delivery::DeliveryGrant;
 use crate::topics::{Partition, Registry};
 
 pub(super) const READ_BATCH: usize = 256;
@@ -82,6 +83,9 @@ pub(super) struct Worker {
     pub checkpoint_id: Option<ConsumerId>,
     /// Set when this worker redrives a dead-letter partition (docs/delivery.md, "Dead-letter redrive").
     pub redrive: Option<super::redrive_range::Range>,
+    /// In a cluster, the right to deliver in this leader's term (docs/cluster.md, "Delivery in
+    /// a cluster"); set by [`Worker::run`] for each term this broker leads.
+    pub grant: Option<Arc<dyn DeliveryGrant>>,
 }
 
 /// The worker was told to stop while waiting.
@@ -99,7 +103,54 @@ impl Worker {
     /// Runs until cancelled.
     pub async fn run(self) {
         let span = tracing::info_span!("drain", topic = %self.topic, partition = self.partition.number, consumer_id = %self.spec.consumer_id);
-        self.drain().instrument(span).await
+        if self.partition.log.clustered() {
+            self.lead().instrument(span).await
+        } else {
+            self.drain().instrument(span).await
+        }
+    }
+
+    /// A clustered partition: delivers during each term this broker leads it, from the
+    /// replicated position, and stops when the term ends here (docs/cluster.md, "Delivery in a
+    /// cluster").
+    async fn lead(self) {
+        let Some(control) = self.partition.delivery.get(&self.cancel).await else {
+            return;
+        };
+        loop {
+            let Some(grant) = control.acquire(&self.cancel).await else {
+                return;
+            };
+            let term = grant.term();
+            tracing::info!(term, "delivering: this broker leads the partition");
+            let cancel = self.cancel.child_token();
+            let lost = grant.lost().clone();
+            let ends = cancel.clone();
+            let link = tokio::spawn(async move {
+                lost.cancelled().await;
+                ends.cancel();
+            });
+            Worker {
+                cancel,
+                grant: Some(grant),
+                topic: self.topic.clone(),
+                partition: self.partition.clone(),
+                spec: self.spec.clone(),
+                target: self.target.clone(),
+                stats: self.stats.clone(),
+                registry: self.registry.clone(),
+                metrics: self.metrics.clone(),
+                checkpoint_id: self.checkpoint_id.clone(),
+                redrive: self.redrive,
+            }
+            .drain()
+            .await;
+            link.abort();
+            if self.cancel.is_cancelled() {
+                return;
+            }
+            tracing::info!(term, "not delivering: the term ended here");
+        }
     }
 
     async fn drain(self) {
@@ -117,7 +168,7 @@ impl Worker {
             Box::pin(async move { target.settled(&topic, partition).await })
         });
         let saver = CheckpointSaver::new(
-            self.partition.clone(),
+            self.positions(),
             self.spec.clone(),
             self.checkpoint_id.clone(),
             start.clone(),
@@ -261,16 +312,12 @@ impl Worker {
 
     /// The checkpoint, or 0 (a redrive: its `from`); clamped into the log's range.
     async fn start_position(&self) -> Option<Position> {
-        let partition = self.partition.clone();
-        let id = self.checkpoint_id.clone();
         let from = self.redrive.as_ref().and_then(|r| r.from);
-        let stored = tokio::task::spawn_blocking(move || match (from, id) {
+        let stored = match (from, &self.checkpoint_id) {
             (Some(from), _) => Ok(Some(Position::at(from))),
-            (None, Some(id)) => partition.checkpoints.read_position(&id),
+            (None, Some(id)) => self.positions().read(id).await,
             (None, None) => Ok(None),
-        })
-        .await
-        .expect("checkpoint read panicked");
+        };
         let mut stored = match stored {
             Ok(v) => v.unwrap_or_default(),
             Err(e) => {

@@ -193,6 +193,7 @@ fn spawn_worker(s: &Setup, spec: Arc<DispatcherSpec>, target: Arc<Scripted>) -> 
         metrics: Arc::new(Metrics::new()),
         checkpoint_id: Some(ConsumerId::new("w").unwrap()),
         redrive: None,
+        grant: None,
     };
     Running {
         task: tokio::spawn(worker.run()),

@@ -85,7 +85,7 @@ impl Groups {
                 .collect(),
         };
         match cluster.propose_here(command).await? {
-            MetaOutcome::Done | MetaOutcome::TopicExists => Ok(()),
+            MetaOutcome::Done | MetaOutcome::TopicExists | MetaOutcome::Each(_) => Ok(()),
             MetaOutcome::Refused(_) => {
                 let (k, _) = offsets.first().expect("a refused commit has offsets");
                 Err(GroupError::NotOwner {

@@ -14,6 +14,7 @@
 
 mod budget;
 pub mod dedup;
+pub mod delivery;
 mod id_budget;
 pub mod id_restore;
 pub mod id_save;
@@ -61,6 +62,9 @@ pub struct Registry {
     admin: Mutex<HashMap<Topic, Arc<tokio::sync::Mutex<()>>>>,
     /// The produce ids every topic remembers, together (`serve --max-produce-ids`).
     ids: Arc<dedup::IdBudget>,
+    /// On a cluster member: where the broker's own appends go (docs/cluster.md, "Delivery in a
+    /// cluster").
+    cluster_append: std::sync::OnceLock<Arc<dyn delivery::ClusterAppend>>,
 }
 
 /// Held while one topic is administered: no other create, configure or delete of that topic
@@ -109,6 +113,7 @@ impl Registry {
             deleting: Mutex::new(HashSet::new()),
             admin: Mutex::new(HashMap::new()),
             ids: ids.clone(),
+            cluster_append: std::sync::OnceLock::new(),
         };
         let dir = registry.dir.clone();
         let vfs = registry.vfs.clone();
@@ -146,6 +151,16 @@ impl Registry {
     /// The topic, if it exists.
     pub fn get(&self, topic: &Topic) -> Option<Arc<TopicLog>> {
         self.topics.read().get(topic).cloned()
+    }
+
+    /// Makes the broker's own appends go through the cluster (set once, when it joins one).
+    pub fn set_cluster_append(&self, append: Arc<dyn delivery::ClusterAppend>) {
+        let _ = self.cluster_append.set(append);
+    }
+
+    /// On a cluster member, where the broker's own appends go.
+    pub fn cluster_append(&self) -> Option<&Arc<dyn delivery::ClusterAppend>> {
+        self.cluster_append.get()
     }
 
     /// Every topic, by name.

@@ -26,6 +26,9 @@ pub struct Partition {
     pub log: Log,
     /// Its dispatchers' positions.
     pub checkpoints: Checkpoints,
+    /// In a cluster: who may deliver it, and its replicated positions (docs/cluster.md,
+    /// "Delivery in a cluster").
+    pub delivery: super::delivery::DeliverySlot,
 }
 
 /// The directory of partition `p` of the topic in `topic_dir`.
@@ -52,6 +55,7 @@ pub fn open_partition(
         topic_id,
         log,
         checkpoints: Checkpoints::new(dir.join("checkpoints"), vfs.clone()),
+        delivery: Default::default(),
     })
 }
 

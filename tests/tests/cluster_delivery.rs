@@ -1,0 +1,232 @@
+//! Delivery in a cluster (contract §13; docs/cluster.md, "Delivery in a cluster"): a
+//! partition's dispatchers deliver on its leader only, and after the leader's SIGKILL the new
+//! leader continues from the replicated position — at-least-once redelivers at most what was
+//! ACKed in the last checkpoint interval, in order; at-most-once sends nothing twice.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mmmq_tests::cluster::Cluster;
+use mmmq_tests::{Answer, Consumer, host_dispatcher, write_dispatchers};
+use serde_json::{Value, json};
+
+const TOPIC: &str = "events";
+/// Messages produced before the kill, and after it.
+const BEFORE: u64 = 300;
+const AFTER: u64 = 100;
+/// The dispatchers' checkpoint interval.
+const INTERVAL_MS: u64 = 200;
+
+/// Three brokers, `TOPIC` with one partition on all three, `dispatcher` configured on every
+/// broker, and a slow consumer (so that the kill lands mid-stream).
+async fn cluster_with(dispatcher: impl Fn(u16) -> Value) -> (Cluster, Consumer) {
+    let c = topic_on_three(1).await;
+    let consumer =
+        Consumer::start_slow(0, Arc::new(|_| Answer::Ack), Duration::from_millis(4)).await;
+    configure(&c, &dispatcher(consumer.port)).await;
+    (c, consumer)
+}
+
+/// Three brokers and `TOPIC` with `partitions` partitions, each on all three.
+async fn topic_on_three(partitions: u32) -> Cluster {
+    let c = Cluster::start(3, &[]).await;
+    c.meta_leader(1).await;
+    let (code, created) = c
+        .broker(1)
+        .put(
+            &format!("/mmmq/topics/{TOPIC}"),
+            &json!({"partitions": partitions}),
+        )
+        .await;
+    assert_eq!(code, 200, "{created}");
+    c
+}
+
+/// `dispatcher` in every broker's `dispatchers.json`, reloaded.
+async fn configure(c: &Cluster, dispatcher: &Value) {
+    for id in 1..=3 {
+        write_dispatchers(c.root(id), &json!([dispatcher]));
+        let (code, report) = c.broker(id).post("/mmmq/admin/reload", &json!({})).await;
+        assert_eq!(code, 200, "reload on {id}: {report}");
+    }
+}
+
+/// Produces `n` messages from `from` through broker `via`, each until acknowledged.
+async fn produce(c: &Cluster, via: u64, from: u64, n: u64) {
+    for i in from..from + n {
+        let body = json!({"topic": TOPIC, "content": {"i": i}, "id": format!("m{i}")});
+        mmmq_tests::eventually_async(Duration::from_secs(20), "a produce answered", || async {
+            let (code, answer) = c.broker(via).post("/mmmq/messages", &body).await;
+            match code {
+                200 => Some(()),
+                503 => None,
+                other => panic!("produce through {via}: HTTP {other} {answer}"),
+            }
+        })
+        .await;
+    }
+}
+
+/// The content's `i` of every envelope received, with when it arrived, in order.
+fn received(consumer: &Consumer) -> Vec<(Instant, u64)> {
+    consumer
+        .timed_envelopes()
+        .into_iter()
+        .map(|(at, e)| (at, e["content"]["i"].as_u64().expect("an i")))
+        .collect()
+}
+
+/// Runs the scenario: produce, kill the partition's leader mid-stream, produce through a
+/// survivor; answers what the consumer received and when the leader was killed.
+async fn failover(c: &mut Cluster, consumer: &Consumer) -> (Vec<(Instant, u64)>, Instant) {
+    produce(c, 1, 0, BEFORE).await;
+    let leader = c.leader_of(1, TOPIC, 0).await.expect("a leader");
+    mmmq_tests::eventually(Duration::from_secs(30), "a third delivered", || {
+        (received(consumer).len() as u64 >= BEFORE / 3).then_some(())
+    })
+    .await;
+    // Before the failover, one broker delivers: nothing was sent twice.
+    let so_far = received(consumer);
+    let mut seen = std::collections::BTreeSet::new();
+    for (_, i) in &so_far {
+        assert!(seen.insert(*i), "{i} delivered twice before any failover");
+    }
+    c.kill(leader);
+    let killed = Instant::now();
+    let via = (1..=3).find(|b| *b != leader).unwrap();
+    produce(c, via, BEFORE, AFTER).await;
+    (received(consumer), killed)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn at_least_once_continues_from_the_replicated_checkpoint_after_the_leaders_kill() {
+    let (mut c, consumer) = cluster_with(|port| {
+        let mut d = host_dispatcher("c1", TOPIC, port);
+        d["checkpointIntervalMs"] = json!(INTERVAL_MS);
+        d
+    })
+    .await;
+    let (_, killed) = failover(&mut c, &consumer).await;
+    let all = mmmq_tests::eventually(Duration::from_secs(60), "every message delivered", || {
+        let r = received(&consumer);
+        let distinct: std::collections::BTreeSet<u64> = r.iter().map(|(_, i)| *i).collect();
+        (distinct.len() as u64 == BEFORE + AFTER).then_some(r)
+    })
+    .await;
+    // In order, but for one rewind (the new leader's start at the replicated checkpoint), which
+    // repeats a suffix of what was delivered: never a reorder, never a gap.
+    let mut rewinds = 0;
+    let mut next = 0;
+    for (_, i) in &all {
+        if *i == next {
+            next += 1;
+        } else if *i < next {
+            rewinds += 1;
+            next = i + 1;
+        } else {
+            panic!("{i} delivered before {next}: a gap or a reorder");
+        }
+    }
+    let mut first_at: BTreeMap<u64, Instant> = BTreeMap::new();
+    let mut repeated = Vec::new();
+    for (at, i) in &all {
+        if first_at.contains_key(i) {
+            repeated.push(*i);
+        } else {
+            first_at.insert(*i, *at);
+        }
+    }
+    // Redelivered: only what was first delivered within the last checkpoint interval (and the
+    // checkpoint's commit) before the kill.
+    let slack = Duration::from_millis(INTERVAL_MS + 400);
+    for i in &repeated {
+        let before_kill = killed.saturating_duration_since(first_at[i]);
+        assert!(
+            before_kill <= slack,
+            "{i} redelivered, though first delivered {before_kill:?} before the kill"
+        );
+    }
+    assert!(
+        rewinds <= 1,
+        "{rewinds} rewinds for one failover: {repeated:?}"
+    );
+    eprintln!(
+        "redelivered after the failover: {} messages",
+        repeated.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn at_most_once_never_sends_twice_across_the_leaders_kill() {
+    let (mut c, consumer) = cluster_with(|port| {
+        let mut d = host_dispatcher("c1", TOPIC, port);
+        d["delivery"] = json!("at-most-once");
+        d
+    })
+    .await;
+    failover(&mut c, &consumer).await;
+    // Everything produced after the failover arrives (what the old leader claimed and did not
+    // send is lost, at most one claim's worth).
+    let all = mmmq_tests::eventually(
+        Duration::from_secs(60),
+        "the last message delivered",
+        || {
+            let r = received(&consumer);
+            r.iter().any(|(_, i)| *i == BEFORE + AFTER - 1).then_some(r)
+        },
+    )
+    .await;
+    let mut seen = std::collections::BTreeSet::new();
+    for (_, i) in &all {
+        assert!(seen.insert(*i), "{i} delivered twice");
+    }
+    let lost = BEFORE + AFTER - seen.len() as u64;
+    assert!(lost <= 64, "{lost} messages lost: more than one claim");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nacked_message_is_dead_lettered_into_a_clustered_topic() {
+    let c = topic_on_three(2).await;
+    // Every message whose i is a multiple of 5 is NACKed, every time.
+    let consumer = Consumer::start_on(
+        0,
+        Arc::new(|e: &Value| {
+            if e["content"]["i"].as_u64().unwrap().is_multiple_of(5) {
+                Answer::Nack
+            } else {
+                Answer::Ack
+            }
+        }),
+    )
+    .await;
+    let mut d = host_dispatcher("c1", TOPIC, consumer.port);
+    d["maxNackRetries"] = json!(1);
+    configure(&c, &d).await;
+    for i in 0..20 {
+        let body = json!({"topic": TOPIC, "key": format!("k{}", i % 4), "content": {"i": i}});
+        let (code, answer) = c.broker(i % 3 + 1).post("/mmmq/messages", &body).await;
+        assert_eq!(code, 200, "{answer}");
+    }
+    // The dead-letter topic is the cluster's: read through every broker, it holds each NACKed
+    // message once, with the reason and its two attempts.
+    for via in 1..=3 {
+        let dead = c.broker(via).pull_until("__dlq.c1", 4).await;
+        let mut dead_i: Vec<u64> = dead
+            .iter()
+            .map(|d| d["content"]["envelope"]["content"]["i"].as_u64().unwrap())
+            .collect();
+        dead_i.sort();
+        assert_eq!(dead_i, vec![0, 5, 10, 15], "through {via}: {dead:?}");
+        assert!(
+            dead.iter().all(|d| d["content"]["attempts"] == 2),
+            "{dead:?}"
+        );
+    }
+    let acked: std::collections::BTreeSet<u64> = received(&consumer)
+        .into_iter()
+        .map(|(_, i)| i)
+        .filter(|i| i % 5 != 0)
+        .collect();
+    assert_eq!(acked.len(), 16);
+}
