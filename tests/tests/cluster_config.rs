@@ -140,6 +140,32 @@ async fn a_broker_down_during_a_reload_and_one_added_later_run_the_clusters_disp
     everywhere(&c, &["after"]).await;
 }
 
+/// A cluster without a `dispatchers.json` takes the first broker's file that names a dispatcher
+/// (here broker 2's, restarted with one), once: a broker restarted later with another file runs
+/// the cluster's, and its file is replaced by it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_first_file_with_dispatchers_seeds_the_cluster_once() {
+    let mut c = Cluster::start(3, &[]).await;
+    c.meta_leader(1).await;
+    let consumer = Consumer::start().await;
+    c.kill(2);
+    write_dispatchers(
+        c.root(2),
+        &json!([host_dispatcher("seeded", "orders", consumer.port)]),
+    );
+    c.restart(2).await;
+    everywhere(&c, &["seeded"]).await;
+
+    c.kill(3);
+    write_dispatchers(
+        c.root(3),
+        &json!([host_dispatcher("other", "orders", consumer.port)]),
+    );
+    c.restart(3).await;
+    c.meta_leader(3).await;
+    everywhere(&c, &["seeded"]).await;
+}
+
 /// Broker `id`'s current version of plugin `tb` and the version its dispatcher `d` serves.
 async fn serving(c: &Cluster, id: u64) -> (Option<String>, Option<String>) {
     let b = c.broker(id);

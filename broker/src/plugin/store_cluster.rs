@@ -98,7 +98,10 @@ impl PluginStore {
     pub async fn adopt(&self, name: &str, adopted: Adopted) -> Result<bool, StoreError> {
         self.change(name, move |vfs, dir, name| {
             let old = read_index(vfs, dir)?;
-            let bytes = read_version(vfs, dir, &adopted.current)?;
+            let file = version_file(dir, &adopted.current);
+            if !vfs.exists(&file) {
+                return Err(KeptError::Missing(file).into());
+            }
             let index = PluginVersions {
                 name,
                 current: adopted.current.clone(),
@@ -122,6 +125,7 @@ impl PluginStore {
             // the copy the dispatchers run.
             kept::write_index(vfs, dir, &index)?;
             if !runs_current {
+                let bytes = read_version(vfs, dir, &index.current)?;
                 write_durably(vfs, &dir.join(CURRENT), &bytes)?;
             }
             for gone in old.iter().flat_map(|o| &o.versions) {
