@@ -20,6 +20,8 @@ use crate::topics::Registry;
 
 mod cluster_api;
 mod cluster_append;
+mod cluster_config;
+mod cluster_plugins;
 mod cluster_release;
 mod plugin_admin;
 mod plugin_logs;
@@ -136,6 +138,8 @@ pub struct Broker {
     plugins: Arc<crate::plugin::store::PluginStore>,
     /// This broker's part of a cluster, when it is a member (contract §13).
     cluster: Arc<std::sync::OnceLock<crate::cluster::node::Cluster>>,
+    /// What it applied of the cluster's configuration, when it is a member.
+    config_sync: Arc<cluster_config::ConfigSync>,
 }
 
 impl Broker {
@@ -218,7 +222,18 @@ impl Broker {
             config.max_body_bytes,
         ));
         let dispatch = Dispatch::start(registry.clone(), metrics.clone(), factory, emitter);
-        let report = dispatch.apply(specs).await?;
+        // A cluster member runs the cluster's dispatchers.json, applied once its metadata is
+        // settled (docs/cluster.md, "Configuration in a cluster"): its own file is only checked.
+        let report = match config.cluster {
+            None => dispatch.apply(specs).await?,
+            Some(_) => ReloadReport::default(),
+        };
+        let config_sync = Arc::new(cluster_config::ConfigSync::new(
+            config.root_dir.clone(),
+            vfs.clone(),
+            dispatch.clone(),
+            plugins.clone(),
+        ));
         let groups = Arc::new(crate::groups::Groups::new(
             registry.clone(),
             metrics.clone(),
@@ -250,6 +265,7 @@ impl Broker {
             groups,
             plugins,
             cluster,
+            config_sync,
         })
     }
 
@@ -268,6 +284,11 @@ impl Broker {
                 cluster.clone(),
                 self.config.topic_defaults.clone(),
             );
+            tokio::spawn(cluster_config::follow(
+                self.config_sync.clone(),
+                cluster.clone(),
+                self.background.clone(),
+            ));
             tokio::spawn(cluster_api::follow(
                 self.registry.clone(),
                 cluster,
@@ -325,8 +346,12 @@ impl Broker {
             .collect()
     }
 
-    /// Re-reads `dispatchers.json` and applies it; a bad file changes nothing.
+    /// Re-reads `dispatchers.json` and applies it; a bad file changes nothing. On a cluster
+    /// member the file becomes the cluster's (docs/cluster.md, "Configuration in a cluster").
     pub async fn reload(&self) -> Result<ReloadReport, BrokerError> {
+        if let Some(cluster) = self.cluster() {
+            return self.reload_clustered(cluster).await;
+        }
         let root = self.config.root_dir.clone();
         let specs = tokio::task::spawn_blocking(move || config::load_dispatchers(&root))
             .await

@@ -20,7 +20,7 @@ pub use broker::{Broker, Handled, spawn_serve};
 pub use consumer::{Answer, Consumer};
 pub use setup::{
     deploy_plugin, ensure_wasm_target, host_dispatcher, plugin_dispatcher, plugin_wasm,
-    testbed_root, write_dispatchers,
+    testbed_root, wasm_variant, write_dispatchers,
 };
 pub use snippet::{build_plugin_snippet, scaffold_cargo, scaffold_cargo_ok, scaffold_target_dir};
 

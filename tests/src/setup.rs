@@ -131,3 +131,14 @@ pub fn deploy_plugin(root: &Path, wasm: &Path, name: &str) -> PathBuf {
     std::fs::rename(&tmp, &dest).unwrap();
     dest
 }
+
+/// The same component with a custom section appended: another version of the same code (a
+/// deploy of it is a new version) without a second build.
+pub fn wasm_variant(wasm: &[u8], n: u8) -> Vec<u8> {
+    let mut out = wasm.to_vec();
+    let name = b"mmmq-test";
+    out.extend_from_slice(&[0, (1 + name.len() + 1) as u8, name.len() as u8]);
+    out.extend_from_slice(name);
+    out.push(n);
+    out
+}

@@ -7,20 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use mmmq_tests::{Broker, eventually, plugin_wasm, write_dispatchers};
+use mmmq_tests::{Broker, eventually, plugin_wasm, wasm_variant, write_dispatchers};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// The same component with a custom section appended: another version of the same code.
-fn variant(wasm: &[u8], n: u8) -> Vec<u8> {
-    let mut out = wasm.to_vec();
-    let name = b"mmmq-test";
-    out.extend_from_slice(&[0, (1 + name.len() + 1) as u8, name.len() as u8]);
-    out.extend_from_slice(name);
-    out.push(n);
-    out
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn deploy_rollback_and_activate_switch_versions_under_continuous_produce() {
@@ -269,7 +259,7 @@ async fn bad_deploys_are_refused_and_ten_versions_are_kept() {
     let dir = tempfile::tempdir().unwrap();
     for n in 0..12u8 {
         let file = dir.path().join(format!("v{n}.wasm"));
-        std::fs::write(&file, variant(&good, n)).unwrap();
+        std::fs::write(&file, wasm_variant(&good, n)).unwrap();
         let out = broker.cli([
             "plugin".as_ref(),
             "deploy".as_ref(),

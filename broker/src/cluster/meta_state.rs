@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 pub use super::meta_delivery::{PartitionDelivery, PositionWrite, StoredPosition};
+pub use super::meta_config::{DispatchersMeta, PluginMeta};
 pub use super::meta_groups::{GroupOffset, GroupTopic};
 use super::types::BrokerId;
 
@@ -100,6 +101,33 @@ pub enum MetaCommand {
     SetPositions {
         /// The writes, coalesced from one broker's round.
         writes: Vec<PositionWrite>,
+    },
+    /// The cluster's `dispatchers.json` (docs/cluster.md, "Configuration in a cluster").
+    SetDispatchers {
+        /// The file's text, validated by the proposer.
+        text: String,
+        /// Set only if the cluster has none yet (a broker's boot seeding it from its file).
+        #[serde(default)]
+        only_if_unset: bool,
+    },
+    /// A plugin version deployed through a broker becomes current everywhere.
+    DeployPlugin {
+        /// The plugin.
+        name: String,
+        /// The version (its bytes stay with `holder` and each broker's plugin store).
+        version: mmmq_core::VersionInfo,
+        /// The broker that kept its bytes.
+        holder: BrokerId,
+    },
+    /// A kept plugin version becomes current everywhere (a rollback or an activation).
+    SwitchPlugin {
+        /// The plugin.
+        name: String,
+        /// The version.
+        version: String,
+        /// Refused unless this is the current version (a rollback's guard).
+        #[serde(default)]
+        if_current: Option<String>,
     },
 }
 
@@ -196,6 +224,12 @@ pub struct MetaState {
     /// Per topic and partition, who delivers it and its dispatchers' positions.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub deliveries: BTreeMap<String, BTreeMap<u32, PartitionDelivery>>,
+    /// `dispatchers.json`, once a broker set it (docs/cluster.md, "Configuration in a cluster").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispatchers: Option<DispatchersMeta>,
+    /// Deployed plugins, by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub plugins: BTreeMap<String, PluginMeta>,
 }
 
 /// Replicas per partition when a topic does not say: `min(3, brokers)` (contract §13).
@@ -294,6 +328,20 @@ impl MetaState {
                 partition,
                 replicas,
             } => self.reassign(topic, *partition, replicas, true),
+            MetaCommand::SetDispatchers {
+                text,
+                only_if_unset,
+            } => self.set_dispatchers(text, *only_if_unset),
+            MetaCommand::DeployPlugin {
+                name,
+                version,
+                holder,
+            } => self.deploy_plugin(name, version, *holder),
+            MetaCommand::SwitchPlugin {
+                name,
+                version,
+                if_current,
+            } => self.switch_plugin(name, version, if_current.as_deref()),
         }
     }
 

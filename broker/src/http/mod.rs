@@ -163,6 +163,10 @@ pub fn router_with(state: AppState, extra: Option<Router>) -> App {
         .merge(api)
         .route("/healthz", get(admin::healthz))
         .route("/", get(dashboard::page))
+        .route(
+            "/mmmq/internal/plugins/{name}/{version}",
+            get(plugins::internal_version),
+        )
         .fallback(|| async { ApiError::NotFound("no such endpoint".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .with_state(state)

@@ -17,6 +17,7 @@ impl From<StoreError> for ApiError {
             }
             StoreError::Io(_) => Self::Internal(e.to_string()),
             StoreError::TooLarge(_) => Self::TooLarge(e.to_string()),
+            StoreError::Cluster(c) => crate::broker::BrokerError::Cluster(c).into(),
             _ => Self::BadRequest(e.to_string()),
         }
     }
@@ -90,4 +91,34 @@ pub(super) async fn activate(
     let broker = state.broker()?;
     let Path((name, version)) = path.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     Ok(Json(broker.activate_plugin(&name, &version).await?))
+}
+
+/// `GET /mmmq/internal/plugins/{name}/{version}`: a kept version's bytes, for another broker of
+/// the cluster that lacks them (docs/cluster.md, "Configuration in a cluster"). Peers only: the
+/// token as for every route, and the cluster's id as on Raft's traffic (another cluster's
+/// request is refused with `409`). Not part of the API: undescribed.
+pub(super) async fn internal_version(
+    State(state): State<AppState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    headers: axum::http::HeaderMap,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let broker = state.broker()?;
+    let Some(cluster) = broker.cluster() else {
+        return Err(ApiError::NotFound("no such endpoint".into()));
+    };
+    cluster
+        .accepts_forwarded(&headers)
+        .map_err(ApiError::Conflict)?;
+    let Path((name, version)) = path.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    match broker.plugin_version_bytes(&name, &version).await? {
+        Some(bytes) => Ok((
+            [(axum::http::header::CONTENT_TYPE, "application/wasm")],
+            bytes,
+        )
+            .into_response()),
+        None => Err(ApiError::NotFound(format!(
+            "this broker keeps no version {version:?} of plugin {name:?}"
+        ))),
+    }
 }

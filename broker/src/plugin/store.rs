@@ -63,6 +63,10 @@ pub enum StoreError {
     /// The disk refused, or a file is not what it should be.
     #[error("plugin store: {0}")]
     Io(#[from] KeptError),
+    /// The cluster could not make the change now (docs/cluster.md, "Configuration in a
+    /// cluster").
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::node::ClusterError),
 }
 
 /// The deployed plugins under `{root-dir}/plugins/`.
@@ -121,16 +125,7 @@ impl PluginStore {
     /// Validates `bytes` (a component of a supported world), stores it durably and makes it
     /// current. Deploying a kept version again makes it current.
     pub async fn deploy(&self, name: &str, bytes: Vec<u8>) -> Result<Deployed, StoreError> {
-        Self::check_name(name)?;
-        if bytes.len() > MAX_PLUGIN_BYTES {
-            return Err(StoreError::TooLarge(bytes.len()));
-        }
-        let engine = PluginEngine::shared().await?;
-        let (bytes, world) = tokio::task::spawn_blocking(move || {
-            engine.compile(&bytes).map(|c| (bytes, c.world.to_owned()))
-        })
-        .await
-        .expect("compile task panicked")?;
+        let (bytes, world) = Self::compile(name, bytes).await?;
         let _one = self.changing.lock().await;
         let dir = self.dir.join(name);
         let name = name.to_owned();
@@ -148,6 +143,21 @@ impl PluginStore {
             })
         })
         .await
+    }
+
+    /// Checks a deploy of `bytes` as `name`: a plugin name, not too large, a component of a
+    /// supported world (answered with the bytes).
+    async fn compile(name: &str, bytes: Vec<u8>) -> Result<(Vec<u8>, String), StoreError> {
+        Self::check_name(name)?;
+        if bytes.len() > MAX_PLUGIN_BYTES {
+            return Err(StoreError::TooLarge(bytes.len()));
+        }
+        let engine = PluginEngine::shared().await?;
+        Ok(tokio::task::spawn_blocking(move || {
+            engine.compile(&bytes).map(|c| (bytes, c.world.to_owned()))
+        })
+        .await
+        .expect("compile task panicked")?)
     }
 
     /// Makes the version deployed before the current one current.
@@ -188,24 +198,33 @@ impl PluginStore {
         .await
     }
 
-    async fn switch(
+    /// Runs `f` on plugin `name`'s directory off the executor, one change of the store at a
+    /// time (each reads, then writes, the index).
+    async fn change<T: Send + 'static>(
         &self,
         name: &str,
-        choose: impl FnOnce(&PluginVersions) -> Result<String, StoreError> + Send + 'static,
-    ) -> Result<Deployed, StoreError> {
+        f: impl FnOnce(&dyn Vfs, &Path, String) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
         Self::check_name(name)?;
         let _one = self.changing.lock().await;
         let dir = self.dir.join(name);
         let name = name.to_owned();
         let vfs = self.vfs.clone();
-        blocking(move || {
-            let mut index =
-                read_index(&*vfs, &dir)?.ok_or(StoreError::NoSuchPlugin(name.clone()))?;
+        blocking(move || f(&*vfs, &dir, name)).await
+    }
+
+    async fn switch(
+        &self,
+        name: &str,
+        choose: impl FnOnce(&PluginVersions) -> Result<String, StoreError> + Send + 'static,
+    ) -> Result<Deployed, StoreError> {
+        self.change(name, move |vfs, dir, name| {
+            let mut index = read_index(vfs, dir)?.ok_or(StoreError::NoSuchPlugin(name.clone()))?;
             index.name = name.clone();
             let version = choose(&index)?;
-            let bytes = read_version(&*vfs, &dir, &version)?;
+            let bytes = read_version(vfs, dir, &version)?;
             index.current = version.clone();
-            make_current(&*vfs, &dir, &index, &bytes)?;
+            make_current(vfs, dir, &index, &bytes)?;
             let world = index
                 .versions
                 .iter()
@@ -299,6 +318,9 @@ async fn blocking<T: Send + 'static>(
         .await
         .expect("plugin store task panicked")
 }
+
+#[path = "store_cluster.rs"]
+pub mod cluster;
 
 #[cfg(test)]
 mod tests {
