@@ -10,8 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{self, ConfigError, DispatcherSpec, ServeConfig, TargetSpec};
 use crate::dispatch::{
-    Dispatch, DispatchError, DispatcherStatus, Handler, InProcessTarget, ReloadReport,
-    TargetFactory, Targets,
+    Dispatch, DispatchError, Handler, InProcessTarget, ReloadReport, TargetFactory, Targets,
 };
 use crate::metrics::Metrics;
 pub use crate::produce::{ProduceError, ProduceItem};
@@ -23,6 +22,7 @@ mod cluster_append;
 mod cluster_config;
 mod cluster_plugins;
 mod cluster_release;
+mod cluster_status;
 mod plugin_admin;
 mod plugin_logs;
 mod produce_api;
@@ -381,11 +381,6 @@ impl Broker {
         m.max_partitions.set(gauge(max_partitions));
         let cluster = self.cluster().map(|c| c.metrics().registry());
         self.metrics.encode(http, cluster)
-    }
-
-    /// Status of every dispatcher.
-    pub async fn dispatchers(&self) -> Vec<DispatcherStatus> {
-        self.dispatch.status_with_redrive_next().await
     }
 
     /// Starts delivering `consumer_id`'s dead letters again to its own target (docs/delivery.md,

@@ -282,6 +282,10 @@ pub struct TopicStatus {
     /// problem is over. `null` while it is not.
     #[serde(default)]
     pub last_error_resolved_at: Option<u64>,
+    /// In a cluster: the broker that delivers this partition (its leader when it last took
+    /// over delivery); its counters are that broker's. Absent on a single broker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivered_by: Option<u64>,
 }
 
 /// Status of one dispatcher (`GET /mmmq/dispatchers`).

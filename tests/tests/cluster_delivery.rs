@@ -155,6 +155,26 @@ async fn at_least_once_continues_from_the_replicated_checkpoint_after_the_leader
         "redelivered after the failover: {} messages",
         repeated.len()
     );
+    // Every survivor answers for the partition as the broker that delivers it now does.
+    let running = c.running();
+    let new_leader = c.leader_of(running[0], TOPIC, 0).await.expect("a leader");
+    for via in running {
+        let t = mmmq_tests::eventually_async(
+            Duration::from_secs(10),
+            "the status caught up",
+            || async {
+                let (_, status) = c.broker(via).get("/mmmq/dispatchers").await;
+                let t = status[0]["topics"][0].clone();
+                (t["lag"] == 0 && t["nextOffset"] == BEFORE + AFTER).then_some(t)
+            },
+        )
+        .await;
+        assert_eq!(t["deliveredBy"], new_leader, "through {via}: {t}");
+        assert!(
+            t["delivered"].as_u64().unwrap() >= AFTER,
+            "through {via}: {t}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -12,7 +12,7 @@ use crate::cluster::network::GroupId;
 use crate::cluster::node::Cluster;
 use crate::cluster::types::{Applied, Command};
 use crate::topics::Registry;
-use crate::topics::delivery::{BoxFuture, ClusterAppend};
+use crate::topics::delivery::{Appended, BoxFuture, ClusterAppend};
 
 /// Appends through the cluster.
 pub(super) struct Appender {
@@ -28,9 +28,8 @@ impl ClusterAppend for Appender {
         &'a self,
         topic: &'a Topic,
         partitions: u32,
-        key: Option<&'a str>,
-        payload: Vec<u8>,
-    ) -> BoxFuture<'a, Result<(u32, u64), String>> {
+        items: Vec<Appended>,
+    ) -> BoxFuture<'a, Result<Vec<(u32, u64)>, String>> {
         Box::pin(async move {
             let registry = self
                 .registry
@@ -43,17 +42,39 @@ impl ClusterAppend for Appender {
             let t = ensure_topic(&self.cluster, &registry, &config, topic)
                 .await
                 .map_err(|e| e.to_string())?;
-            let p = t.route(None, key).map_err(|e| e.to_string())?.number;
-            let group = GroupId::Partition(topic.to_string(), p);
-            let applied = self
-                .cluster
-                .write(group, vec![Command::Message(payload.into())])
-                .await
-                .map_err(|e| e.to_string())?;
-            match applied.first() {
-                Some(Applied::Offset(offset)) => Ok((p, *offset)),
-                other => Err(format!("the append was applied as {other:?}")),
+            // Each partition's share in one write, in the items' order.
+            let mut shares: Vec<(u32, Vec<usize>)> = Vec::new();
+            for (i, item) in items.iter().enumerate() {
+                let p = t
+                    .route(None, item.route.as_deref())
+                    .map_err(|e| e.to_string())?
+                    .number;
+                match shares.iter_mut().find(|(q, _)| *q == p) {
+                    Some((_, v)) => v.push(i),
+                    None => shares.push((p, vec![i])),
+                }
             }
+            let writes = shares.iter().map(|(p, indexes)| {
+                let commands = indexes
+                    .iter()
+                    .map(|&i| Command::Message(items[i].payload.clone().into()))
+                    .collect();
+                let group = GroupId::Partition(topic.to_string(), *p);
+                self.cluster.write(group, commands)
+            });
+            let written = futures_util::future::join_all(writes).await;
+            let mut placed = vec![(0, 0); items.len()];
+            for ((p, indexes), applied) in shares.iter().zip(written) {
+                let applied = applied.map_err(|e| e.to_string())?;
+                for (&i, a) in indexes.iter().zip(&applied) {
+                    placed[i] = match a {
+                        Applied::Offset(offset) => (*p, *offset),
+                        Applied::Duplicate { partition, offset } => (*partition, *offset),
+                        other => return Err(format!("an append was applied as {other:?}")),
+                    };
+                }
+            }
+            Ok(placed)
         })
     }
 }

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::plugin::LogRecord;
 use crate::topics::Registry;
+use crate::topics::delivery::Appended;
 
 /// Most lines appended in one batch.
 const BATCH: usize = 1024;
@@ -58,12 +59,35 @@ pub(super) fn spawn(
                 let Ok(topic) = Topic::new(format!("__logs.{consumer_id}")) else {
                     continue;
                 };
-                let stored = match registry.get_or_create(&topic).await {
-                    Ok(t) => t.first().log.append_batch(&payloads).await.map(|_| ()),
-                    Err(e) => Err(e),
+                let stored = match registry.cluster_append() {
+                    // A cluster's: through the metadata and the partition's leader
+                    // (docs/cluster.md, "Delivery in a cluster").
+                    Some(cluster) => {
+                        let items = payloads
+                            .into_iter()
+                            .map(|payload| Appended {
+                                route: None,
+                                payload,
+                            })
+                            .collect::<Vec<_>>();
+                        let lines = items.len();
+                        cluster
+                            .append(&topic, 1, items)
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| (e, lines))
+                    }
+                    None => {
+                        let lines = payloads.len();
+                        match registry.get_or_create(&topic).await {
+                            Ok(t) => t.first().log.append_batch(&payloads).await.map(|_| ()),
+                            Err(e) => Err(e),
+                        }
+                        .map_err(|e| (e.to_string(), lines))
+                    }
                 };
-                if let Err(e) = stored {
-                    tracing::debug!(topic = %topic, error = %e, lines = payloads.len(), "plugin log lines not stored");
+                if let Err((e, lines)) = stored {
+                    tracing::debug!(topic = %topic, error = %e, lines, "plugin log lines not stored");
                 }
             }
         }

@@ -196,6 +196,13 @@ impl PartitionDelivery {
 struct Control(Arc<PartitionDelivery>);
 
 impl DeliveryControl for Control {
+    fn delivered_by(&self) -> Option<u64> {
+        let c = &self.0;
+        let metadata = c.cluster.metadata();
+        let d = metadata.delivery(&c.topic, &c.topic_id, c.partition)?;
+        Some(d.broker)
+    }
+
     fn acquire<'a>(
         &'a self,
         stop: &'a CancellationToken,

@@ -68,7 +68,29 @@ enum Slot {
 /// unescaped `,"id":"` cannot occur inside a JSON string, and content that ends the payload
 /// ends in `}`, `]`, a literal or a string followed by the closing brace, never `"}` after an
 /// `,"id":"`, unless it is the id).
+///
+/// A plugin's emit on a cluster member carries an id and its origin after it (docs/cluster.md,
+/// "Delivery in a cluster"): a payload that may end with an origin is parsed whole instead
+/// (its content skipped, not kept).
 pub fn id_of(payload: &[u8]) -> Option<(String, u64)> {
+    if let Some(found) = id_at_end(payload) {
+        return Some(found);
+    }
+    if !payload.ends_with(b"}}") || memchr::memmem::rfind(payload, b",\"origin\":{").is_none() {
+        return None;
+    }
+    #[derive(serde::Deserialize)]
+    struct Head {
+        timestamp: u64,
+        #[serde(default)]
+        id: Option<String>,
+    }
+    let head: Head = serde_json::from_slice(payload).ok()?;
+    head.id.map(|id| (id, head.timestamp))
+}
+
+/// [`id_of`] for a payload whose last field is its id.
+fn id_at_end(payload: &[u8]) -> Option<(String, u64)> {
     let body = payload.strip_suffix(b"}")?;
     if !body.ends_with(b"\"") {
         return None;
@@ -346,5 +368,39 @@ mod tests {
             assert_eq!(id_of(&payload(content, Some("k"), None)), None, "{content}");
             assert_eq!(id_of(&payload(content, None, None)), None, "{content}");
         }
+    }
+
+    #[test]
+    fn an_emits_id_is_read_before_its_origin_and_never_from_content() {
+        let emit = |content: &str, id: Option<&str>| {
+            mmmq_core::StoredMessage {
+                timestamp: 99,
+                key: Some("k".into()),
+                content: serde_json::value::RawValue::from_string(content.to_owned()).unwrap(),
+                id: id.map(str::to_owned),
+                origin: Some(mmmq_core::Origin {
+                    consumer_id: "router".into(),
+                    topic: "orders".into(),
+                    partition: 0,
+                    offset: 7,
+                    index: 1,
+                    topic_id: None,
+                }),
+            }
+            .to_payload()
+        };
+        assert_eq!(
+            id_of(&emit(r#"{"a":1}"#, Some("__emit.x"))),
+            Some(("__emit.x".to_owned(), 99))
+        );
+        assert_eq!(id_of(&emit(r#"{"id":"fake","origin":{}}"#, None)), None);
+        assert_eq!(
+            id_of(&payload(
+                r#"{"x":"a","id":"fake","origin":{"consumerId":"c"}}"#,
+                None,
+                None
+            )),
+            None
+        );
     }
 }

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-pub use super::meta_delivery::{PartitionDelivery, PositionWrite, StoredPosition};
 pub use super::meta_config::{DispatchersMeta, PluginMeta};
+pub use super::meta_delivery::{PartitionDelivery, PositionWrite, StoredPosition};
 pub use super::meta_groups::{GroupOffset, GroupTopic};
 use super::types::BrokerId;
 

@@ -83,11 +83,21 @@ impl Cluster {
     }
 
     pub(super) async fn ask_view(&self, broker: BrokerId) -> Option<ClusterView> {
+        self.ask_local(broker, "/mmmq/cluster?local=true").await
+    }
+
+    /// Another broker's own answer to `GET path` (a status: `?local=true`), within 500 ms;
+    /// `None` if it does not answer.
+    pub async fn ask_local<T: serde::de::DeserializeOwned>(
+        &self,
+        broker: BrokerId,
+        path: &str,
+    ) -> Option<T> {
         let router = &self.inner.router;
         let base = router.peer(broker)?;
         let mut request = router
             .http()
-            .get(format!("{base}/mmmq/cluster?local=true"))
+            .get(format!("{base}{path}"))
             .timeout(Duration::from_millis(500));
         if let Some(token) = router.token() {
             request = request.bearer_auth(token);

@@ -14,6 +14,7 @@ use super::target::{Delivery, Outcome, RunAnswer, TargetError};
 use super::worker::{Stopped, Worker};
 use crate::config::DeliveryMode;
 use crate::metrics::ConsumerLabel;
+use crate::topics::delivery::Appended;
 
 /// How often a dispatcher whose plugin is not loaded asks again.
 const NOT_LOADED_RETRY: std::time::Duration = std::time::Duration::from_millis(200);
@@ -215,10 +216,16 @@ impl Worker {
         loop {
             let result = match self.registry.cluster_append() {
                 // A dead-letter topic has one partition, as on one broker.
-                Some(cluster) => cluster
-                    .append(&dlq, 1, d.envelope.key.as_deref(), payload.clone())
-                    .await
-                    .map(|(_, offset)| offset),
+                Some(cluster) => {
+                    let item = Appended {
+                        route: d.envelope.key.clone(),
+                        payload: payload.clone(),
+                    };
+                    cluster
+                        .append(&dlq, 1, vec![item])
+                        .await
+                        .map(|placed| placed[0].1)
+                }
                 None => match self.registry.get_or_create(&dlq).await {
                     Ok(t) => {
                         // Dead letters are routed by the original key, as a producer's would be.

@@ -52,6 +52,11 @@ impl Dispatch {
                             last_error,
                             last_error_at,
                             last_error_resolved_at,
+                            delivered_by: w
+                                .partition
+                                .delivery
+                                .current()
+                                .and_then(|c| c.delivered_by()),
                         }
                     })
                     .collect();

@@ -26,6 +26,7 @@
 //! stored.
 
 mod bounds;
+mod clustered;
 pub mod pipeline;
 mod source;
 
@@ -64,6 +65,15 @@ pub enum EmitError {
     /// after the restart.
     #[error("the dispatcher is stopping; the run's emits were not taken")]
     Stopping,
+    /// A cluster member could not write them through the cluster (no leader now, the
+    /// destination could not be created): the run is retried.
+    #[error("cannot store the plugin's emitted messages in {topic}: {why}")]
+    Cluster {
+        /// The destination topic.
+        topic: String,
+        /// Why.
+        why: String,
+    },
 }
 
 /// The broker's side of emits: where they go, shared by every plugin dispatcher.

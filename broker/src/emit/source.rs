@@ -80,6 +80,22 @@ impl Source {
         }
     }
 
+    /// The source topic and partition.
+    pub(super) fn source(&self) -> (&Topic, &Arc<Partition>) {
+        (&self.topic, &self.partition)
+    }
+
+    /// The dispatcher the emits are of.
+    pub(super) fn consumer_id(&self) -> &ConsumerId {
+        &self.consumer_id
+    }
+
+    /// How many partitions a destination the emits create gets (the broker's default, as for
+    /// a producer's new topic).
+    pub(super) fn default_partitions(&self) -> u32 {
+        self.emitter.registry.default_partitions()
+    }
+
     /// Whether this is the state of `partition` (and not of a deleted topic's).
     pub(super) fn is_of(&self, partition: &Arc<Partition>) -> bool {
         Arc::ptr_eq(&self.partition, partition)
@@ -97,6 +113,9 @@ impl Source {
     /// Appends the outputs of ACKed calls, skipping those a run before a crash stored; resolves
     /// once they are durable. Returns how many were appended.
     pub(super) async fn commit(&self, outputs: Vec<Outputs>) -> Result<u64, EmitError> {
+        if let Some(cluster) = self.emitter.registry.cluster_append() {
+            return self.commit_clustered(&**cluster, outputs).await;
+        }
         self.recover().await?;
         let max_source = outputs.iter().map(|(o, _)| *o).max().unwrap_or(0);
         let routed = self.route(outputs).await?;

@@ -13,13 +13,30 @@ use crate::broker::BrokerError;
 use crate::dispatch::redrive::RedriveError;
 use crate::dispatch::{DispatcherStatus, ReloadReport};
 
-/// Every dispatcher: target, counts, lag and errors, per topic and partition.
-#[utoipa::path(get, path = "/mmmq/dispatchers", tag = "dispatchers",
+/// `?local=true`: in a cluster, this broker's own status only (what brokers ask each other).
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct StatusQuery {
+    /// Only what this broker delivers, without asking the others.
+    #[serde(default)]
+    local: bool,
+}
+
+/// Every dispatcher: target, counts, lag and errors, per topic and partition (in a cluster,
+/// each partition as the broker that delivers it reports it).
+#[utoipa::path(get, path = "/mmmq/dispatchers", tag = "dispatchers", params(StatusQuery),
     responses((status = 200, body = Vec<DispatcherStatus>), Errors))]
 pub(super) async fn dispatchers(
     State(state): State<AppState>,
+    query: Result<axum::extract::Query<StatusQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Vec<DispatcherStatus>>, ApiError> {
-    Ok(Json(state.broker()?.dispatchers().await))
+    let axum::extract::Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let broker = state.broker()?;
+    Ok(Json(if q.local {
+        broker.local_dispatchers().await
+    } else {
+        broker.dispatchers().await
+    }))
 }
 
 /// Re-reads `dispatchers.json` and the plugin files (a bad file: `400`, the running ones stay).

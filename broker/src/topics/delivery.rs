@@ -19,6 +19,9 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// A clustered partition's right to deliver.
 pub trait DeliveryControl: Send + Sync {
+    /// The broker that delivers the partition now (the last to take it over), if one did.
+    fn delivered_by(&self) -> Option<u64>;
+
     /// Waits until this broker leads the partition, has applied every entry of the terms before
     /// its own, and fenced the partition's positions to its term; `None` once `stop` is
     /// cancelled.
@@ -53,16 +56,25 @@ pub trait DeliveryGrant: Send + Sync {
 /// through the metadata (a topic the cluster lacks is created there) and the partition's
 /// leader, as a producer's message goes; a clustered log takes no local append.
 pub trait ClusterAppend: Send + Sync {
-    /// Appends `payload` to `topic` (created, when missing, with `partitions` partitions),
-    /// routed by `key` as a producer's message is; answers its partition and offset once a
-    /// majority holds it.
+    /// Appends `items` to `topic` (created, when missing, with `partitions` partitions), each
+    /// routed by its `route` (its key, else its produce id) as a producer's message is, one
+    /// write per partition; answers each one's partition and offset (the first copy's, for a
+    /// produce id the partition already holds) once a majority holds them.
     fn append<'a>(
         &'a self,
         topic: &'a mmmq_core::Topic,
         partitions: u32,
-        key: Option<&'a str>,
-        payload: Vec<u8>,
-    ) -> BoxFuture<'a, Result<(u32, u64), String>>;
+        items: Vec<Appended>,
+    ) -> BoxFuture<'a, Result<Vec<(u32, u64)>, String>>;
+}
+
+/// One message of a [`ClusterAppend`].
+#[derive(Debug, Clone)]
+pub struct Appended {
+    /// What routes it: its key, else its produce id, else nothing (round robin).
+    pub route: Option<String>,
+    /// The stored message ([`mmmq_core::StoredMessage::to_payload`]).
+    pub payload: Vec<u8>,
 }
 
 /// A partition's [`DeliveryControl`], set once the cluster serves the partition's topic.
@@ -94,6 +106,11 @@ impl DeliverySlot {
             *c = Some(control);
             true
         });
+    }
+
+    /// The control, if set.
+    pub fn current(&self) -> Option<Arc<dyn DeliveryControl>> {
+        self.0.borrow().clone()
     }
 
     /// The control, once set; `None` if `stop` is cancelled first.

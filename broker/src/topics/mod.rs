@@ -153,6 +153,11 @@ impl Registry {
         self.topics.read().get(topic).cloned()
     }
 
+    /// How many partitions a topic created without a configuration gets.
+    pub fn default_partitions(&self) -> u32 {
+        self.defaults.partitions
+    }
+
     /// Makes the broker's own appends go through the cluster (set once, when it joins one).
     pub fn set_cluster_append(&self, append: Arc<dyn delivery::ClusterAppend>) {
         let _ = self.cluster_append.set(append);
