@@ -291,6 +291,7 @@ impl Broker {
             ));
             tokio::spawn(cluster_api::follow(
                 self.registry.clone(),
+                self.dispatch.clone(),
                 cluster,
                 self.vfs.clone(),
                 self.background.clone(),

@@ -17,6 +17,7 @@ use crate::cluster::meta_state::{MetaCommand, MetaOutcome, MetaState};
 use crate::cluster::network::GroupId;
 use crate::cluster::node::{Cluster, ClusterError};
 use crate::cluster::types::{Applied, Command};
+use crate::dispatch::Dispatch;
 use crate::produce::ProduceItem;
 use crate::storage::Vfs;
 use crate::topics::settings::TopicUpdate;
@@ -379,6 +380,7 @@ const FOLLOW_RETRY_MAX: Duration = Duration::from_secs(10);
 /// again later, and never holds up the others.
 pub(super) async fn follow(
     registry: Arc<Registry>,
+    dispatch: Arc<Dispatch>,
     cluster: Cluster,
     vfs: Arc<dyn Vfs>,
     stop: CancellationToken,
@@ -418,7 +420,15 @@ pub(super) async fn follow(
                 .cloned(),
         );
         deleted.retain(|n| !state.topics.contains_key(n));
-        let failed = reconcile(&registry, &cluster, &writer, &vfs, &mut deleted, &state).await;
+        let failed = reconcile(
+            (&registry, &dispatch),
+            &cluster,
+            &writer,
+            &vfs,
+            &mut deleted,
+            &state,
+        )
+        .await;
         releases.moved_away(&previous, &state, cluster.id());
         previous = state;
         let waiting = !releases.run(&registry, &cluster, &vfs).await;
@@ -451,7 +461,7 @@ pub(super) async fn follow(
 /// Brings every topic in step with `state` and deletes those of `deleted` (each one done leaves
 /// the set); answers how many failed, each logged.
 async fn reconcile(
-    registry: &Registry,
+    (registry, dispatch): (&Registry, &Dispatch),
     cluster: &Cluster,
     writer: &PositionWriter,
     vfs: &Arc<dyn Vfs>,
@@ -460,7 +470,7 @@ async fn reconcile(
 ) -> usize {
     let mut failed = 0;
     for name in deleted.clone() {
-        match delete_topic(registry, cluster, &name).await {
+        match delete_topic((registry, dispatch), cluster, &name).await {
             Ok(()) => {
                 deleted.remove(&name);
             }
@@ -471,7 +481,9 @@ async fn reconcile(
         }
     }
     for (name, meta) in &state.topics {
-        if let Err(error) = follow_topic(registry, cluster, writer, vfs, name, meta).await {
+        if let Err(error) =
+            follow_topic((registry, dispatch), cluster, writer, vfs, name, meta).await
+        {
             failed += 1;
             tracing::warn!(topic = %name, %error, "following the cluster's metadata for a topic; trying again later");
         }
@@ -480,11 +492,13 @@ async fn reconcile(
 }
 
 async fn delete_topic(
-    registry: &Registry,
+    (registry, dispatch): (&Registry, &Dispatch),
     cluster: &Cluster,
     name: &str,
 ) -> Result<(), BrokerError> {
     let topic = Topic::new(name.to_owned()).map_err(|e| BrokerError::InvalidName(e.to_string()))?;
+    // Its workers first, as on one broker: a topic created again gets new ones.
+    dispatch.forget_topic(&topic).await;
     cluster.stop_topic(name).await;
     if let Some(old) = registry.begin_delete(&topic).await {
         old.close().await;
@@ -497,7 +511,7 @@ async fn delete_topic(
 /// Opens `name` here as the metadata describes it, and runs the groups of the partitions this
 /// broker replicates.
 async fn follow_topic(
-    registry: &Registry,
+    (registry, dispatch): (&Registry, &Dispatch),
     cluster: &Cluster,
     writer: &PositionWriter,
     vfs: &Arc<dyn Vfs>,
@@ -517,6 +531,7 @@ async fn follow_topic(
         // A topic of another incarnation (deleted and created again while this broker was
         // away) goes, with its groups, before the new one opens.
         Some(t) if t.id != id => {
+            dispatch.forget_topic(&topic).await;
             cluster.stop_topic(name).await;
             if let Some(old) = registry.begin_delete(&topic).await {
                 registry.finish_delete(&old).await?;

@@ -46,6 +46,13 @@ const RETRY: Duration = Duration::from_millis(200);
 /// How often a broker without a replica of the partition looks again (a move may add one).
 const NO_REPLICA: Duration = Duration::from_secs(1);
 
+/// How long a fence or a round of positions waits for the metadata's answer before it is
+/// tried again: a metadata leader that stopped (SIGSTOP) holds a forwarded proposal until the
+/// forward's own timeout, much longer than the election that replaces it. A proposal given up
+/// may still commit, in log order: a fence is the same fence again, a position of the same term
+/// is followed by the later ones.
+const PROPOSE_WAIT: Duration = Duration::from_secs(2);
+
 /// How long this broker waits for its own metadata to apply a fence the leader applied.
 const FENCE_WAIT: Duration = Duration::from_secs(5);
 
@@ -68,10 +75,11 @@ impl PositionWriter {
                     round.push(more);
                 }
                 let writes: Vec<PositionWrite> = round.iter().map(|(w, _)| w.clone()).collect();
-                let answer = cluster
-                    .propose(MetaCommand::SetPositions { writes })
-                    .await
-                    .map_err(|e| e.to_string());
+                let proposed = cluster.propose(MetaCommand::SetPositions { writes });
+                let answer = match tokio::time::timeout(PROPOSE_WAIT, proposed).await {
+                    Ok(answer) => answer.map_err(|e| e.to_string()),
+                    Err(_) => Err("the metadata did not answer in time".to_owned()),
+                };
                 for (i, (_, reply)) in round.into_iter().enumerate() {
                     let result = match &answer {
                         Ok(MetaOutcome::Each(each)) => match each.get(i) {
@@ -110,6 +118,8 @@ pub struct PartitionDelivery {
     /// The positions this broker wrote, by term and consumer: read back by a worker started
     /// again in the same term (a reload) before this broker's metadata applied them.
     written: Mutex<HashMap<String, (u64, Position)>>,
+    /// The grant of the term this broker leads in, shared by the partition's workers.
+    current: tokio::sync::Mutex<Option<Arc<Grant>>>,
 }
 
 impl PartitionDelivery {
@@ -128,6 +138,7 @@ impl PartitionDelivery {
             topic_id: topic_id.to_owned(),
             partition,
             written: Mutex::new(HashMap::new()),
+            current: tokio::sync::Mutex::new(None),
         })))
     }
 
@@ -156,7 +167,10 @@ impl PartitionDelivery {
                 _ = stop.cancelled() => return None,
             }
         }
-        let term = super::ids::term_applied(&raft).await.ok()?;
+        let term = tokio::select! {
+            t = super::ids::term_applied(&raft) => t.ok()?,
+            _ = stop.cancelled() => return None,
+        };
         let fence = MetaCommand::DeliverPartition {
             topic: self.topic.clone(),
             topic_id: self.topic_id.clone(),
@@ -164,7 +178,11 @@ impl PartitionDelivery {
             term,
             broker: self.cluster.id(),
         };
-        match self.cluster.propose(fence).await {
+        let proposed = tokio::select! {
+            p = tokio::time::timeout(PROPOSE_WAIT, self.cluster.propose(fence)) => p.ok()?,
+            _ = stop.cancelled() => return None,
+        };
+        match proposed {
             Ok(MetaOutcome::Done) => {}
             Ok(other) => {
                 tracing::debug!(term, outcome = ?other, "delivery fence refused");
@@ -180,7 +198,10 @@ impl PartitionDelivery {
             m.delivery(&self.topic, &self.topic_id, self.partition)
                 .is_some_and(|d| d.term >= term)
         });
-        let fenced = tokio::time::timeout(FENCE_WAIT, fenced).await.ok()?.ok()?;
+        let fenced = tokio::select! {
+            f = tokio::time::timeout(FENCE_WAIT, fenced) => f.ok()?.ok()?,
+            _ = stop.cancelled() => return None,
+        };
         if fenced
             .delivery(&self.topic, &self.topic_id, self.partition)
             .is_none_or(|d| d.term != term)
@@ -203,13 +224,29 @@ impl DeliveryControl for Control {
         Some(d.broker)
     }
 
+    fn stored_next(&self, consumer: &str) -> Option<u64> {
+        let c = &self.0;
+        let metadata = c.cluster.metadata();
+        let d = metadata.delivery(&c.topic, &c.topic_id, c.partition)?;
+        Some(d.positions.get(consumer)?.next)
+    }
+
     fn acquire<'a>(
         &'a self,
         stop: &'a CancellationToken,
     ) -> BoxFuture<'a, Option<Arc<dyn DeliveryGrant>>> {
         Box::pin(async move {
+            // One grant per term for every dispatcher of the partition: one fence, one watch.
+            let mut current = tokio::select! {
+                c = self.0.current.lock() => c,
+                _ = stop.cancelled() => return None,
+            };
+            if let Some(grant) = current.as_ref().filter(|g| !g.lost.is_cancelled()) {
+                return Some(grant.clone() as Arc<dyn DeliveryGrant>);
+            }
             loop {
                 if let Some(grant) = self.0.try_acquire(stop).await {
+                    *current = Some(grant.clone());
                     return Some(grant as Arc<dyn DeliveryGrant>);
                 }
                 let wait = if self.0.replica().is_some() {

@@ -79,8 +79,10 @@ impl Worker {
                 Outcome::Nack(reason) => {
                     self.nacked();
                     for (offset, d) in &items[about.clone()] {
-                        self.dead_letter(d, &reason, 1).await?;
+                        // Sent: past it before its dead letter is written, so that a stop
+                        // while that write waits loses the dead letter, never sends it again.
                         advance(*offset);
+                        self.dead_letter(d, &reason, 1).await?;
                     }
                 }
                 // A resend is a second send: at-most-once dead-letters instead.
@@ -90,14 +92,18 @@ impl Worker {
                         wait.as_millis()
                     );
                     for (offset, d) in &items[about.clone()] {
-                        self.dead_letter(d, &reason, 1).await?;
+                        // Sent: past it before its dead letter is written, so that a stop
+                        // while that write waits loses the dead letter, never sends it again.
                         advance(*offset);
+                        self.dead_letter(d, &reason, 1).await?;
                     }
                 }
                 Outcome::DeadLetter(reason) => {
                     for (offset, d) in &items[about.clone()] {
-                        self.dead_letter(d, &reason, 1).await?;
+                        // Sent: past it before its dead letter is written, so that a stop
+                        // while that write waits loses the dead letter, never sends it again.
                         advance(*offset);
+                        self.dead_letter(d, &reason, 1).await?;
                     }
                 }
                 Outcome::Failed(TargetError::Stopping) => return Err(Stopped),

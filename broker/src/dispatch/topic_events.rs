@@ -65,6 +65,20 @@ impl Dispatch {
         if ids.is_empty() {
             return Vec::new();
         }
+        // A clustered partition's positions are the cluster's (docs/cluster.md, "Delivery in a
+        // cluster"); its checkpoint files are not written.
+        if partition.log.clustered() {
+            let control = partition.delivery.current();
+            return ids
+                .iter()
+                .map(|id| {
+                    control
+                        .as_ref()
+                        .and_then(|c| c.stored_next(id.as_str()))
+                        .unwrap_or(0)
+                })
+                .collect();
+        }
         let p = partition.clone();
         tokio::task::spawn_blocking(move || {
             ids.iter()

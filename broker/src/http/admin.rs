@@ -74,18 +74,37 @@ pub(super) struct RedriveRequest {
 pub(super) async fn redrive(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
+    headers: axum::http::HeaderMap,
+    uri: axum::http::Uri,
     body: axum::body::Body,
-) -> Result<Json<RedriveStatus>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     let broker = state.broker()?;
     let Path(id) = id.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let bytes = state.read_body(body, 64 << 10).await?;
+    // In a cluster the dead letters are delivered again by their partition's leader
+    // (docs/cluster.md, "Delivery in a cluster").
+    if let Ok(consumer) = mmmq_core::ConsumerId::new(&id) {
+        let dlq = mmmq_core::Topic::dead_letter(&consumer);
+        if let Some(answer) = super::forward::to_leader_with(
+            broker,
+            &headers,
+            (reqwest::Method::POST, &uri),
+            Some(bytes::Bytes::copy_from_slice(&bytes)),
+            (dlq.as_str(), 0),
+            state.request_timeout,
+        )
+        .await?
+        {
+            return Ok(answer);
+        }
+    }
     let req: RedriveRequest = if bytes.iter().all(u8::is_ascii_whitespace) {
         RedriveRequest::default()
     } else {
         parse_json(&bytes)?
     };
     match broker.redrive(&id, req.from, req.to).await {
-        Ok(status) => Ok(Json(status)),
+        Ok(status) => Ok(Json(status).into_response()),
         Err(e @ RedriveError::UnknownDispatcher(_)) => Err(ApiError::NotFound(e.to_string())),
         Err(e @ (RedriveError::BadRange { .. } | RedriveError::PastEnd { .. })) => {
             Err(ApiError::BadRequest(e.to_string()))

@@ -61,8 +61,7 @@ pub(super) async fn pull(
         broker,
         &headers,
         &uri,
-        &topic,
-        partition,
+        (&topic, partition),
         state.request_timeout,
     )
     .await?

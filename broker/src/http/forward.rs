@@ -16,8 +16,27 @@ pub(super) async fn to_leader(
     broker: &Broker,
     headers: &HeaderMap,
     uri: &Uri,
-    topic: &str,
-    p: u32,
+    (topic, p): (&str, u32),
+    timeout: std::time::Duration,
+) -> Result<Option<Response>, ApiError> {
+    to_leader_with(
+        broker,
+        headers,
+        (reqwest::Method::GET, uri),
+        None,
+        (topic, p),
+        timeout,
+    )
+    .await
+}
+
+/// [`to_leader`] for a request of any method, with its body.
+pub(super) async fn to_leader_with(
+    broker: &Broker,
+    headers: &HeaderMap,
+    (method, uri): (reqwest::Method, &Uri),
+    body: Option<bytes::Bytes>,
+    (topic, p): (&str, u32),
     timeout: std::time::Duration,
 ) -> Result<Option<Response>, ApiError> {
     let Some(cluster) = forwarding(broker, headers)? else {
@@ -28,7 +47,7 @@ pub(super) async fn to_leader(
     };
     let path = uri.path_and_query().map_or(uri.path(), |pq| pq.as_str());
     let answer = cluster
-        .forward_http(leader, reqwest::Method::GET, path, None, timeout)
+        .forward_http(leader, method, path, body, timeout)
         .await
         .map_err(crate::broker::BrokerError::from)?;
     Ok(Some(passed_on(answer)))

@@ -21,6 +21,9 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub trait DeliveryControl: Send + Sync {
     /// The broker that delivers the partition now (the last to take it over), if one did.
     fn delivered_by(&self) -> Option<u64>;
+    /// The next offset of `consumer` as replicated (what `keepUndelivered` protects), if it
+    /// stored one.
+    fn stored_next(&self, consumer: &str) -> Option<u64>;
 
     /// Waits until this broker leads the partition, has applied every entry of the terms before
     /// its own, and fenced the partition's positions to its term; `None` once `stop` is
