@@ -261,13 +261,18 @@ async fn at_most_once_never_sends_twice_across_the_leaders_kill() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_nacked_message_is_dead_lettered_into_a_clustered_topic() {
+async fn a_nacked_message_is_dead_lettered_into_a_clustered_topic_and_redriven() {
     let c = topic_on_three(2).await;
-    // Every message whose i is a multiple of 5 is NACKed, every time.
+    // Every message whose i is a multiple of 5 is NACKed, every time, until `healed`.
+    let healed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let policy = healed.clone();
     let consumer = Consumer::start_on(
         0,
-        Arc::new(|e: &Value| {
-            if e["content"]["i"].as_u64().unwrap().is_multiple_of(5) {
+        Arc::new(move |e: &Value| {
+            let is_dead = e["content"]["i"]
+                .as_u64()
+                .is_some_and(|i| i.is_multiple_of(5));
+            if is_dead && !policy.load(std::sync::atomic::Ordering::Relaxed) {
                 Answer::Nack
             } else {
                 Answer::Ack
@@ -304,4 +309,22 @@ async fn a_nacked_message_is_dead_lettered_into_a_clustered_topic() {
         .filter(|i| i % 5 != 0)
         .collect();
     assert_eq!(acked.len(), 16);
+    // The consumer heals; a redrive through a broker that does not lead the dead-letter topic
+    // runs on the one that does, and delivers each dead letter again.
+    healed.store(true, std::sync::atomic::Ordering::Relaxed);
+    let dlq_leader = c.leader_of(1, "__dlq.c1", 0).await.expect("a leader");
+    let via = (1..=3).find(|b| *b != dlq_leader).unwrap();
+    let before = consumer.envelopes().len();
+    let (code, run) = c
+        .broker(via)
+        .post("/mmmq/dispatchers/c1/redrive", &json!({}))
+        .await;
+    assert_eq!(code, 200, "{run}");
+    let redriven = consumer.wait_for(before + 4, Duration::from_secs(30)).await;
+    let mut again: Vec<u64> = redriven[before..]
+        .iter()
+        .map(|e| e["content"]["i"].as_u64().unwrap())
+        .collect();
+    again.sort();
+    assert_eq!(again, vec![0, 5, 10, 15]);
 }

@@ -125,6 +125,7 @@ impl Worker {
             tracing::info!(term, "delivering: this broker leads the partition");
             let cancel = self.cancel.child_token();
             let lost = grant.lost().clone();
+            let term_over = lost.clone();
             let ends = cancel.clone();
             let link = tokio::spawn(async move {
                 lost.cancelled().await;
@@ -146,7 +147,8 @@ impl Worker {
             .drain()
             .await;
             link.abort();
-            if self.cancel.is_cancelled() {
+            // Stopped, or done (a redrive's range): over. Only a term that ended goes on.
+            if self.cancel.is_cancelled() || !term_over.is_cancelled() {
                 return;
             }
             tracing::info!(term, "not delivering: the term ended here");
