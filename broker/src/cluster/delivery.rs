@@ -7,7 +7,7 @@
 //!   ([`MetaCommand::DeliverPartition`]) and waits until its own metadata applied the fence:
 //!   every position the previous leader got in is then here to read.
 //! - **Lease.** Right before each send, the leader checks that it still leads in that term and
-//!   that a quorum acknowledged it within [`LEASE_SHARE`] of an election timeout. Followers
+//!   that a quorum acknowledged it within 80 % of an election timeout. Followers
 //!   refuse to vote for another leader for an election timeout after they heard from this one
 //!   (openraft's leader lease), so once this check fails no other broker delivers yet; a lapsed
 //!   lease is renewed by a heartbeat, and a leader that cannot renew it gives the term up.

@@ -4,11 +4,11 @@
 //! old one stopped. So each partition's positions (the at-least-once checkpoint with its lanes'
 //! done ranges, the at-most-once claim) are metadata, fenced by the partition group's term:
 //!
-//! - A leader first proposes [`MetaCommand::DeliverPartition`] with its term. Once applied, the
+//! - A leader first proposes `DeliverPartition` with its term. Once applied, the
 //!   partition's positions accept writes of that term only; a write of an older term (a deposed
 //!   leader's, still in flight) is refused. Every write of the older term that got in was
 //!   applied before the fence, so the new leader, reading after the fence, sees all of them.
-//! - Positions are written as [`MetaCommand::SetPositions`], one command for every position a
+//! - Positions are written as `SetPositions`, one command for every position a
 //!   broker wrote in a round (coalesced across partitions and dispatchers), each entry applied
 //!   or refused on its own.
 //!

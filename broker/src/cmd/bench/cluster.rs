@@ -20,8 +20,12 @@ pub struct ClusterBench {
     /// and how big a message is.
     #[command(flatten)]
     pub run: RunArgs,
-    /// Which parts run: `produce`, `failover`, `idle`.
-    #[arg(long, value_delimiter = ',', default_value = "produce,failover,idle")]
+    /// Which parts run: `produce`, `failover`, `idle`, `delivery`.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "produce,failover,idle,delivery"
+    )]
     pub parts: Vec<String>,
     /// Brokers of the cluster.
     #[arg(long, default_value_t = 3)]
@@ -50,7 +54,8 @@ pub async fn run(cfg: ClusterBench, out: &mut (dyn Write + Send)) -> anyhow::Res
             "produce" => produce(&cfg, &dir, &http).await?,
             "failover" => failover(&cfg, &dir, &http).await?,
             "idle" => idle(&cfg, &dir, &http).await?,
-            other => anyhow::bail!("no part {other:?}: produce, failover or idle"),
+            "delivery" => super::cluster_delivery::delivery(&cfg, &dir, &http).await?,
+            other => anyhow::bail!("no part {other:?}: produce, failover, idle or delivery"),
         };
         writeln!(out, "{line}")?;
     }
@@ -58,7 +63,7 @@ pub async fn run(cfg: ClusterBench, out: &mut (dyn Write + Send)) -> anyhow::Res
 }
 
 /// Brokers as child processes.
-struct Nodes {
+pub(super) struct Nodes {
     exe: PathBuf,
     roots: Vec<PathBuf>,
     ports: Vec<u16>,
@@ -79,7 +84,7 @@ impl Drop for Nodes {
 impl Nodes {
     /// Starts `n` brokers (a cluster, or one single broker when `clustered` is false) and waits
     /// until each answers `/healthz`.
-    async fn start(
+    pub(super) async fn start(
         dir: &Path,
         n: u64,
         clustered: bool,
@@ -110,11 +115,15 @@ impl Nodes {
         Ok(nodes)
     }
 
-    fn url(&self, id: u64) -> String {
+    pub(super) fn root(&self, id: u64) -> &Path {
+        &self.roots[(id - 1) as usize]
+    }
+
+    pub(super) fn url(&self, id: u64) -> String {
         format!("http://127.0.0.1:{}", self.ports[(id - 1) as usize])
     }
 
-    fn urls(&self) -> Vec<String> {
+    pub(super) fn urls(&self) -> Vec<String> {
         (1..=self.ports.len() as u64)
             .map(|id| self.url(id))
             .collect()
@@ -162,7 +171,7 @@ impl Nodes {
         self.children[(id - 1) as usize].as_ref().map(Child::id)
     }
 
-    fn kill(&mut self, id: u64) {
+    pub(super) fn kill(&mut self, id: u64) {
         if let Some(mut c) = self.children[(id - 1) as usize].take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -213,7 +222,7 @@ impl Nodes {
 
     /// Waits until every broker is alive and every partition has a leader that reports each
     /// replica 0 entries behind.
-    async fn settled(&self, http: &reqwest::Client) -> anyhow::Result<Value> {
+    pub(super) async fn settled(&self, http: &reqwest::Client) -> anyhow::Result<Value> {
         let n = self.children.len();
         self.wait_view(http, "every partition led and caught up", |v| {
             let alive = v["brokers"]
@@ -233,7 +242,7 @@ impl Nodes {
         .await
     }
 
-    async fn put_topic(
+    pub(super) async fn put_topic(
         &self,
         http: &reqwest::Client,
         topic: &str,
@@ -250,7 +259,7 @@ impl Nodes {
 }
 
 /// Single-message produce of `topic` by `p` producers over `bases`.
-async fn http_load_owned(
+pub(super) async fn http_load_owned(
     bases: Vec<String>,
     p: usize,
     duration: Duration,
@@ -261,7 +270,7 @@ async fn http_load_owned(
     http_load(&bases, p, duration, clock, (1, false), &topic, &pad).await
 }
 
-fn leader_of(view: &Value, topic: &str) -> Option<u64> {
+pub(super) fn leader_of(view: &Value, topic: &str) -> Option<u64> {
     view["partitions"]
         .as_array()?
         .iter()

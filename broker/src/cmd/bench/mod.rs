@@ -8,6 +8,7 @@
 
 pub mod boot;
 pub mod cluster;
+mod cluster_delivery;
 pub mod consume;
 pub mod dedup;
 pub mod embedded;
