@@ -297,6 +297,13 @@ pub(super) async fn http_load(
                     .body(body)
                     .send()
                     .await?;
+                // A cluster electing a partition's leader (a failover run): tried again, not
+                // counted.
+                if r.status() == 503 {
+                    r.bytes().await?;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
                 anyhow::ensure!(r.status() == 200, "produce answered {}", r.status());
                 r.bytes().await?;
                 lat.push(sent.elapsed());
