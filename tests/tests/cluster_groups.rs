@@ -1,7 +1,7 @@
 //! Pull groups in a cluster (contract §8 and §13; docs/cluster.md, "Pull groups in a cluster"):
-//! every broker answers a group's calls (the metadata leader coordinates them), each partition is
-//! owned by one member at a time, partitions without a replica on the coordinator are read
-//! through their leader, and the group's commits survive the coordinator's SIGKILL: the next
+//! every broker answers a group's calls (the metadata leader coordinates them), each partition of
+//! three members' group is owned by one member (also once a new coordinator rebuilt it), partitions
+//! without a replica on the coordinator are read through their leader, and the group's commits survive the coordinator's SIGKILL: the next
 //! coordinator starts each partition exactly at its committed offset.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -113,6 +113,21 @@ async fn produce(c: &Cluster, topic: &str, partitions: u64, from: u64, n: u64) {
     assert_eq!(code, 200, "{body}");
 }
 
+/// The members after the coordinator's failover and the survivor each polls through (`c`'s
+/// broker died with the coordinator).
+const MEMBERS_AFTER: [(&str, usize); 3] = [("a", 0), ("b", 1), ("c", 0)];
+
+/// Every partition owned by exactly one member.
+fn assert_one_owner(owned: &[BTreeSet<(String, u64)>]) {
+    let mut all = BTreeSet::new();
+    for o in owned {
+        for p in o {
+            assert!(all.insert(p.clone()), "{p:?} owned twice: {owned:?}");
+        }
+    }
+    assert_eq!(all.len(), 6, "{owned:?}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_group_is_served_by_any_broker_and_keeps_its_commits_across_a_coordinator_failover() {
     let mut c = Cluster::start(3, &[]).await;
@@ -127,37 +142,51 @@ async fn a_group_is_served_by_any_broker_and_keeps_its_commits_across_a_coordina
             .await;
         assert_eq!(code, 200, "{body}");
     }
-    // Two members join (nothing to read yet), each through a broker of its own; the
-    // coordinator shares the six partitions.
+    // Three members join (nothing to read yet), each through a broker of its own (`c` through
+    // the coordinator's); the coordinator shares the six partitions, two each.
     let others: Vec<u64> = (1..=3).filter(|b| *b != coordinator).collect();
     let (via_a, via_b) = (others[0], others[1]);
     poll(&c, via_a, "a").await.expect("a joins");
-    let b = poll(&c, via_b, "b").await.expect("b joins");
+    poll(&c, via_b, "b").await.expect("b joins");
+    let m3 = poll(&c, coordinator, "c").await.expect("c joins");
+    let b = poll(&c, via_b, "b").await.expect("b polls");
     let a = poll(&c, via_a, "a").await.expect("a polls");
     produce(&c, "g.w", 3, 0, 30).await;
     produce(&c, "g.n", 3, 0, 30).await;
-    let (owned_a, owned_b) = (assignment(&a), assignment(&b));
-    assert!(owned_a.is_disjoint(&owned_b), "{owned_a:?} {owned_b:?}");
-    assert_eq!(owned_a.len() + owned_b.len(), 6, "{owned_a:?} {owned_b:?}");
+    let owned = [assignment(&a), assignment(&b), assignment(&m3)];
+    assert_one_owner(&owned);
     // Any broker shows the same group (the coordinator's).
     for via in 1..=3 {
         let (code, status) = c.broker(via).get("/mmmq/groups/g").await;
         assert_eq!(code, 200, "{status}");
-        assert_eq!(status["members"].as_array().unwrap().len(), 2, "{status}");
+        assert_eq!(status["members"].as_array().unwrap().len(), 3, "{status}");
     }
-    // Each reads its three partitions whole (those without a replica on the coordinator
-    // through their leader), and commits.
+    // Each reads its partitions whole (those without a replica on the coordinator through
+    // their leader), and commits.
     let mut seen_a = messages(&a);
     let mut seen_b = messages(&b);
-    let next_a = consume(&c, via_a, "a", &mut seen_a, 30).await;
-    let next_b = consume(&c, via_b, "b", &mut seen_b, 30).await;
-    let all: BTreeSet<(String, u64, u64)> = seen_a.iter().chain(&seen_b).cloned().collect();
+    let mut seen_c = messages(&m3);
+    let next_a = consume(&c, via_a, "a", &mut seen_a, 10 * owned[0].len()).await;
+    let next_b = consume(&c, via_b, "b", &mut seen_b, 10 * owned[1].len()).await;
+    let next_c = consume(&c, coordinator, "c", &mut seen_c, 10 * owned[2].len()).await;
+    let all: BTreeSet<(String, u64, u64)> = seen_a
+        .iter()
+        .chain(&seen_b)
+        .chain(&seen_c)
+        .cloned()
+        .collect();
     assert_eq!(all.len(), 60, "every message of both topics read");
-    assert_eq!(seen_a.len() + seen_b.len(), 60, "and each once");
+    assert_eq!(
+        seen_a.len() + seen_b.len() + seen_c.len(),
+        60,
+        "and each once"
+    );
     commit(&c, via_a, "a", &next_a).await;
     commit(&c, via_b, "b", &next_b).await;
+    commit(&c, coordinator, "c", &next_c).await;
 
-    // More messages; the coordinator dies; the members go on through the brokers left.
+    // More messages; the coordinator dies; the members go on through the brokers left (`c`
+    // through another one).
     produce(&c, "g.w", 3, 30, 30).await;
     c.kill(coordinator);
     let mut after = Vec::new();
@@ -165,7 +194,7 @@ async fn a_group_is_served_by_any_broker_and_keeps_its_commits_across_a_coordina
     let mut first: BTreeMap<(String, u64), u64> = BTreeMap::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        for (member, via) in [("a", survivors[0]), ("b", survivors[1])] {
+        for (member, via) in MEMBERS_AFTER.map(|(m, i)| (m, survivors[i])) {
             if let Some(answer) = poll(&c, via, member).await {
                 for (t, p, o) in messages(&answer) {
                     first.entry((t.clone(), p)).or_insert(o);
@@ -186,9 +215,29 @@ async fn a_group_is_served_by_any_broker_and_keeps_its_commits_across_a_coordina
             "after the failover: {after:?}"
         );
     }
+    // The new coordinator rebuilt the group: once the members' rounds of polls stop moving
+    // partitions (each rejoin rebalances), every partition has one owner.
+    let mut previous = Vec::new();
+    for round in 0.. {
+        let mut owned = Vec::new();
+        for (member, via) in MEMBERS_AFTER.map(|(m, i)| (m, survivors[i])) {
+            let answer =
+                mmmq_tests::eventually_async(Duration::from_secs(10), "a poll", || async {
+                    poll(&c, via, member).await
+                })
+                .await;
+            owned.push(assignment(&answer));
+        }
+        if owned == previous {
+            assert_one_owner(&owned);
+            break;
+        }
+        assert!(round < 10, "the group never settled: {owned:?}");
+        previous = owned;
+    }
     // The new coordinator started every partition it handed out at the group's commit: nothing
     // committed came again.
-    let committed: Positions = next_a.into_iter().chain(next_b).collect();
+    let committed: Positions = next_a.into_iter().chain(next_b).chain(next_c).collect();
     for ((t, p), o) in &first {
         assert_eq!(
             Some(o),
