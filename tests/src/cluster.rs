@@ -23,7 +23,10 @@ pub struct Cluster {
 impl Cluster {
     pub async fn start(n: usize, extra: &[&str]) -> Self {
         let roots: Vec<_> = (0..n).map(|_| tempfile::tempdir().unwrap()).collect();
-        let ports: Vec<u16> = (0..n).map(|_| crate::free_port()).collect();
+        let mut ports: Vec<u16> = Vec::new();
+        while ports.len() < n {
+            ports.push(new_port(&ports));
+        }
         let mut c = Self {
             brokers: Vec::new(),
             roots,
@@ -69,7 +72,8 @@ impl Cluster {
     /// add-broker`; answers its id and address. It is no member until added.
     pub async fn spawn_extra(&mut self) -> (u64, String) {
         self.roots.push(tempfile::tempdir().unwrap());
-        self.ports.push(crate::free_port());
+        let port = new_port(&self.ports);
+        self.ports.push(port);
         let id = self.ports.len() as u64;
         let b = self.spawn(id).await;
         self.brokers.push(Some(b));
@@ -223,6 +227,16 @@ pub fn produce_until_stopped(
         }
         run
     })
+}
+
+/// A free port none of `taken` is: a port freed by one probe can be the next probe's too.
+fn new_port(taken: &[u16]) -> u16 {
+    loop {
+        let p = crate::free_port();
+        if !taken.contains(&p) {
+            return p;
+        }
+    }
 }
 
 /// A replica's messages, read from its segment files as the broker left them.
