@@ -52,12 +52,17 @@ async fn configure(c: &Cluster, dispatcher: &Value) {
     }
 }
 
-/// Produces `n` messages from `from` through broker `via`, each until acknowledged.
+/// Produces `n` messages from `from` through broker `via`, in batches of 100 (so that a backlog
+/// builds however slow producing is), each batch until acknowledged (its ids make a retry
+/// store nothing twice).
 async fn produce(c: &Cluster, via: u64, from: u64, n: u64) {
-    for i in from..from + n {
-        let body = json!({"topic": TOPIC, "content": {"i": i}, "id": format!("m{i}")});
+    for start in (from..from + n).step_by(100) {
+        let body: Vec<Value> = (start..(start + 100).min(from + n))
+            .map(|i| json!({"topic": TOPIC, "content": {"i": i}, "id": format!("m{i}")}))
+            .collect();
+        let body = json!(body);
         mmmq_tests::eventually_async(Duration::from_secs(20), "a produce answered", || async {
-            let (code, answer) = c.broker(via).post("/mmmq/messages", &body).await;
+            let (code, answer) = c.broker(via).post("/mmmq/messages/batch", &body).await;
             match code {
                 200 => Some(()),
                 503 => None,
@@ -327,4 +332,21 @@ async fn a_nacked_message_is_dead_lettered_into_a_clustered_topic_and_redriven()
         .collect();
     again.sort();
     assert_eq!(again, vec![0, 5, 10, 15]);
+    // Where the next redrive starts is replicated: once the dead-letter partition's leader
+    // shows it past the four, a redrive through another broker has nothing left.
+    mmmq_tests::eventually_async(Duration::from_secs(10), "the redrive's end", || async {
+        let (_, status) = c
+            .broker(dlq_leader)
+            .get("/mmmq/dispatchers?local=true")
+            .await;
+        (status[0]["redriveNext"][0]["next"] == 4 && status[0]["redrive"]["running"] == false)
+            .then_some(())
+    })
+    .await;
+    let (code, run) = c
+        .broker(via)
+        .post("/mmmq/dispatchers/c1/redrive", &json!({}))
+        .await;
+    assert_eq!(code, 200, "{run}");
+    assert_eq!(run["remaining"], 0, "{run}");
 }

@@ -120,6 +120,10 @@ pub struct PartitionDelivery {
     written: Mutex<HashMap<String, (u64, Position)>>,
     /// The grant of the term this broker leads in, shared by the partition's workers.
     current: tokio::sync::Mutex<Option<Arc<Grant>>>,
+    /// Position writes made here, numbering each so that one reaching the metadata after a
+    /// later one is refused (`StoredPosition::seq`); never reset, so a second grant in the
+    /// same term goes on numbering.
+    writes: std::sync::atomic::AtomicU64,
 }
 
 impl PartitionDelivery {
@@ -139,6 +143,7 @@ impl PartitionDelivery {
             partition,
             written: Mutex::new(HashMap::new()),
             current: tokio::sync::Mutex::new(None),
+            writes: std::sync::atomic::AtomicU64::new(0),
         })))
     }
 
@@ -241,7 +246,10 @@ impl DeliveryControl for Control {
                 c = self.0.current.lock() => c,
                 _ = stop.cancelled() => return None,
             };
-            if let Some(grant) = current.as_ref().filter(|g| !g.lost.is_cancelled()) {
+            if let Some(grant) = current
+                .as_ref()
+                .filter(|g| !g.lost.is_cancelled() && g.leads())
+            {
                 return Some(grant.clone() as Arc<dyn DeliveryGrant>);
             }
             loop {
@@ -406,6 +414,8 @@ impl DeliveryGrant for Grant {
                 position: StoredPosition {
                     next: position.next,
                     done: position.done.clone(),
+                    term: self.term,
+                    seq: c.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
                 },
             };
             let written = c.writer.write(write).await;

@@ -34,6 +34,14 @@ pub struct StoredPosition {
     /// Ranges `[start, end)` above `next` that are done (parallel lanes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub done: Vec<(u64, u64)>,
+    /// The term it was written in, and its writer's count of writes in that term: a write
+    /// that reaches the metadata after a later one of the same term (a round given up after a
+    /// timeout that still commits) is refused, never moves the position back.
+    #[serde(default)]
+    pub term: u64,
+    /// See `term`.
+    #[serde(default)]
+    pub seq: u64,
 }
 
 /// One position write, as [`MetaCommand::SetPositions`] carries it.
@@ -117,7 +125,19 @@ impl MetaState {
                     .filter(|d| d.topic_id == w.topic_id);
                 match d {
                     Some(d) if d.term == w.term => {
-                        d.positions.insert(w.consumer.clone(), w.position.clone());
+                        let stale = d
+                            .positions
+                            .get(&w.consumer)
+                            .is_some_and(|old| old.term == w.term && old.seq >= w.position.seq);
+                        if stale {
+                            return Some(format!(
+                                "{}/{}: a later position of {} was written already",
+                                w.topic, w.partition, w.consumer
+                            ));
+                        }
+                        let mut position = w.position.clone();
+                        position.term = w.term;
+                        d.positions.insert(w.consumer.clone(), position);
                         None
                     }
                     Some(d) => Some(format!(
@@ -196,7 +216,11 @@ mod tests {
             partition: 1,
             term,
             consumer: "c".into(),
-            position: StoredPosition { next, done: vec![] },
+            position: StoredPosition {
+                next,
+                seq: next,
+                ..StoredPosition::default()
+            },
         }
     }
 
@@ -232,6 +256,14 @@ mod tests {
             panic!("not per entry")
         };
         assert!(each[0].is_some() && each[1].is_none());
+        assert_eq!(s.delivery("t", "id1", 1).unwrap().positions["c"].next, 15);
+        // A write of the same term that arrives after a later one is refused.
+        let MetaOutcome::Each(each) = s.apply(&MetaCommand::SetPositions {
+            writes: vec![write(4, 12)],
+        }) else {
+            panic!("not per entry")
+        };
+        assert!(each[0].is_some());
         assert_eq!(s.delivery("t", "id1", 1).unwrap().positions["c"].next, 15);
         // An older term cannot fence again, nor another broker in the same term.
         assert!(matches!(fence(&mut s, 3, 1), MetaOutcome::Refused(_)));

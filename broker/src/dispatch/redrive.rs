@@ -187,6 +187,13 @@ pub(super) fn starts(
         .map(|p| {
             let start = match from {
                 Some(f) => f,
+                // A clustered partition's positions are the cluster's (docs/cluster.md,
+                // "Delivery in a cluster").
+                None if p.log.clustered() => p
+                    .delivery
+                    .current()
+                    .and_then(|c| c.stored_next(mark.as_str()))
+                    .unwrap_or(0),
                 None => p
                     .checkpoints
                     .read_position(&mark)?

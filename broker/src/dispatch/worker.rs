@@ -147,8 +147,11 @@ impl Worker {
             .drain()
             .await;
             link.abort();
-            // Stopped, or done (a redrive's range): over. Only a term that ended goes on.
-            if self.cancel.is_cancelled() || !term_over.is_cancelled() {
+            // Stopped, or done (a redrive's range): over. Only a term that ended goes on — but
+            // not a redrive, whose range was fixed when it started: it ends with the term
+            // (docs/cluster.md, "Delivery in a cluster"), and the next one continues from the
+            // replicated `__redrive` position.
+            if self.cancel.is_cancelled() || !term_over.is_cancelled() || self.redrive.is_some() {
                 return;
             }
             tracing::info!(term, "not delivering: the term ended here");
