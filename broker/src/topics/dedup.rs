@@ -298,21 +298,21 @@ impl Shard {
 
     fn claim(&self, key: Key, now_ms: u64, window_ms: u64, account: &Account) -> Claim {
         let mut inner = self.inner.lock();
-        Self::expire(&mut inner, now_ms.saturating_sub(window_ms), account, true);
-        let seq = inner.seq + 1;
-        match inner.ids.entry(key) {
-            std::collections::hash_map::Entry::Occupied(e) => {
-                return match *e.get() {
-                    Entry::Pending { seq, .. } => Claim::Pending(Ticket { key, seq }),
-                    Entry::Stored {
-                        partition, offset, ..
-                    } => Claim::Stored(partition, offset),
-                };
-            }
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(Entry::Pending { seq, at: now_ms });
-            }
+        let horizon = now_ms.saturating_sub(window_ms);
+        Self::expire(&mut inner, horizon, account, false);
+        if let Some(e) = inner.ids.get(&key) {
+            return match *e {
+                Entry::Pending { seq, .. } => Claim::Pending(Ticket { key, seq }),
+                Entry::Stored {
+                    partition, offset, ..
+                } => Claim::Stored(partition, offset),
+            };
         }
+        // Room is made for a new id only: a repeat that made room first could forget the very
+        // id it repeats (the shard's oldest when the shard holds few), and store it twice.
+        Self::expire(&mut inner, horizon, account, true);
+        let seq = inner.seq + 1;
+        inner.ids.insert(key, Entry::Pending { seq, at: now_ms });
         inner.seq = seq;
         account.add();
         inner.order_at.push_back(now_ms);
