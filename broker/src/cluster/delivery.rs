@@ -297,15 +297,23 @@ impl Grant {
             loop {
                 if !watched.leads() {
                     watched.lost.cancel();
-                    return;
+                    break;
                 }
                 tokio::select! {
                     changed = server.changed() => if changed.is_err() {
                         watched.lost.cancel();
-                        return;
+                        break;
                     },
-                    _ = watched.lost.cancelled() => return,
+                    _ = watched.lost.cancelled() => break,
                 }
+            }
+            // The control holds its current grant and the grant its control: an ended grant
+            // leaves the control, so a deleted partition's pair is freed (an acquire holding
+            // the lock replaces it anyway).
+            if let Ok(mut current) = watched.control.current.try_lock()
+                && current.as_ref().is_some_and(|g| Arc::ptr_eq(g, &watched))
+            {
+                *current = None;
             }
         });
         grant
