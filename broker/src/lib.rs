@@ -62,6 +62,7 @@ pub mod groups;
 pub mod handled;
 pub mod http;
 pub mod inspect;
+pub mod kafka;
 pub mod metrics;
 pub mod plugin;
 pub mod produce;

@@ -32,6 +32,9 @@ pub enum ServeError {
     /// The cluster could not be joined (its metadata log, its first election).
     #[error("cluster: {0}")]
     Cluster(String),
+    /// The Kafka listener could not start (`--kafka-listen`).
+    #[error("kafka: {0}")]
+    Kafka(String),
 }
 
 /// Serves the HTTP API on `listener` while recovering and then running the broker, until
@@ -78,6 +81,24 @@ pub async fn run_on(
     let cluster = match &config.cluster {
         Some(settings) => Some(start_cluster(settings, &config, &vfs, faults).await?),
         None => None,
+    };
+    // Kafka's port is taken before recovery, as HTTP's: a port in use is a clear error at once.
+    let kafka = match &config.kafka {
+        Some(settings) => {
+            let listener = TcpListener::bind(&settings.listen).await.map_err(|e| {
+                ServeError::Kafka(format!("cannot listen on {}: {e}", settings.listen))
+            })?;
+            let addr = listener.local_addr()?;
+            tracing::info!(%addr, "kafka listening");
+            Some((listener, settings.clone()))
+        }
+        None => None,
+    };
+    let kafka_limits = crate::kafka::Limits {
+        max_frame: config
+            .max_body_bytes
+            .saturating_mul(crate::config::BATCH_BODY_FACTOR),
+        max_connections: config.http.max_connections,
     };
     let app = router_with(state.clone(), cluster.as_ref().map(Cluster::routes));
     let limits = config.http.clone();
@@ -126,11 +147,26 @@ pub async fn run_on(
     }
     state.ready(broker.clone());
     spawn_sighup_reload(broker.clone(), hup, stopping.clone());
+    let kafka = kafka.map(|(listener, settings)| {
+        let (broker, stop) = (broker.clone(), stopping.clone());
+        tokio::spawn(crate::kafka::serve(
+            listener,
+            broker,
+            settings,
+            kafka_limits,
+            stop,
+        ))
+    });
 
     shutdown.await;
     tracing::info!("shutting down: no new requests, finishing accepted ones");
     stopping.cancel();
     let served = server.await.expect("server task panicked");
+    if let Some(kafka) = kafka
+        && let Ok(Err(e)) = kafka.await
+    {
+        tracing::warn!(error = %e, "kafka listener");
+    }
     if let Some(cluster) = &cluster {
         // Dispatchers first, while the groups still run: a leader's final positions are
         // replicated (docs/cluster.md, "Delivery in a cluster").

@@ -5,6 +5,7 @@
 //! - [`topic`]: [`Topic`] and [`ConsumerId`], validated names that are safe to use as file names.
 //! - [`pattern`]: [`TopicPattern`], the word-wise wildcard a dispatcher subscribes with.
 //! - [`message`]: [`StoredMessage`] (the payload of a log entry) and [`Envelope`] (what consumers see).
+//! - [`record`]: what a Kafka record carries beyond JSON, and the binary payload it is stored as.
 //! - [`ack`]: [`Ack`], the one-bit answer of a broker or a consumer.
 //! - [`status`]: what the broker reports about itself (topic list, dispatcher status, reloads).
 //! - [`handler`]: [`Message`], a typed envelope, and the handler shape shared by the push
@@ -18,9 +19,11 @@ pub mod ack;
 pub mod cluster;
 pub mod handler;
 pub mod message;
+mod message_serde;
 pub mod partition;
 pub mod pattern;
 pub mod plugins;
+pub mod record;
 pub mod status;
 pub mod topic;
 pub mod topic_id;
@@ -28,12 +31,13 @@ pub mod topic_id;
 pub use ack::Ack;
 pub use handler::{ErasedHandler, HandlerFuture, Message, erase};
 pub use message::{
-    ContentShape, Envelope, MAX_CONTENT_DEPTH, Origin, StoredMessage, content_shape, now_ms,
-    write_produced_payload,
+    ContentShape, Envelope, MAX_CONTENT_DEPTH, Origin, PayloadError, StoredMessage, content_shape,
+    now_ms, write_produced_payload,
 };
 pub use partition::{MAX_PARTITIONS, murmur2, partition_for_key};
 pub use pattern::{PatternError, TopicPattern};
 pub use plugins::{Deployed, PluginListing, VersionInfo};
+pub use record::{BinaryParts, Header};
 pub use status::{
     DEFAULT_RETENTION_MS, DispatcherStatus, GroupMember, GroupPartition, GroupPoll, GroupStatus,
     HostHealth, PartitionInfo, PullPage, RedriveNext, RedrivePartition, RedriveStatus,

@@ -5,8 +5,10 @@
 //! the content arrive exactly as produced, and no time is spent building a JSON tree per message.
 
 use serde::{Deserialize, Serialize};
+
 use serde_json::value::RawValue;
 
+use crate::record::BinaryParts;
 use crate::topic::Topic;
 use crate::topic_id::TopicId;
 
@@ -84,26 +86,28 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// The payload of one log entry: the UTF-8 JSON of this struct (docs/storage.md, "Storage").
+/// The payload of one log entry: the UTF-8 JSON of this struct (docs/storage.md, "Storage"), or a
+/// record payload that a Kafka produce stored (docs/kafka.md; [`crate::record`]), read into the
+/// same shape.
 ///
 /// The topic and the offset are not stored: the directory and the position in the log say them.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct StoredMessage {
-    /// Milliseconds since the Unix epoch, set by the broker at append.
+    /// Milliseconds since the Unix epoch, set by the broker at append (or a Kafka producer's
+    /// create time).
     pub timestamp: u64,
     /// The producer's optional key (kept for partitioning later).
-    #[serde(default)]
     pub key: Option<String>,
     /// The producer's content, verbatim.
     pub content: Box<RawValue>,
     /// The producer's idempotency id, when it gave one (absent from payloads without one, so
     /// older payloads read the same).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     /// Where a plugin's emitted message came from (docs/plugins.md, "WebAssembly handlers"); absent from
     /// produced messages.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<Origin>,
+    /// What it carries beyond JSON (a Kafka record's bytes); empty for HTTP's messages.
+    pub binary: BinaryParts,
 }
 
 /// The origin of a message a plugin emitted: which dispatcher's call on which message, and which
@@ -165,15 +169,44 @@ pub fn write_produced_payload(
 }
 
 impl StoredMessage {
-    /// Encodes the payload as stored on disk.
+    /// Encodes the payload as stored on disk (JSON).
     pub fn to_payload(&self) -> Vec<u8> {
         serde_json::to_vec(self)
             .expect("a struct of a number, a string and raw JSON always encodes")
     }
 
-    /// Decodes a payload read from disk.
-    pub fn from_payload(bytes: &[u8]) -> Result<Self, serde_json::Error> {
-        serde_json::from_slice(bytes)
+    /// Decodes a payload read from disk: JSON, or a record payload.
+    pub fn from_payload(bytes: &[u8]) -> Result<Self, PayloadError> {
+        if !crate::record::is_record_payload(bytes) {
+            return Ok(serde_json::from_slice(bytes)?);
+        }
+        let r = crate::record::read_record_payload(bytes)?;
+        let (content, content_base64) = crate::record::content_of_value(r.value);
+        let (key, key_base64) = crate::record::key_of_bytes(r.key);
+        Ok(StoredMessage {
+            timestamp: r.timestamp,
+            key,
+            content,
+            id: None,
+            origin: None,
+            binary: BinaryParts {
+                content_base64,
+                key_base64,
+                headers: crate::record::headers_of(&r.headers),
+            },
+        })
+    }
+
+    /// A message with JSON content only, as HTTP produces.
+    pub fn json(timestamp: u64, key: Option<String>, content: Box<RawValue>) -> Self {
+        StoredMessage {
+            timestamp,
+            key,
+            content,
+            id: None,
+            origin: None,
+            binary: BinaryParts::default(),
+        }
     }
 
     /// The envelope consumers see for this message at `offset` of `partition` of the
@@ -195,20 +228,20 @@ impl StoredMessage {
             id: self.id,
             origin: self.origin,
             topic_id: Some(topic_id),
+            binary: self.binary,
         }
     }
 }
 
 /// A stored message as pull answers and consumers receive it:
-/// `{"topic":…,"partition":…,"offset":…,"timestamp":…,"key":…,"content":…}`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+/// `{"topic":…,"partition":…,"offset":…,"timestamp":…,"key":…,"content":…}`; for a Kafka record,
+/// `keyBase64`, `headers` and `contentBase64` as [`BinaryParts`] says.
+#[derive(Debug, Clone)]
 pub struct Envelope {
     /// The topic the message was produced to.
     pub topic: Topic,
     /// The partition it was stored in (0 for a topic of one partition, and from a broker that
     /// predates partitions).
-    #[serde(default)]
     pub partition: u32,
     /// Its position in its partition's log, from 0 with no gaps.
     pub offset: u64,
@@ -217,19 +250,28 @@ pub struct Envelope {
     /// The producer's optional key; `null` when none was given.
     pub key: Option<String>,
     /// The producer's idempotency id, when it gave one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     /// Where a plugin's emitted message came from; absent from produced messages.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub origin: Option<Origin>,
     /// The id of the topic's incarnation (docs/topics-and-groups.md, "Topics"): (topic, partition, offset) names one
     /// message only together with it, since a topic deleted and created again starts at offset 0.
     /// Absent from a broker that predates topic ids.
-    #[serde(rename = "topicId", default, skip_serializing_if = "Option::is_none")]
     pub topic_id: Option<TopicId>,
     /// The producer's content, verbatim (last, so that its bytes end the envelope).
-    #[cfg_attr(feature = "openapi", schema(value_type = serde_json::Value))]
     pub content: Box<RawValue>,
+    /// What it carries beyond JSON (a Kafka record's bytes).
+    pub binary: BinaryParts,
+}
+
+/// Why a stored payload could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum PayloadError {
+    /// A JSON payload that is not a message.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// A record payload that is cut or malformed.
+    #[error(transparent)]
+    Record(#[from] crate::record::MalformedRecord),
 }
 
 #[cfg(test)]
@@ -251,6 +293,7 @@ mod tests {
                 content: content.clone(),
                 id: id.map(str::to_owned),
                 origin: None,
+                binary: Default::default(),
             }
             .to_payload();
             let mut out = b"head".to_vec();
@@ -300,6 +343,7 @@ mod tests {
             content: RawValue::from_string(content.to_owned()).unwrap(),
             id: None,
             origin: None,
+            binary: Default::default(),
         };
         let back = StoredMessage::from_payload(&msg.to_payload()).unwrap();
         assert_eq!(back.content.get(), content);

@@ -44,6 +44,7 @@ pub(super) fn spawn(
                     content,
                     id: None,
                     origin: None,
+                    binary: Default::default(),
                 }
                 .to_payload();
                 by_consumer.entry(r.consumer_id).or_default().push(payload);

@@ -386,6 +386,7 @@ mod tests {
                     index: 1,
                     topic_id: None,
                 }),
+                binary: Default::default(),
             }
             .to_payload()
         };

@@ -263,6 +263,14 @@ struct ServeArgs {
     /// Most partitions over all topics; creating or growing a topic past it is refused with 403.
     #[arg(long, env = "MMMQ_MAX_PARTITIONS", default_value_t = defaults::MAX_PARTITIONS)]
     max_partitions: usize,
+    /// Also speak Kafka's wire protocol on this address (port 0 picks a free port; the log says
+    /// which): Kafka clients produce to and consume from the same topics (docs/kafka.md).
+    #[arg(long, env = "MMMQ_KAFKA_LISTEN")]
+    kafka_listen: Option<String>,
+    /// The `host:port` Kafka clients are told to reach this broker at (Metadata); default: the
+    /// address each client connected to.
+    #[arg(long, env = "MMMQ_KAFKA_ADVERTISED", requires = "kafka_listen")]
+    kafka_advertised: Option<String>,
     #[command(flatten)]
     cluster: cluster::ClusterFlags,
 }
@@ -454,6 +462,13 @@ impl ServeArgs {
         config.retention_check = Duration::from_millis(self.retention_check_ms);
         config.max_partitions = self.max_partitions;
         config.cluster = self.cluster.settings(&self.listen)?;
+        config.kafka = self
+            .kafka_listen
+            .clone()
+            .map(|listen| mmmq::kafka::KafkaSettings {
+                listen,
+                advertised: self.kafka_advertised.clone(),
+            });
         Ok(config)
     }
 }

@@ -91,8 +91,10 @@ pub struct ServeConfig {
     pub max_groups: usize,
     /// Cap on partitions over all topics (creating or growing a topic past it is refused).
     pub max_partitions: usize,
-    /// Set when this broker is a cluster member (`--node-id`, `--peers`; contract §13).
+    /// Set when this broker is a cluster member (`--node-id`, `--peers`; docs/cluster.md).
     pub cluster: Option<super::cluster::ClusterSettings>,
+    /// Set when it speaks Kafka's protocol too (`--kafka-listen`; docs/kafka.md).
+    pub kafka: Option<crate::kafka::KafkaSettings>,
 }
 
 /// A batch request may be this many times the single-message body limit.
@@ -159,6 +161,7 @@ impl ServeConfig {
             max_groups: defaults::MAX_GROUPS,
             max_partitions: defaults::MAX_PARTITIONS,
             cluster: None,
+            kafka: None,
         }
     }
 

@@ -210,6 +210,7 @@ impl Worker {
             content: RawValue::from_string(content.to_string()).expect("json! is valid JSON"),
             id: None,
             origin: None,
+            binary: Default::default(),
         }
         .to_payload();
         let mut backoff = Backoff::new();

@@ -146,6 +146,7 @@ async fn setup(n: u64) -> Setup {
             content: RawValue::from_string(format!(r#"{{"n":{i},"mark":"m{i}m"}}"#)).unwrap(),
             id: None,
             origin: None,
+            binary: Default::default(),
         }
         .to_payload();
         topic.log.append(&payload).await.unwrap();
@@ -447,6 +448,7 @@ async fn a_worker_behind_the_retention_horizon_continues_at_the_first_offset() {
             content: RawValue::from_string(format!("{i}")).unwrap(),
             id: None,
             origin: None,
+            binary: Default::default(),
         }
         .to_payload();
         s.topic.log.append(&payload).await.unwrap();

@@ -51,6 +51,7 @@ impl Source {
                     content,
                     id: Some(id),
                     origin: Some(origin),
+                    binary: Default::default(),
                 }
                 .to_payload();
                 let appended = Appended { route, payload };

@@ -243,6 +243,7 @@ impl Source {
                         content: r.content,
                         id: None,
                         origin: Some(r.origin),
+                        binary: Default::default(),
                     }
                     .to_payload()
                 })

@@ -110,3 +110,22 @@ impl Groups {
         Ok(())
     }
 }
+
+/// The committed offset of `group` in `p`, as a Kafka consumer group reads it (docs/kafka.md,
+/// "One set of topics": the same checkpoint files as HTTP's groups). Blocking.
+pub fn read_committed(
+    p: &crate::topics::Partition,
+    group: &ConsumerId,
+) -> Result<Option<u64>, StorageError> {
+    super::store(p).read(group)
+}
+
+/// Durably stores the committed offset of `group` in `p` for a Kafka consumer group, whose
+/// coordinator checked the member (docs/kafka.md). Blocking.
+pub fn write_committed(
+    p: &crate::topics::Partition,
+    group: &ConsumerId,
+    offset: u64,
+) -> Result<(), StorageError> {
+    super::store(p).write(group, offset)
+}

@@ -28,7 +28,7 @@ use crate::storage::{Checkpoints, StorageError};
 use crate::topics::{Partition, Registry};
 
 mod cluster;
-mod commit;
+pub mod commit;
 mod read;
 mod status;
 

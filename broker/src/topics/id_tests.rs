@@ -48,6 +48,7 @@ async fn produce(t: &TopicLog, p: u32, id: Option<&str>) -> u64 {
         content: serde_json::value::to_raw_value(&1).unwrap(),
         id: id.map(str::to_owned),
         origin: None,
+        binary: Default::default(),
     }
     .to_payload();
     let offset = t.partition(p).unwrap().log.append(&payload).await.unwrap();

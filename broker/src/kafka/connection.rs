@@ -1,0 +1,303 @@
+//! One Kafka connection (docs/kafka.md, "Connections"): size-prefixed frames in, answers out in
+//! the same order, SASL/PLAIN before anything else when the broker has an auth token.
+//!
+//! A frame this broker cannot read closes the connection and nothing else: one shorter than a
+//! request header or longer than the frame limit, an unknown API key, a version not spoken (Kafka
+//! closes there too; ApiVersions alone answers with the versions it speaks, KIP-511), a body that
+//! does not decode. Nothing of such a frame was stored: a request is acted on only once it has
+//! decoded whole.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use kafka_protocol::ResponseError;
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsResponse, RequestHeader, RequestKind, ResponseHeader, ResponseKind,
+    SaslAuthenticateResponse, SaslHandshakeResponse,
+};
+use kafka_protocol::protocol::{Encodable, StrBytes, decode_request_header_from_buffer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use super::{Shared, admin, fetch, groups, metadata, offsets, produce, versions};
+
+/// Why a connection is closed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Refused {
+    #[error("frame of {0} bytes (limit {1})")]
+    FrameSize(i64, usize),
+    #[error("unknown API key {0}")]
+    UnknownApi(i16),
+    #[error("{0:?} version {1} is not spoken")]
+    Version(ApiKey, i16),
+    #[error("{0:?} before SASL authentication")]
+    Unauthenticated(ApiKey),
+    #[error("SASL authentication failed")]
+    AuthFailed,
+    #[error("malformed {0:?} request: {1}")]
+    Malformed(ApiKey, String),
+    #[error("malformed request header: {0}")]
+    Header(String),
+    #[error("encoding an answer: {0}")]
+    Encode(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What one connection knows about itself.
+pub(crate) struct Session {
+    /// The address the client connected to: what Metadata advertises when no address is set.
+    pub local: SocketAddr,
+    pub peer: SocketAddr,
+    /// The client id of its latest request.
+    pub client_id: String,
+    /// SASL done, or not required.
+    pub authenticated: bool,
+    /// A SaslHandshake v0 was answered: the next frame is a bare SASL token.
+    raw_sasl_next: bool,
+    /// Close once the answer is written (a failed login).
+    close_after_answer: bool,
+}
+
+/// Serves one connection until the client closes it, it sends what cannot be read, or `stop`.
+pub(crate) async fn run(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+) {
+    let Ok(local) = stream.local_addr() else {
+        return;
+    };
+    let mut session = Session {
+        local,
+        peer,
+        client_id: String::new(),
+        authenticated: shared.auth_token.is_none(),
+        raw_sasl_next: false,
+        close_after_answer: false,
+    };
+    let (r, w) = stream.into_split();
+    let mut r = BufReader::with_capacity(64 << 10, r);
+    let mut w = BufWriter::with_capacity(64 << 10, w);
+    let span = tracing::debug_span!("kafka", %peer);
+    let _enter = span.enter();
+    let outcome: Result<(), Refused> = async {
+        loop {
+            let size = tokio::select! {
+                size = r.read_i32() => match size {
+                    Ok(size) => size,
+                    // The client closed the connection between requests: nothing wrong.
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+                    Err(e) => return Err(e.into()),
+                },
+                _ = stop.cancelled() => return Ok(()),
+            };
+            if size < 0 || size as usize > shared.limits.max_frame {
+                return Err(Refused::FrameSize(size.into(), shared.limits.max_frame));
+            }
+            let mut frame = vec![0u8; size as usize];
+            r.read_exact(&mut frame).await?;
+            let frame = Bytes::from(frame);
+            let answer = if session.raw_sasl_next {
+                session.raw_sasl_next = false;
+                authenticate(&shared, &mut session, &frame)?;
+                // An empty server token: done (Kafka's answer to a PLAIN login after v0).
+                Some(framed(|_| Ok(()))?)
+            } else {
+                handle(&shared, &mut session, frame).await?
+            };
+            if let Some(answer) = answer {
+                w.write_all(&answer).await?;
+                // More requests already buffered are answered first, then flushed together.
+                if r.buffer().is_empty() || session.close_after_answer {
+                    w.flush().await?;
+                }
+            }
+            if session.close_after_answer {
+                return Err(Refused::AuthFailed);
+            }
+        }
+    }
+    .await;
+    let _ = w.flush().await;
+    if let Err(e) = outcome {
+        tracing::warn!(%peer, error = %e, "kafka: closing the connection");
+    }
+}
+
+/// Reads, answers and encodes one request; `None` for a request that gets no answer (a produce
+/// with `acks=0`).
+async fn handle(
+    shared: &Shared,
+    session: &mut Session,
+    mut frame: Bytes,
+) -> Result<Option<BytesMut>, Refused> {
+    if frame.len() < 8 {
+        return Err(Refused::Header(format!("{} bytes", frame.len())));
+    }
+    let raw_key = i16::from_be_bytes([frame[0], frame[1]]);
+    let version = i16::from_be_bytes([frame[2], frame[3]]);
+    let key = ApiKey::try_from(raw_key).map_err(|()| Refused::UnknownApi(raw_key))?;
+    let header: RequestHeader = decode_request_header_from_buffer(&mut frame)
+        .map_err(|e| Refused::Header(e.to_string()))?;
+    if let Some(id) = &header.client_id
+        && session.client_id != id.as_str()
+    {
+        session.client_id = id.as_str().to_owned();
+    }
+    if key == ApiKey::ApiVersions && version > versions::max_of(ApiKey::ApiVersions) {
+        // KIP-511: answered at v0 with the versions of ApiVersions itself; the client retries.
+        let answer = ApiVersionsResponse::default()
+            .with_error_code(ResponseError::UnsupportedVersion.code())
+            .with_api_keys(versions::entries(false));
+        return encode(
+            key,
+            0,
+            header.correlation_id,
+            &ResponseKind::ApiVersions(answer),
+        )
+        .map(Some);
+    }
+    if !versions::speaks(key, version) {
+        return Err(Refused::Version(key, version));
+    }
+    if !session.authenticated
+        && !matches!(
+            key,
+            ApiKey::ApiVersions | ApiKey::SaslHandshake | ApiKey::SaslAuthenticate
+        )
+    {
+        return Err(Refused::Unauthenticated(key));
+    }
+    let request = RequestKind::decode(key, &mut frame, version)
+        .map_err(|e| Refused::Malformed(key, e.to_string()))?;
+    if frame.has_remaining() {
+        return Err(Refused::Malformed(
+            key,
+            format!("{} bytes after the request", frame.remaining()),
+        ));
+    }
+    let answer = match request {
+        RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(
+            ApiVersionsResponse::default().with_api_keys(versions::entries(true)),
+        ),
+        RequestKind::SaslHandshake(r) => {
+            let ok = r.mechanism.as_str() == "PLAIN";
+            if ok && version == 0 {
+                session.raw_sasl_next = true;
+            }
+            ResponseKind::SaslHandshake(
+                SaslHandshakeResponse::default()
+                    .with_error_code(if ok {
+                        0
+                    } else {
+                        ResponseError::UnsupportedSaslMechanism.code()
+                    })
+                    .with_mechanisms(vec![StrBytes::from_static_str("PLAIN")]),
+            )
+        }
+        RequestKind::SaslAuthenticate(r) => {
+            let ok = authenticate(shared, session, &r.auth_bytes).is_ok();
+            let mut answer = SaslAuthenticateResponse::default();
+            if !ok {
+                answer = answer
+                    .with_error_code(ResponseError::SaslAuthenticationFailed.code())
+                    .with_error_message(Some(StrBytes::from_static_str(
+                        "Authentication failed: invalid credentials",
+                    )));
+            }
+            // Kafka answers a failed login, then closes: the client learns why.
+            session.close_after_answer = !ok;
+            ResponseKind::SaslAuthenticate(answer)
+        }
+        RequestKind::Metadata(r) => {
+            ResponseKind::Metadata(metadata::answer(shared, session, r, version).await)
+        }
+        RequestKind::Produce(r) => match produce::answer(shared, r, version).await {
+            Some(a) => ResponseKind::Produce(a),
+            None => return Ok(None),
+        },
+        RequestKind::Fetch(r) => ResponseKind::Fetch(fetch::answer(shared, r, version).await),
+        RequestKind::ListOffsets(r) => {
+            ResponseKind::ListOffsets(offsets::list(shared, r, version).await)
+        }
+        RequestKind::OffsetCommit(r) => {
+            ResponseKind::OffsetCommit(groups::commit(shared, r, version).await)
+        }
+        RequestKind::OffsetFetch(r) => {
+            ResponseKind::OffsetFetch(groups::fetch_offsets(shared, r, version).await)
+        }
+        RequestKind::FindCoordinator(r) => {
+            ResponseKind::FindCoordinator(metadata::coordinator(shared, session, r, version))
+        }
+        RequestKind::JoinGroup(r) => {
+            ResponseKind::JoinGroup(groups::join(shared, r, version, session).await)
+        }
+        RequestKind::SyncGroup(r) => ResponseKind::SyncGroup(groups::sync(shared, r).await),
+        RequestKind::Heartbeat(r) => ResponseKind::Heartbeat(groups::heartbeat(shared, r)),
+        RequestKind::LeaveGroup(r) => ResponseKind::LeaveGroup(groups::leave(shared, r, version)),
+        RequestKind::ListGroups(r) => ResponseKind::ListGroups(groups::list(shared, r)),
+        RequestKind::DescribeGroups(r) => ResponseKind::DescribeGroups(groups::describe(shared, r)),
+        RequestKind::InitProducerId(r) => ResponseKind::InitProducerId(shared.producers.init(r)),
+        RequestKind::CreateTopics(r) => {
+            ResponseKind::CreateTopics(admin::create_topics(shared, r, version).await)
+        }
+        RequestKind::DeleteTopics(r) => {
+            ResponseKind::DeleteTopics(admin::delete_topics(shared, r, version).await)
+        }
+        RequestKind::DescribeConfigs(r) => {
+            ResponseKind::DescribeConfigs(admin::describe_configs(shared, r))
+        }
+        _ => return Err(Refused::Version(key, version)),
+    };
+    encode(key, version, header.correlation_id, &answer).map(Some)
+}
+
+/// Checks a SASL/PLAIN token (`authzid NUL authcid NUL password`): the password must be the
+/// broker's auth token (any user name). Without a token every login succeeds.
+fn authenticate(shared: &Shared, session: &mut Session, token: &[u8]) -> Result<(), Refused> {
+    let mut parts = token.split(|&b| b == 0);
+    let (_authzid, _user, password) = (parts.next(), parts.next(), parts.next());
+    let ok = match (&shared.auth_token, password) {
+        (None, _) => true,
+        (Some(expected), Some(given)) if parts.next().is_none() => {
+            use subtle::ConstantTimeEq;
+            bool::from(expected.as_bytes().ct_eq(given))
+        }
+        _ => false,
+    };
+    if !ok {
+        return Err(Refused::AuthFailed);
+    }
+    session.authenticated = true;
+    Ok(())
+}
+
+/// A whole answer: size, header, body.
+fn encode(
+    key: ApiKey,
+    version: i16,
+    correlation_id: i32,
+    body: &ResponseKind,
+) -> Result<BytesMut, Refused> {
+    let header_version = key.response_header_version(version);
+    framed(|out| {
+        ResponseHeader::default()
+            .with_correlation_id(correlation_id)
+            .encode(out, header_version)?;
+        body.encode(out, version)
+    })
+}
+
+/// Writes a size-prefixed frame.
+fn framed(write: impl FnOnce(&mut BytesMut) -> anyhow::Result<()>) -> Result<BytesMut, Refused> {
+    let mut out = BytesMut::with_capacity(256);
+    out.put_i32(0);
+    write(&mut out).map_err(|e| Refused::Encode(e.to_string()))?;
+    let size = (out.len() - 4) as i32;
+    out[..4].copy_from_slice(&size.to_be_bytes());
+    Ok(out)
+}

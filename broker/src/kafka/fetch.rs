@@ -1,0 +1,132 @@
+//! Fetch (docs/kafka.md, "APIs"): each partition's stored entries from the asked offset as one
+//! record batch, up to its `partition_max_bytes` (at least one record, however large, as
+//! Kafka's KIP-74), long-polling up to `max_wait_ms` while fewer than `min_bytes` are there.
+//! No fetch sessions: the answer's session id is 0, so clients send full fetches.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::select_all;
+use kafka_protocol::ResponseError;
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::{FetchRequest, FetchResponse};
+use mmmq_core::Topic;
+
+use super::Shared;
+use super::records;
+use crate::topics::Partition;
+
+/// Most records one partition answers in one fetch.
+const MAX_RECORDS: usize = 10_000;
+
+/// The answer to a fetch.
+pub(crate) async fn answer(shared: &Shared, request: FetchRequest, _version: i16) -> FetchResponse {
+    let deadline = tokio::time::Instant::now()
+        + Duration::from_millis(request.max_wait_ms.clamp(0, 60_000) as u64);
+    let min_bytes = request.min_bytes.max(0) as usize;
+    // Resolved once: (topic name, [(index, partition or error, fetch offset, max bytes)]).
+    let mut wanted = Vec::with_capacity(request.topics.len());
+    for t in &request.topics {
+        let found = Topic::new(t.topic.as_str())
+            .ok()
+            .and_then(|name| shared.broker.registry().get(&name));
+        let parts: Vec<_> = t
+            .partitions
+            .iter()
+            .map(|p| {
+                let partition = found
+                    .as_ref()
+                    .and_then(|f| u32::try_from(p.partition).ok().and_then(|n| f.partition(n)));
+                (
+                    p.partition,
+                    partition,
+                    p.fetch_offset,
+                    p.partition_max_bytes,
+                )
+            })
+            .collect();
+        wanted.push((t.topic.clone(), parts));
+    }
+    let mut budget = request.max_bytes.max(0) as usize;
+    loop {
+        let mut total = 0usize;
+        let mut responses = Vec::with_capacity(wanted.len());
+        let mut waits = Vec::new();
+        for (name, parts) in &wanted {
+            let mut partitions = Vec::with_capacity(parts.len());
+            for (index, partition, offset, max) in parts {
+                let data = PartitionData::default().with_partition_index(*index);
+                let Some(p) = partition else {
+                    partitions.push(
+                        data.with_error_code(ResponseError::UnknownTopicOrPartition.code())
+                            .with_high_watermark(-1),
+                    );
+                    continue;
+                };
+                let (first, next) = (p.log.first_offset(), p.log.next_offset());
+                let data = data
+                    .with_high_watermark(next as i64)
+                    .with_last_stable_offset(next as i64)
+                    .with_log_start_offset(first as i64);
+                if *offset < first as i64 || *offset > next as i64 {
+                    partitions.push(data.with_error_code(ResponseError::OffsetOutOfRange.code()));
+                    continue;
+                }
+                let offset = *offset as u64;
+                if offset == next {
+                    waits.push(p.clone());
+                    partitions.push(data.with_records(Some(Default::default())));
+                    continue;
+                }
+                let cap = (*max).max(0) as usize;
+                let cap = cap.min(budget.saturating_sub(total)).max(1);
+                match read(p, offset, cap).await {
+                    Ok(records) => {
+                        total += records.len();
+                        partitions.push(data.with_records(Some(records)));
+                    }
+                    Err(e) => {
+                        tracing::warn!(topic = %name.as_str(), partition = index, error = %e, "kafka: fetch failed");
+                        partitions
+                            .push(data.with_error_code(ResponseError::KafkaStorageError.code()));
+                    }
+                }
+            }
+            responses.push(
+                FetchableTopicResponse::default()
+                    .with_topic(name.clone())
+                    .with_partitions(partitions),
+            );
+        }
+        let now = tokio::time::Instant::now();
+        if total >= min_bytes.max(1) || now >= deadline || waits.is_empty() {
+            return FetchResponse::default().with_responses(responses);
+        }
+        // Nothing yet (or too little): wait for any partition to grow, or the deadline.
+        let grown = select_all(
+            waits
+                .iter()
+                .map(|p| Box::pin(p.log.wait_for(p.log.next_offset()))),
+        );
+        tokio::select! {
+            _ = grown => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+        budget = request.max_bytes.max(0) as usize;
+    }
+}
+
+/// Reads and encodes one partition's entries from `offset`, up to `max_bytes` of payload.
+async fn read(p: &Arc<Partition>, offset: u64, max_bytes: usize) -> anyhow::Result<bytes::Bytes> {
+    let log = p.log.clone();
+    tokio::task::spawn_blocking(move || {
+        let entries = log.read_from(offset, MAX_RECORDS, max_bytes)?;
+        let entries: Vec<(u64, Vec<u8>)> = entries
+            .into_iter()
+            .filter_map(|e| e.payload.ok().map(|payload| (e.offset, payload)))
+            .collect();
+        records::encode(entries)
+    })
+    .await
+    .expect("fetch read task panicked")
+}

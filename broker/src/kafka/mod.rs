@@ -1,0 +1,132 @@
+//! Kafka's wire protocol (docs/kafka.md): `serve --kafka-listen ADDR` lets unmodified Kafka
+//! clients produce to and consume from the same topics as HTTP.
+//!
+//! One task per connection reads size-prefixed frames, answers each in order (Kafka's clients
+//! pipeline requests and match answers by order as well as by correlation id), and closes the
+//! connection, and only it, at the first frame it cannot read: a malformed frame, one over
+//! [`Limits::max_frame`], an API or version it does not speak. The codec is the
+//! `kafka-protocol` crate, generated from Kafka's own message schemas.
+//!
+//! # Layout
+//! - [`versions`]: which APIs and versions are spoken, and the answer to ApiVersions.
+//! - [`connection`]: framing, SASL state, dispatch of one request to its handler.
+//! - [`metadata`], [`produce`], [`fetch`], [`offsets`], [`admin`]: the data APIs.
+//! - [`groups`]: the classic consumer-group protocol, committed offsets shared with HTTP's groups.
+//! - [`producers`]: idempotent producers' ids and sequence numbers.
+//! - [`records`]: stored messages to record batches and back.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::Broker;
+
+mod admin;
+mod connection;
+mod fetch;
+mod groups;
+mod metadata;
+mod offsets;
+mod produce;
+mod producers;
+mod records;
+mod versions;
+
+/// What the Kafka listener is configured with (`serve --kafka-listen`).
+#[derive(Debug, Clone)]
+pub struct KafkaSettings {
+    /// Where to listen (`127.0.0.1:9092`; port 0 picks one).
+    pub listen: String,
+    /// The `host:port` Metadata names for this broker; `None`: the address each client
+    /// connected to.
+    pub advertised: Option<String>,
+}
+
+/// Limits of one connection.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// The largest frame read; a larger one closes the connection (Kafka's
+    /// `socket.request.max.bytes`).
+    pub max_frame: usize,
+    /// Most connections at once; more wait to be accepted.
+    pub max_connections: usize,
+}
+
+/// What every connection shares.
+pub(crate) struct Shared {
+    pub broker: Arc<Broker>,
+    pub advertised: Option<(String, i32)>,
+    pub auth_token: Option<String>,
+    pub limits: Limits,
+    pub groups: groups::Coordinator,
+    pub producers: producers::Producers,
+    /// This broker's node id in Metadata (its cluster node id; 0 alone).
+    pub node_id: i32,
+}
+
+/// Why the Kafka listener could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaError {
+    /// `--kafka-advertised` is not `host:port`.
+    #[error("--kafka-advertised {0:?} is not host:port")]
+    BadAdvertised(String),
+}
+
+/// Serves Kafka clients on `listener` until `stop` is cancelled.
+pub async fn serve(
+    listener: TcpListener,
+    broker: Arc<Broker>,
+    settings: KafkaSettings,
+    limits: Limits,
+    stop: CancellationToken,
+) -> Result<(), KafkaError> {
+    let advertised = match &settings.advertised {
+        None => None,
+        Some(a) => {
+            let (host, port) = a
+                .rsplit_once(':')
+                .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()? as i32)))
+                .ok_or_else(|| KafkaError::BadAdvertised(a.clone()))?;
+            Some((host, port))
+        }
+    };
+    let node_id = broker.cluster().map_or(0, |c| c.id() as i32);
+    let shared = Arc::new(Shared {
+        auth_token: broker.config().auth_token.clone(),
+        producers: producers::Producers::new(),
+        groups: groups::Coordinator::default(),
+        broker,
+        advertised,
+        limits,
+        node_id,
+    });
+    tokio::spawn(groups::expire_sessions(shared.clone(), stop.clone()));
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => p.expect("never closed"),
+            _ = stop.cancelled() => return Ok(()),
+        };
+        let (stream, peer): (_, SocketAddr) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of descriptors, say: wait a little rather than spin.
+                    tracing::warn!(error = %e, "kafka: accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = stop.cancelled() => return Ok(()),
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            connection::run(stream, peer, shared, stop).await;
+            drop(permit);
+        });
+    }
+}

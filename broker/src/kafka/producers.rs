@@ -1,0 +1,224 @@
+//! Idempotent producers (docs/kafka.md, "Idempotent producers"): InitProducerId hands out ids,
+//! and each (producer, partition) keeps the last five batches it stored, as Kafka does, so that a
+//! retried batch is answered with its first copy's offset and a gap in sequence numbers is
+//! refused (`OUT_OF_ORDER_SEQUENCE_NUMBER`).
+//!
+//! Nothing is written for it but the records themselves: each record payload carries its
+//! producer's id, epoch and sequence (`mmmq_core::record`). Ids are made from the clock
+//! (milliseconds × 1000, then counted up), so an id says when it was given out: a producer whose
+//! id predates this broker's start and that it has no state for may have written before a
+//! restart, and its state is read back from the partition's newest records before its batch is
+//! judged ([`super::produce`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use kafka_protocol::ResponseError;
+use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse, ProducerId};
+use mmmq_core::{TopicId, now_ms};
+use parking_lot::Mutex;
+
+/// Batches remembered per producer and partition (Kafka's
+/// `max.in.flight.requests.per.connection` limit for idempotence).
+const KEPT_BATCHES: usize = 5;
+
+/// One producer's state in one partition.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct State {
+    pub epoch: i16,
+    /// `(first sequence, last sequence, first offset)`, oldest first; the records of each at
+    /// consecutive offsets.
+    pub batches: VecDeque<(i32, i32, u64)>,
+}
+
+/// What to do with a batch.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// New and in order: store it.
+    Append,
+    /// Stored before, at this offset: answer with it, store nothing.
+    Duplicate(u64),
+    /// Refused with this error.
+    Refuse(ResponseError),
+}
+
+impl State {
+    /// Judges a batch of sequences `first..=last` from `epoch`.
+    pub fn judge(&self, epoch: i16, first: i32, last: i32) -> Verdict {
+        if self.batches.is_empty() {
+            return Verdict::Append;
+        }
+        if epoch < self.epoch {
+            return Verdict::Refuse(ResponseError::InvalidProducerEpoch);
+        }
+        if epoch > self.epoch {
+            // A bumped epoch starts again at 0.
+            return if first == 0 {
+                Verdict::Append
+            } else {
+                Verdict::Refuse(ResponseError::OutOfOrderSequenceNumber)
+            };
+        }
+        // A batch read back from the log may be several of the producer's batches stored at
+        // consecutive offsets, one run: a retry is any range inside one.
+        if let Some(&(f, _, offset)) = self
+            .batches
+            .iter()
+            .find(|(f, l, _)| *f <= first && last <= *l && first <= last)
+        {
+            return Verdict::Duplicate(offset + (first - f) as u64);
+        }
+        let (_, newest, _) = *self.batches.back().expect("not empty");
+        if first == newest.wrapping_add(1) || (newest == i32::MAX && first == 0) {
+            Verdict::Append
+        } else {
+            Verdict::Refuse(ResponseError::OutOfOrderSequenceNumber)
+        }
+    }
+
+    /// Remembers a stored batch.
+    pub fn stored(&mut self, epoch: i16, first: i32, last: i32, offset: u64) {
+        if epoch != self.epoch {
+            self.batches.clear();
+            self.epoch = epoch;
+        }
+        self.batches.push_back((first, last, offset));
+        while self.batches.len() > KEPT_BATCHES {
+            self.batches.pop_front();
+        }
+    }
+}
+
+type Slot = Arc<tokio::sync::Mutex<Option<State>>>;
+
+/// Every producer's state, per partition.
+pub(crate) struct Producers {
+    /// Milliseconds since the epoch when this broker started: an id from before may have state
+    /// in the log.
+    boot_ms: u64,
+    last_id: AtomicI64,
+    slots: Mutex<HashMap<(i64, TopicId, u32), Slot>>,
+}
+
+impl Producers {
+    pub fn new() -> Self {
+        Producers {
+            boot_ms: now_ms(),
+            last_id: AtomicI64::new(0),
+            slots: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// InitProducerId: a new id at epoch 0, or the same id at the next epoch for a producer that
+    /// names its own (KIP-360). Transactions are refused: mmmq keeps none.
+    pub fn init(&self, request: InitProducerIdRequest) -> InitProducerIdResponse {
+        if request.transactional_id.is_some() {
+            return InitProducerIdResponse::default()
+                .with_error_code(ResponseError::CoordinatorNotAvailable.code())
+                .with_producer_id(ProducerId(-1))
+                .with_producer_epoch(-1);
+        }
+        let (id, epoch) = match (request.producer_id.0, request.producer_epoch) {
+            (id, epoch) if id >= 0 && (0..i16::MAX).contains(&epoch) => (id, epoch + 1),
+            _ => (self.new_id(), 0),
+        };
+        InitProducerIdResponse::default()
+            .with_producer_id(ProducerId(id))
+            .with_producer_epoch(epoch)
+    }
+
+    fn new_id(&self) -> i64 {
+        let clock = (now_ms() as i64).saturating_mul(1000);
+        let mut last = self.last_id.load(Ordering::Relaxed);
+        loop {
+            let next = clock.max(last + 1);
+            match self
+                .last_id
+                .compare_exchange(last, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return next,
+                Err(now) => last = now,
+            }
+        }
+    }
+
+    /// Whether `id` was given out before this broker started (then its state may be in the log).
+    pub fn predates_boot(&self, id: i64) -> bool {
+        (id / 1000) as u64 <= self.boot_ms
+    }
+
+    /// The state of producer `id` in a partition; locked while its batch is judged and stored.
+    pub fn slot(&self, id: i64, topic: TopicId, partition: u32) -> Slot {
+        self.slots
+            .lock()
+            .entry((id, topic, partition))
+            .or_default()
+            .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(batches: &[(i32, i32, u64)]) -> State {
+        State {
+            epoch: 0,
+            batches: batches.iter().copied().collect(),
+        }
+    }
+
+    #[test]
+    fn a_retried_batch_is_its_first_copy_and_a_gap_is_refused() {
+        let s = state(&[(0, 9, 100), (10, 19, 110)]);
+        assert_eq!(s.judge(0, 10, 19), Verdict::Duplicate(110));
+        assert_eq!(s.judge(0, 0, 9), Verdict::Duplicate(100));
+        assert_eq!(s.judge(0, 20, 29), Verdict::Append);
+        assert_eq!(
+            s.judge(0, 21, 29),
+            Verdict::Refuse(ResponseError::OutOfOrderSequenceNumber)
+        );
+        // Inside a run read back from the log: its records' offsets.
+        assert_eq!(
+            state(&[(0, 19, 100)]).judge(0, 10, 19),
+            Verdict::Duplicate(110)
+        );
+        // A new epoch starts at 0; an old one is fenced.
+        assert_eq!(s.judge(1, 0, 4), Verdict::Append);
+        assert_eq!(
+            s.judge(1, 5, 9),
+            Verdict::Refuse(ResponseError::OutOfOrderSequenceNumber)
+        );
+        let mut s1 = s.clone();
+        s1.stored(1, 0, 4, 120);
+        assert_eq!(
+            s1.judge(0, 20, 29),
+            Verdict::Refuse(ResponseError::InvalidProducerEpoch)
+        );
+    }
+
+    #[test]
+    fn only_the_last_five_batches_are_kept() {
+        let mut s = State::default();
+        for b in 0..7 {
+            s.stored(0, b * 10, b * 10 + 9, b as u64 * 10);
+        }
+        assert_eq!(s.batches.len(), KEPT_BATCHES);
+        assert_eq!(s.judge(0, 20, 29), Verdict::Duplicate(20));
+        assert_eq!(
+            s.judge(0, 10, 19),
+            Verdict::Refuse(ResponseError::OutOfOrderSequenceNumber)
+        );
+    }
+
+    #[test]
+    fn ids_grow_and_say_when_they_were_given() {
+        let p = Producers::new();
+        let a = p.new_id();
+        let b = p.new_id();
+        assert!(b > a);
+        assert!(p.predates_boot(1000));
+        assert!(!p.predates_boot((now_ms() as i64 + 10_000) * 1000));
+    }
+}
