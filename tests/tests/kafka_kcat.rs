@@ -1,0 +1,236 @@
+//! Kafka's protocol with a client nobody here wrote (docs/kafka.md): Debian's `kcat` (librdkafka
+//! 2.0.2), installed by `./scripts/test`, against the real binary.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use mmmq_tests::Broker;
+use serde_json::json;
+
+/// A broker that speaks Kafka on a port of its own; `(broker, bootstrap address)`.
+async fn broker(root: &std::path::Path, more: &[&str]) -> (Broker, String) {
+    let port = mmmq_tests::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut args = vec!["--kafka-listen", listen.as_str()];
+    args.extend_from_slice(more);
+    let broker = Broker::start_with(root, &args).await;
+    (broker, listen)
+}
+
+/// Runs kcat with `args`, feeding it `input`; its stdout. Fails the test on a non-zero exit.
+fn kcat(args: &[&str], input: &[u8]) -> Vec<u8> {
+    let mut child = Command::new("kcat")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kcat is installed by ./scripts/test");
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    assert!(
+        out.status.success(),
+        "kcat {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// 100,000 keyed records in, the same bytes out, in order per partition, with their keys; the
+/// metadata lists the topic with its partitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kcat_produces_and_consumes_the_same_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (broker, bootstrap) = broker(tmp.path(), &[]).await;
+    let (status, body) = broker
+        .put("/mmmq/topics/bytes", &json!({"partitions": 4}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // Keys and values of every byte but the delimiters kcat splits on (newline, and `\x01`
+    // between key and value), values that are JSON and values that are not.
+    let n = 100_000usize;
+    let mut input = Vec::new();
+    let mut sent = Vec::with_capacity(n);
+    for i in 0..n {
+        let key = format!("key-{}", i % 97).into_bytes();
+        let value: Vec<u8> = if i % 3 == 0 {
+            format!("{{\"i\":{i}}}").into_bytes()
+        } else {
+            let mut v = format!("v{i}:").into_bytes();
+            v.extend((0u8..=255).filter(|b| *b != b'\n' && *b != 1).take(i % 200));
+            v
+        };
+        input.extend_from_slice(&key);
+        input.push(1);
+        input.extend_from_slice(&value);
+        input.push(b'\n');
+        sent.push((key, value));
+    }
+    kcat(
+        &[
+            "-b", &bootstrap, "-P", "-t", "bytes", "-K", "\x01", "-X", "acks=all",
+        ],
+        &input,
+    );
+    // Read back: key, value and partition of each record, NUL-delimited (neither contains 0…
+    // except the values, so lengths are printed and the bytes parsed by length).
+    let out = kcat(
+        &[
+            "-b",
+            &bootstrap,
+            "-C",
+            "-t",
+            "bytes",
+            "-o",
+            "beginning",
+            "-e",
+            "-f",
+            "%p %o %K %S\n%k%s",
+        ],
+        b"",
+    );
+    let mut got: Vec<(i32, u64, Vec<u8>, Vec<u8>)> = Vec::new();
+    let mut rest = &out[..];
+    while !rest.is_empty() {
+        let nl = rest.iter().position(|b| *b == b'\n').unwrap();
+        let head = std::str::from_utf8(&rest[..nl]).unwrap();
+        let f: Vec<&str> = head.split(' ').collect();
+        let (klen, vlen): (usize, usize) = (f[2].parse().unwrap(), f[3].parse().unwrap());
+        let body = &rest[nl + 1..];
+        got.push((
+            f[0].parse().unwrap(),
+            f[1].parse().unwrap(),
+            body[..klen].to_vec(),
+            body[klen..klen + vlen].to_vec(),
+        ));
+        rest = &body[klen + vlen..];
+    }
+    assert_eq!(got.len(), n);
+    // librdkafka's default partitioner puts a key on one partition: per key, the values arrive
+    // in the order sent, byte for byte.
+    let mut by_key: std::collections::HashMap<Vec<u8>, Vec<Vec<u8>>> = Default::default();
+    for (k, v) in &sent {
+        by_key.entry(k.clone()).or_default().push(v.clone());
+    }
+    let mut partition_of: std::collections::HashMap<Vec<u8>, i32> = Default::default();
+    let mut read: std::collections::HashMap<Vec<u8>, Vec<Vec<u8>>> = Default::default();
+    got.sort_by_key(|(p, o, ..)| (*p, *o));
+    for (p, _, k, v) in &got {
+        assert_eq!(
+            *partition_of.entry(k.clone()).or_insert(*p),
+            *p,
+            "one key, one partition"
+        );
+        read.entry(k.clone()).or_default().push(v.clone());
+    }
+    assert_eq!(read, by_key);
+    // Offsets are the log's: 0.. with no gap in each partition.
+    for p in 0..4 {
+        let offsets: Vec<u64> = got.iter().filter(|g| g.0 == p).map(|g| g.1).collect();
+        assert_eq!(
+            offsets,
+            (0..offsets.len() as u64).collect::<Vec<_>>(),
+            "partition {p}"
+        );
+    }
+    // Metadata.
+    let listing = String::from_utf8(kcat(&["-b", &bootstrap, "-L", "-t", "bytes"], b"")).unwrap();
+    assert!(
+        listing.contains("topic \"bytes\" with 4 partitions"),
+        "{listing}"
+    );
+    for p in 0..4 {
+        assert!(
+            listing.contains(&format!("partition {p}, leader 0")),
+            "{listing}"
+        );
+    }
+}
+
+/// Produced over HTTP, read by kcat (the content's JSON text, the key's bytes); produced by kcat,
+/// read over HTTP (`content` for JSON, `contentBase64` for anything else, the key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_and_kafka_share_topics_both_ways() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (broker, bootstrap) = broker(tmp.path(), &[]).await;
+    // Sent as text: the content's bytes, spacing and `2.50` included, are what Kafka reads.
+    let (status, body) = broker
+        .post_raw(
+            "/mmmq/messages",
+            r#"{"topic": "shared", "key": "k1", "content": {"a": [1, 2.50]}}"#.into(),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let out = kcat(
+        &[
+            "-b",
+            &bootstrap,
+            "-C",
+            "-t",
+            "shared",
+            "-o",
+            "beginning",
+            "-e",
+            "-f",
+            "%k|%s|%o\n",
+        ],
+        b"",
+    );
+    assert_eq!(String::from_utf8(out).unwrap(), "k1|{\"a\": [1, 2.50]}|0\n");
+    kcat(
+        &["-b", &bootstrap, "-P", "-t", "shared", "-K", ":"],
+        b"k2:{\"b\":true}\nk3:not json\n",
+    );
+    let page = broker.pull_all("shared").await;
+    assert_eq!(page.len(), 3, "{page:?}");
+    assert_eq!(page[1]["key"], "k2");
+    assert_eq!(page[1]["content"], json!({"b": true}));
+    assert_eq!(page[2]["key"], "k3");
+    assert_eq!(page[2]["contentBase64"], "bm90IGpzb24=");
+    assert!(page[2].get("content").is_none(), "{}", page[2]);
+}
+
+/// `-Q`: the first offset at or after a time, per partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_by_timestamp() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (broker, bootstrap) = broker(tmp.path(), &[]).await;
+    for i in 0..3 {
+        broker.produce("times", json!(i)).await;
+    }
+    let page = broker.pull_all("times").await;
+    let second: u64 = page[1]["timestamp"].as_u64().unwrap();
+    broker.produce("times", json!(3)).await;
+    let out = String::from_utf8(kcat(
+        &["-b", &bootstrap, "-Q", "-t", &format!("times:0:{second}")],
+        b"",
+    ))
+    .unwrap();
+    // The second message, or an earlier one of the same millisecond (timestamps never go
+    // back within a partition).
+    let expected_at = page
+        .iter()
+        .position(|m| m["timestamp"].as_u64() == Some(second))
+        .unwrap();
+    assert!(
+        out.contains(&format!("times [0] offset {expected_at}")),
+        "{out}"
+    );
+    let late = String::from_utf8(kcat(
+        &[
+            "-b",
+            &bootstrap,
+            "-Q",
+            "-t",
+            &format!("times:0:{}", u64::MAX / 4),
+        ],
+        b"",
+    ))
+    .unwrap();
+    assert!(late.contains("times [0] offset -1"), "{late}");
+}
