@@ -1,0 +1,284 @@
+//! Kafka clients nobody here wrote, in Python (docs/kafka.md): confluent-kafka (librdkafka 2.x)
+//! and kafka-python, from the venv `./scripts/test` makes (`MMMQ_KAFKA_PYTHON`), driven by
+//! `tests/kafka/clients.py`, against the real binary: an idempotent producer across a SIGKILL
+//! of the broker, a consumer group of three with one killed, kafka-python's own protocol code.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mmmq_tests::{Broker, eventually};
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// A client process and the lines it printed so far.
+struct Client {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Client {
+    fn start(args: &[&str]) -> Self {
+        let python = std::env::var("MMMQ_KAFKA_PYTHON").unwrap_or_else(|_| "python3".into());
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("kafka/clients.py");
+        let mut child = Command::new(python)
+            .arg(script)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python with confluent-kafka (./scripts/test makes the venv)");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+        let sink = lines.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = out.next_line().await {
+                sink.lock().push(line);
+            }
+        });
+        Client { child, lines }
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.lines.lock().clone()
+    }
+
+    fn count(&self, prefix: &str) -> usize {
+        self.lines
+            .lock()
+            .iter()
+            .filter(|l| l.starts_with(prefix))
+            .count()
+    }
+}
+
+async fn start(root: &Path, kafka: &str) -> Broker {
+    Broker::start_with(root, &["--kafka-listen", kafka]).await
+}
+
+/// An idempotent producer (acks=all) while the broker is SIGKILLed and started again on the
+/// same port: every record is acknowledged, and each is stored exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotent_producer_stores_each_record_once_across_a_sigkill() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kafka = format!("127.0.0.1:{}", mmmq_tests::free_port());
+    let broker = start(tmp.path(), &kafka).await;
+    let (status, body) = broker
+        .put("/mmmq/topics/idem", &json!({"partitions": 3}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let n = 30_000;
+    let producer = Client::start(&["idempotent", &kafka, "idem", &n.to_string()]);
+    eventually(
+        Duration::from_secs(60),
+        "5,000 records acknowledged",
+        || (producer.count("acked ") >= 5_000).then_some(()),
+    )
+    .await;
+    broker.kill();
+    let broker = start(tmp.path(), &kafka).await;
+    eventually(Duration::from_secs(120), "the producer done", || {
+        producer
+            .lines()
+            .iter()
+            .any(|l| l.starts_with("done "))
+            .then_some(())
+    })
+    .await;
+    let lines = producer.lines();
+    assert!(lines.iter().any(|l| l == "done 0"), "{:?}", lines.last());
+    assert_eq!(
+        producer.count("failed "),
+        0,
+        "{:?}",
+        lines.iter().find(|l| l.starts_with("failed"))
+    );
+    assert_eq!(producer.count("acked "), n);
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for p in 0..3 {
+        for m in pull_partition(&broker, "idem", p).await {
+            *seen.entry(value_of(&m)).or_default() += 1;
+        }
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, c)| **c > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "stored twice: {} e.g. {:?}",
+        twice.len(),
+        twice.first()
+    );
+    assert_eq!(seen.len(), n, "every record stored");
+}
+
+/// A record's value as text: JSON content as its text, else the bytes of `contentBase64`.
+fn value_of(m: &Value) -> String {
+    use base64::Engine;
+    match m.get("contentBase64").and_then(Value::as_str) {
+        Some(b) => {
+            String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b).unwrap()).unwrap()
+        }
+        None => m["content"].to_string(),
+    }
+}
+
+/// Every message of one partition, by pull.
+async fn pull_partition(broker: &Broker, topic: &str, p: u32) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    loop {
+        let (status, body) = broker
+            .get(&format!(
+                "/mmmq/topics/{topic}/messages?partition={p}&from={from}&max=1000"
+            ))
+            .await;
+        assert_eq!(status, 200, "{body}");
+        let next = body["next"].as_u64().unwrap();
+        if next == from {
+            return out;
+        }
+        out.extend(body["messages"].as_array().unwrap().iter().cloned());
+        from = next;
+    }
+}
+
+/// Three members over six partitions, one SIGKILLed mid-stream: the others take its partitions
+/// over after its session timeout, every record is consumed, no partition is held by two members
+/// at once at a generation's end, and the group's commits are the partitions' ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_of_three_survives_a_member_killed_mid_stream() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kafka = format!("127.0.0.1:{}", mmmq_tests::free_port());
+    let broker = start(tmp.path(), &kafka).await;
+    let (status, body) = broker
+        .put("/mmmq/topics/work", &json!({"partitions": 6}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let n = 6_000usize;
+    for chunk in 0..(n / 500) {
+        let batch: Vec<_> = (0..500)
+            .map(|i| {
+                let v = chunk * 500 + i;
+                json!({"topic": "work", "key": format!("k{v}"), "content": v})
+            })
+            .collect();
+        let (status, body) = broker.post("/mmmq/messages/batch", &json!(batch)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    // Each member takes 2 ms a record: the stream outlasts the kill.
+    let members: Vec<Client> = (0..3)
+        .map(|_| Client::start(&["member", &kafka, "g3", "work", "2"]))
+        .collect();
+    eventually(
+        Duration::from_secs(60),
+        "every member assigned partitions",
+        || {
+            members
+                .iter()
+                .all(|m| {
+                    m.lines()
+                        .iter()
+                        .any(|l| l.starts_with("assigned ") && l != "assigned -")
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    eventually(
+        Duration::from_secs(60),
+        "the first member mid-stream",
+        || (members[0].count("rec ") >= 200).then_some(()),
+    )
+    .await;
+    let mut members = members.into_iter();
+    let mut victim = members.next().unwrap();
+    victim.child.kill().await.unwrap();
+    let survivors: Vec<Client> = members.collect();
+    // Everything consumed by someone.
+    let consumed = |all: &[&Client]| {
+        let mut got: BTreeMap<(u32, u64), String> = BTreeMap::new();
+        for c in all {
+            for l in c.lines() {
+                let f: Vec<&str> = l.split(' ').collect();
+                // (A member killed mid-line leaves a partial last line.)
+                if f[0] == "rec" && f.len() == 4 {
+                    got.insert(
+                        (f[1].parse().unwrap(), f[2].parse().unwrap()),
+                        f[3].to_owned(),
+                    );
+                }
+            }
+        }
+        got
+    };
+    eventually(Duration::from_secs(120), "every record consumed", || {
+        let all = [&victim, &survivors[0], &survivors[1]];
+        (consumed(&all).len() == n).then_some(())
+    })
+    .await;
+    let all = [&victim, &survivors[0], &survivors[1]];
+    let got = consumed(&all);
+    let values: std::collections::BTreeSet<u64> =
+        got.values().map(|v| v.parse().unwrap()).collect();
+    assert_eq!(values.len(), n);
+    // The survivors rebalanced after the kill: each was assigned again.
+    for s in &survivors {
+        assert!(
+            s.count("assigned ") >= 2,
+            "{:?}",
+            s.lines()
+                .iter()
+                .filter(|l| !l.starts_with("rec"))
+                .collect::<Vec<_>>()
+        );
+    }
+    // Commits kept: once the survivors are idle, the group's committed offsets are the ends.
+    eventually(
+        Duration::from_secs(30),
+        "commits at every partition's end",
+        || {
+            let mut ends = 0;
+            for p in 0..6u32 {
+                let path = if p == 0 {
+                    tmp.path()
+                        .join("topics/work/checkpoints/groups/g3.checkpoint")
+                } else {
+                    tmp.path().join(format!(
+                        "topics/work/partitions/{p}/checkpoints/groups/g3.checkpoint"
+                    ))
+                };
+                if let Ok(b) = std::fs::read(path)
+                    && b.len() >= 8
+                {
+                    let next = u64::from_be_bytes(b[..8].try_into().unwrap());
+                    let count = got.keys().filter(|(q, _)| *q == p).count() as u64;
+                    if next == count {
+                        ends += 1;
+                    }
+                }
+            }
+            (ends == 6).then_some(())
+        },
+    )
+    .await;
+}
+
+/// kafka-python (its own protocol code, not librdkafka): produce, consume in a group, commit,
+/// read the commit back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_python_produces_consumes_and_commits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kafka = format!("127.0.0.1:{}", mmmq_tests::free_port());
+    let broker = start(tmp.path(), &kafka).await;
+    let client = Client::start(&["kafka_python", &kafka, "kp", "100"]);
+    let line = eventually(Duration::from_secs(60), "kafka-python done", || {
+        client.lines().into_iter().find(|l| l.starts_with("ok "))
+    })
+    .await;
+    assert_eq!(line, "ok 100 100");
+    assert_eq!(broker.pull_all("kp").await.len(), 100);
+}

@@ -1,0 +1,348 @@
+//! Kafka's protocol byte by byte (docs/kafka.md): a client made of the `kafka-protocol` crate
+//! sends what a real client's retry or a broken client sends, exactly when the test says.
+//! - An idempotent producer's batch sent again after a SIGKILL and restart of the broker is
+//!   answered with its first copy's offset and stored once; a gap in sequences is refused.
+//! - Bad input: malformed frames, wrong sizes, unknown APIs and versions close that connection
+//!   only; nothing is stored and the broker serves on.
+
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, InitProducerIdRequest, InitProducerIdResponse,
+    ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader, TopicName,
+};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::records::{
+    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
+use mmmq_tests::Broker;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// One connection speaking Kafka.
+struct Conn {
+    stream: TcpStream,
+    correlation: i32,
+}
+
+impl Conn {
+    async fn open(addr: &str) -> Self {
+        Conn {
+            stream: TcpStream::connect(addr).await.unwrap(),
+            correlation: 0,
+        }
+    }
+
+    /// Sends `body` as `key` at `version` and reads the answer's body.
+    async fn call<Req: Encodable, Resp: Decodable>(
+        &mut self,
+        key: ApiKey,
+        version: i16,
+        body: &Req,
+    ) -> Resp {
+        self.correlation += 1;
+        let mut frame = BytesMut::new();
+        RequestHeader::default()
+            .with_request_api_key(key as i16)
+            .with_request_api_version(version)
+            .with_correlation_id(self.correlation)
+            .with_client_id(Some(StrBytes::from_static_str("wire-test")))
+            .encode(&mut frame, key.request_header_version(version))
+            .unwrap();
+        body.encode(&mut frame, version).unwrap();
+        self.send_raw(&frame).await;
+        let mut answer = self.read_frame().await.expect("an answer");
+        let header =
+            ResponseHeader::decode(&mut answer, key.response_header_version(version)).unwrap();
+        assert_eq!(header.correlation_id, self.correlation);
+        Resp::decode(&mut answer, version).unwrap()
+    }
+
+    async fn send_raw(&mut self, frame: &[u8]) {
+        let mut out = BytesMut::with_capacity(frame.len() + 4);
+        out.put_i32(frame.len() as i32);
+        out.put_slice(frame);
+        self.stream.write_all(&out).await.unwrap();
+    }
+
+    /// The next frame, or `None` once the broker closed the connection.
+    async fn read_frame(&mut self) -> Option<Bytes> {
+        let size = tokio::time::timeout(Duration::from_secs(10), self.stream.read_i32())
+            .await
+            .expect("an answer or a close within 10 s")
+            .ok()?;
+        let mut buf = vec![0u8; size as usize];
+        self.stream.read_exact(&mut buf).await.ok()?;
+        Some(Bytes::from(buf))
+    }
+}
+
+/// One record batch of `values` from producer `(id, epoch)` starting at `sequence`.
+fn batch(id: i64, epoch: i16, sequence: i32, values: &[&str]) -> Bytes {
+    let records: Vec<Record> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: -1,
+            producer_id: id,
+            producer_epoch: epoch,
+            timestamp_type: TimestampType::Creation,
+            offset: i as i64,
+            sequence: sequence + i as i32,
+            timestamp: 1_700_000_000_000,
+            key: None,
+            value: Some(Bytes::copy_from_slice(v.as_bytes())),
+            headers: Default::default(),
+        })
+        .collect();
+    let mut out = BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut out,
+        records.iter(),
+        &RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        },
+    )
+    .unwrap();
+    out.freeze()
+}
+
+fn produce(topic: &str, records: Bytes) -> ProduceRequest {
+    ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(10_000)
+        .with_topic_data(vec![
+            TopicProduceData::default()
+                .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
+                .with_partition_data(vec![
+                    PartitionProduceData::default()
+                        .with_index(0)
+                        .with_records(Some(records)),
+                ]),
+        ])
+}
+
+/// `(error code, base offset)` of the one partition a produce named.
+fn outcome(r: &ProduceResponse) -> (i16, i64) {
+    let p = &r.responses[0].partition_responses[0];
+    (p.error_code, p.base_offset)
+}
+
+async fn kafka_broker(root: &std::path::Path, kafka: &str) -> Broker {
+    Broker::start_with(root, &["--kafka-listen", kafka]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_idempotent_batch_is_stored_once_across_a_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kafka = format!("127.0.0.1:{}", mmmq_tests::free_port());
+    let broker = kafka_broker(tmp.path(), &kafka).await;
+    broker.produce("idem", json!("before")).await;
+    let mut c = Conn::open(&kafka).await;
+    let init: InitProducerIdResponse = c
+        .call(
+            ApiKey::InitProducerId,
+            4,
+            &InitProducerIdRequest::default()
+                .with_transactional_id(None)
+                .with_transaction_timeout_ms(60_000)
+                .with_producer_id((-1).into())
+                .with_producer_epoch(-1),
+        )
+        .await;
+    assert_eq!(init.error_code, 0);
+    let (id, epoch) = (init.producer_id.0, init.producer_epoch);
+    let first = batch(id, epoch, 0, &["a", "b", "c"]);
+    let r: ProduceResponse = c
+        .call(ApiKey::Produce, 9, &produce("idem", first.clone()))
+        .await;
+    assert_eq!(outcome(&r), (0, 1));
+    // Sent again on the same broker: its first copy's offset, nothing stored.
+    let r: ProduceResponse = c
+        .call(ApiKey::Produce, 9, &produce("idem", first.clone()))
+        .await;
+    assert_eq!(outcome(&r), (0, 1));
+    broker.produce("idem", json!("between")).await;
+    // The broker dies; the retry comes to the new one, whose state is read back from the log.
+    broker.kill();
+    let broker = kafka_broker(tmp.path(), &kafka).await;
+    let mut c = Conn::open(&kafka).await;
+    let r: ProduceResponse = c.call(ApiKey::Produce, 9, &produce("idem", first)).await;
+    assert_eq!(outcome(&r), (0, 1), "a retry after the restart");
+    // The next batch is stored; a gap is refused (OUT_OF_ORDER_SEQUENCE_NUMBER, 45).
+    let r: ProduceResponse = c
+        .call(
+            ApiKey::Produce,
+            9,
+            &produce("idem", batch(id, epoch, 3, &["d"])),
+        )
+        .await;
+    assert_eq!(outcome(&r), (0, 5));
+    let r: ProduceResponse = c
+        .call(
+            ApiKey::Produce,
+            9,
+            &produce("idem", batch(id, epoch, 7, &["x"])),
+        )
+        .await;
+    assert_eq!(outcome(&r).0, 45);
+    let stored: Vec<String> = broker
+        .pull_all("idem")
+        .await
+        .iter()
+        .map(|m| {
+            m.get("contentBase64")
+                .map_or_else(|| m["content"].to_string(), |b| b.to_string())
+        })
+        .collect();
+    assert_eq!(
+        stored,
+        [
+            "\"before\"",
+            "\"YQ==\"",
+            "\"Yg==\"",
+            "\"Yw==\"",
+            "\"between\"",
+            "\"ZA==\""
+        ],
+    );
+}
+
+/// Each broken frame closes its connection, stores nothing, and the broker answers the next
+/// client as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_frames_close_their_connection_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kafka = format!("127.0.0.1:{}", mmmq_tests::free_port());
+    let broker = kafka_broker(tmp.path(), &kafka).await;
+    broker.produce("safe", json!(1)).await;
+    let good_produce = {
+        let mut frame = BytesMut::new();
+        RequestHeader::default()
+            .with_request_api_key(ApiKey::Produce as i16)
+            .with_request_api_version(9)
+            .with_correlation_id(1)
+            .encode(&mut frame, ApiKey::Produce.request_header_version(9))
+            .unwrap();
+        produce("safe", batch(-1, -1, -1, &["x", "y"]))
+            .encode(&mut frame, 9)
+            .unwrap();
+        frame.freeze()
+    };
+    let mut flipped = good_produce.to_vec();
+    // The last record's value `y`: the batch's CRC no longer matches.
+    let at = flipped.iter().rposition(|b| *b == b'y').unwrap();
+    flipped[at] ^= 0x40;
+    let broken: Vec<(&str, Vec<u8>)> = vec![
+        ("a frame shorter than a header", vec![0, 18]),
+        (
+            "an unknown API key",
+            vec![0x7f, 0x7f, 0, 0, 0, 0, 0, 1, 0, 0],
+        ),
+        ("a version not spoken", {
+            let mut f = good_produce.to_vec();
+            f[2..4].copy_from_slice(&42i16.to_be_bytes());
+            f
+        }),
+        (
+            "a body cut short",
+            good_produce[..good_produce.len() - 7].to_vec(),
+        ),
+        (
+            "bytes after the body",
+            [&good_produce[..], b"junk"].concat(),
+        ),
+    ];
+    for (what, frame) in broken {
+        let mut c = Conn::open(&kafka).await;
+        c.send_raw(&frame).await;
+        assert!(
+            c.read_frame().await.is_none(),
+            "{what}: the connection closes"
+        );
+    }
+    // A frame larger than the limit (32 × --max-body-bytes): closed before it is read.
+    let mut c = Conn::open(&kafka).await;
+    c.stream
+        .write_all(&(1i32 << 30).to_be_bytes())
+        .await
+        .unwrap();
+    assert!(c.read_frame().await.is_none(), "an oversized frame");
+    // A negative size.
+    let mut c = Conn::open(&kafka).await;
+    c.stream.write_all(&(-5i32).to_be_bytes()).await.unwrap();
+    assert!(c.read_frame().await.is_none(), "a negative size");
+    // A batch that fails its CRC, and one whose CRC is right but whose record count says two
+    // billion (decoding must not reserve room for them: the broker would abort), are refused
+    // with CORRUPT_MESSAGE (2) on a live connection.
+    let huge_count = {
+        let mut f = good_produce.to_vec();
+        let batch_at = f.len() - batch(-1, -1, -1, &["x", "y"]).len();
+        f[batch_at + 57..batch_at + 61].copy_from_slice(&i32::MAX.to_be_bytes());
+        let crc = crc32c::crc32c(&f[batch_at + 21..]);
+        f[batch_at + 17..batch_at + 21].copy_from_slice(&crc.to_be_bytes());
+        f
+    };
+    for frame in [flipped, huge_count] {
+        let mut c = Conn::open(&kafka).await;
+        c.send_raw(&frame).await;
+        let mut answer = c.read_frame().await.expect("an answer");
+        ResponseHeader::decode(&mut answer, ApiKey::Produce.response_header_version(9)).unwrap();
+        let r = ProduceResponse::decode(&mut answer, 9).unwrap();
+        assert_eq!(outcome(&r).0, 2);
+        assert!(!answer.has_remaining());
+    }
+    // Nothing was stored, and the broker answers as before.
+    assert_eq!(broker.pull_all("safe").await.len(), 1);
+    let mut c = Conn::open(&kafka).await;
+    let v: ApiVersionsResponse = c
+        .call(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default())
+        .await;
+    assert_eq!(v.error_code, 0);
+    assert!(
+        v.api_keys
+            .iter()
+            .any(|k| k.api_key == ApiKey::Produce as i16)
+    );
+    let r: ProduceResponse = c
+        .call(
+            ApiKey::Produce,
+            9,
+            &produce("safe", batch(-1, -1, -1, &["z"])),
+        )
+        .await;
+    assert_eq!(outcome(&r), (0, 1));
+}
+
+/// ApiVersions at a version the broker does not speak is answered at v0 with
+/// UNSUPPORTED_VERSION and its own range (KIP-511), so a newer client can retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_api_versions_is_told_the_range() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kafka = format!("127.0.0.1:{}", mmmq_tests::free_port());
+    let _broker = kafka_broker(tmp.path(), &kafka).await;
+    let mut c = Conn::open(&kafka).await;
+    let mut frame = BytesMut::new();
+    RequestHeader::default()
+        .with_request_api_key(ApiKey::ApiVersions as i16)
+        .with_request_api_version(99)
+        .with_correlation_id(7)
+        .encode(&mut frame, 2)
+        .unwrap();
+    frame.put_slice(&[0, 0, 0]); // a flexible body the broker need not read
+    c.send_raw(&frame).await;
+    let mut answer = c.read_frame().await.expect("an answer");
+    let header = ResponseHeader::decode(&mut answer, 0).unwrap();
+    assert_eq!(header.correlation_id, 7);
+    let v = ApiVersionsResponse::decode(&mut answer, 0).unwrap();
+    assert_eq!(v.error_code, 35);
+    assert_eq!(v.api_keys.len(), 1);
+    assert_eq!(v.api_keys[0].api_key, ApiKey::ApiVersions as i16);
+}
