@@ -14,6 +14,9 @@
 //! - [`dispatch`]: dispatchers, their drain workers (`worker`, `lanes`, `backoff`,
 //!   `checkpoint_saver`) and their targets (`dispatch::targets::{http, fleet, wasm, in_process}`).
 //! - [`groups`]: pull consumer groups: membership, balanced partition ownership, commits.
+//! - [`kafka`]: Kafka's wire protocol (docs/kafka.md): connections, the APIs, Kafka's consumer
+//!   groups (their commits are `groups`' checkpoint files), idempotent producers. It uses
+//!   `broker`, `topics` and `groups`; `server` starts it.
 //! - [`emit`]: a plugin's emitted messages appended exactly once (origins, bounds, recovery).
 //! - [`plugin`]: the WebAssembly runtime (engine, limits, sandbox) and the plugin tools; it knows
 //!   nothing of dispatchers.

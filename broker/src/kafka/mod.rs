@@ -8,12 +8,12 @@
 //! `kafka-protocol` crate, generated from Kafka's own message schemas.
 //!
 //! # Layout
-//! - [`versions`]: which APIs and versions are spoken, and the answer to ApiVersions.
-//! - [`connection`]: framing, SASL state, dispatch of one request to its handler.
-//! - [`metadata`], [`produce`], [`fetch`], [`offsets`], [`admin`]: the data APIs.
-//! - [`groups`]: the classic consumer-group protocol, committed offsets shared with HTTP's groups.
-//! - [`producers`]: idempotent producers' ids and sequence numbers.
-//! - [`records`]: stored messages to record batches and back.
+//! - `versions`: which APIs and versions are spoken, and the answer to ApiVersions.
+//! - `connection`: framing, SASL state, dispatch of one request to its handler.
+//! - `metadata`, `produce`, `fetch`, `offsets`, `admin`: the data APIs.
+//! - `groups`: the classic consumer-group protocol, committed offsets shared with HTTP's groups.
+//! - `producers`: idempotent producers' ids and sequence numbers.
+//! - `records`: stored messages to record batches and back.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
