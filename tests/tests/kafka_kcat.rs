@@ -234,3 +234,46 @@ async fn offsets_by_timestamp() {
     .unwrap();
     assert!(late.contains("times [0] offset -1"), "{late}");
 }
+
+/// Batches compressed with each of Kafka's codecs are stored record by record and read back
+/// (uncompressed) by every client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_batches_of_every_codec() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (broker, bootstrap) = broker(tmp.path(), &[]).await;
+    for codec in ["gzip", "snappy", "lz4", "zstd"] {
+        let topic = format!("z-{codec}");
+        let input: String = (0..2000).map(|i| format!("{codec} record {i}\n")).collect();
+        kcat(
+            &[
+                "-b",
+                &bootstrap,
+                "-P",
+                "-t",
+                &topic,
+                "-z",
+                codec,
+                "-X",
+                "linger.ms=50",
+            ],
+            input.as_bytes(),
+        );
+        let out = kcat(
+            &[
+                "-b",
+                &bootstrap,
+                "-C",
+                "-t",
+                &topic,
+                "-o",
+                "beginning",
+                "-e",
+                "-f",
+                "%s\n",
+            ],
+            b"",
+        );
+        assert_eq!(String::from_utf8(out).unwrap(), input, "{codec}");
+        assert_eq!(broker.pull_all(&topic).await.len(), 2000, "{codec}");
+    }
+}

@@ -13,7 +13,8 @@
 //! - `metadata`, `produce`, `fetch`, `offsets`, `admin`: the data APIs.
 //! - `groups`: the classic consumer-group protocol, committed offsets shared with HTTP's groups.
 //! - `producers`: idempotent producers' ids and sequence numbers.
-//! - `records`: stored messages to record batches and back.
+//! - `records`: stored messages to record batches and back; `compression`: bounded
+//!   decompression of produced batches.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::Broker;
 
 mod admin;
+mod compression;
 mod connection;
 mod fetch;
 mod groups;

@@ -14,6 +14,7 @@ use kafka_protocol::protocol::StrBytes;
 use mmmq_core::Topic;
 
 use super::Shared;
+use super::compression::DecompressError;
 use super::producers::{State, Verdict};
 use super::records::{self, Batch};
 use crate::topics::Partition;
@@ -100,8 +101,13 @@ async fn one_partition(
         // yet spoken over Kafka.
         return Err((ResponseError::NotLeaderOrFollower, None));
     }
-    let batches = records::decode(records)
-        .map_err(|e| (ResponseError::CorruptMessage, Some(e.to_string())))?;
+    let batches = records::decode(records, shared.limits.max_frame).map_err(|e| {
+        let code = match e.downcast_ref::<DecompressError>() {
+            Some(DecompressError::TooLarge(..)) => ResponseError::MessageTooLarge,
+            _ => ResponseError::CorruptMessage,
+        };
+        (code, Some(e.to_string()))
+    })?;
     let [batch] = <[Batch; 1]>::try_from(batches).map_err(|b| {
         (
             ResponseError::InvalidRecord,

@@ -27,11 +27,16 @@ pub(crate) struct Batch {
     pub payloads: Vec<Vec<u8>>,
 }
 
-/// Decodes the record batches of one partition of a produce.
-pub(crate) fn decode(mut records: Bytes) -> anyhow::Result<Vec<Batch>> {
+/// Decodes the record batches of one partition of a produce, each decompressed into at most
+/// `limit` bytes (`super::compression`).
+pub(crate) fn decode(mut records: Bytes, limit: usize) -> anyhow::Result<Vec<Batch>> {
     let mut batches = Vec::new();
+    let decompress = |data: &mut Bytes, c: Compression| {
+        super::compression::decompress(data, c, limit).map_err(anyhow::Error::from)
+    };
     while !records.is_empty() {
-        let set = RecordBatchDecoder::decode(&mut records)?;
+        let set =
+            RecordBatchDecoder::decode_with_custom_compression(&mut records, Some(decompress))?;
         let first = set.records.first();
         let now = now_ms();
         let mut payloads = Vec::with_capacity(set.records.len());
