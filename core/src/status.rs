@@ -433,7 +433,12 @@ pub struct GroupPoll {
 pub struct GroupStatus {
     /// The group.
     pub group: String,
-    /// The topic pattern it was created with.
+    /// `"kafka"` for a Kafka consumer group (docs/kafka.md, "Consumer groups"); absent for a
+    /// pull group of the HTTP API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+    /// The topic pattern it was created with (the topics it consumes, comma-separated, for a
+    /// Kafka group).
     pub pattern: String,
     /// Live members.
     pub members: Vec<GroupMember>,

@@ -265,6 +265,32 @@ async fn a_group_of_three_survives_a_member_killed_mid_stream() {
         },
     )
     .await;
+    // HTTP's group listing shows the Kafka group: its two live members own the six partitions,
+    // each committed at its end.
+    let (status, body) = broker.get("/mmmq/groups").await;
+    assert_eq!(status, 200, "{body}");
+    let listed = body
+        .as_array()
+        .or(body["groups"].as_array())
+        .unwrap_or_else(|| panic!("{body}"));
+    let g = listed
+        .iter()
+        .find(|g| g["group"] == "g3")
+        .unwrap_or_else(|| panic!("{body}"))
+        .clone();
+    assert_eq!(g["protocol"], "kafka", "{g}");
+    assert_eq!(g["pattern"], "work", "{g}");
+    assert_eq!(g["members"].as_array().unwrap().len(), 2, "{g}");
+    let parts = g["partitions"].as_array().unwrap();
+    assert_eq!(parts.len(), 6, "{g}");
+    assert!(
+        parts
+            .iter()
+            .all(|p| p["lag"] == 0 && p["owner"].is_string()),
+        "{g}"
+    );
+    let (status, one) = broker.get("/mmmq/groups/g3").await;
+    assert_eq!((status, &one["protocol"]), (200, &json!("kafka")), "{one}");
 }
 
 /// kafka-python (its own protocol code, not librdkafka): produce, consume in a group, commit,

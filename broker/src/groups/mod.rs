@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mmmq_core::{ConsumerId, GroupPoll, Topic, TopicId, TopicPartition, TopicPattern};
+use mmmq_core::{ConsumerId, GroupPoll, GroupStatus, Topic, TopicId, TopicPartition, TopicPattern};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -153,6 +153,15 @@ pub struct Groups {
     cluster: std::sync::OnceLock<crate::cluster::node::Cluster>,
     /// The metadata group's term the groups in memory were served in (`cluster`).
     served_term: Mutex<u64>,
+    /// Kafka's consumer groups, shown beside these (docs/kafka.md, "Consumer groups").
+    kafka: std::sync::OnceLock<Arc<dyn KafkaGroups>>,
+}
+
+/// What `GET /mmmq/groups` shows of Kafka's consumer groups; set once by the Kafka listener.
+#[async_trait::async_trait]
+pub trait KafkaGroups: Send + Sync {
+    /// Every Kafka group's status.
+    async fn statuses(&self) -> Vec<GroupStatus>;
 }
 
 fn name(kind: &str, s: &str) -> Result<String, GroupError> {
@@ -166,6 +175,11 @@ fn store(p: &Partition) -> Checkpoints {
 }
 
 impl Groups {
+    /// Shows Kafka's consumer groups beside these (once; a second call is ignored).
+    pub fn show_kafka_groups(&self, kafka: Arc<dyn KafkaGroups>) {
+        let _ = self.kafka.set(kafka);
+    }
+
     /// No groups yet; at most `max` at once.
     pub fn new(registry: Arc<Registry>, metrics: Arc<Metrics>, max: usize) -> Self {
         Self {
@@ -175,6 +189,7 @@ impl Groups {
             max,
             cluster: std::sync::OnceLock::new(),
             served_term: Mutex::new(0),
+            kafka: std::sync::OnceLock::new(),
         }
     }
 

@@ -1,6 +1,7 @@
 //! What a group looks like from outside: its status and list (`GET /mmmq/groups`), and what
 //! `keepUndelivered` retention must not pass.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -61,7 +62,7 @@ impl Groups {
         if self.follow_coordinator().is_err() {
             return (Vec::new(), false);
         }
-        let names: Vec<String> = {
+        let mut names: Vec<String> = {
             let mut groups = self.groups.lock();
             Self::forget_empty(&mut groups, Instant::now());
             let from = after.map_or(Unbounded, |a| Excluded(a.to_owned()));
@@ -70,18 +71,42 @@ impl Groups {
                 .map(|(name, _)| name.clone())
                 .collect()
         };
+        // Kafka's groups beside them, in one order of names (docs/kafka.md, "Consumer groups").
+        let mut kafka: BTreeMap<String, GroupStatus> = match self.kafka.get() {
+            Some(k) => k
+                .statuses()
+                .await
+                .into_iter()
+                .filter(|s| after.is_none_or(|a| s.group.as_str() > a))
+                .map(|s| (s.group.clone(), s))
+                .collect(),
+            None => BTreeMap::new(),
+        };
+        names.extend(kafka.keys().cloned());
+        names.sort();
+        names.dedup();
         let mut out = Vec::new();
         let mut rows = 0;
         for (i, n) in names.iter().enumerate() {
             if out.len() >= limit.max(1) || (rows >= PAGE_PARTITIONS && !out.is_empty()) {
                 return (out, names.len() > i);
             }
-            if let Ok(s) = self.status(n).await {
+            let status = match self.status(n).await {
+                Ok(s) => Some(s),
+                Err(_) => kafka.remove(n),
+            };
+            if let Some(s) = status {
                 rows += s.partitions.len() + s.members.len();
                 out.push(s);
             }
         }
         (out, false)
+    }
+
+    /// A Kafka group's status, when there is no pull group of that name.
+    pub async fn kafka_status(&self, group: &str) -> Option<GroupStatus> {
+        let k = self.kafka.get()?;
+        k.statuses().await.into_iter().find(|s| s.group == group)
     }
 
     /// One group's members, assignments, committed offsets and lag.
@@ -132,6 +157,7 @@ impl Groups {
             .collect();
         Ok(GroupStatus {
             group: group.to_owned(),
+            protocol: None,
             pattern: g.pattern.to_string(),
             members,
             partitions,

@@ -234,5 +234,11 @@ pub(super) async fn show(
     if let Some(answer) = to_coordinator(broker, &headers, hop, None, FORWARD_SLACK).await? {
         return Ok(answer);
     }
-    Ok(Json(broker.groups().status(&group).await?).into_response())
+    match broker.groups().status(&group).await {
+        Ok(status) => Ok(Json(status).into_response()),
+        Err(e) => match broker.groups().kafka_status(&group).await {
+            Some(status) => Ok(Json(status).into_response()),
+            None => Err(e.into()),
+        },
+    }
 }

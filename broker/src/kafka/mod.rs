@@ -104,6 +104,10 @@ pub async fn serve(
         limits,
         node_id,
     });
+    shared
+        .broker
+        .groups()
+        .show_kafka_groups(Arc::new(groups::Statuses(shared.clone())));
     tokio::spawn(groups::expire_sessions(shared.clone(), stop.clone()));
     let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     loop {
