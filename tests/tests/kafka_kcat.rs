@@ -277,3 +277,58 @@ async fn compressed_batches_of_every_codec() {
         assert_eq!(broker.pull_all(&topic).await.len(), 2000, "{codec}");
     }
 }
+
+/// Records produced by a Kafka client are delivered like any other message: a remote HTTP
+/// consumer receives `contentBase64` for a value that is not JSON and `content` for one that
+/// is; a plugin of the JSON-only world gets the JSON string of the base64 as content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dispatchers_and_plugins_see_kafka_records() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = mmmq_tests::free_port();
+    mmmq_tests::deploy_plugin(
+        tmp.path(),
+        &mmmq_tests::plugin_wasm("testbed", None),
+        "testbed.wasm",
+    );
+    mmmq_tests::write_dispatchers(
+        tmp.path(),
+        &json!([
+            mmmq_tests::host_dispatcher("remote", "fromkafka", port),
+            mmmq_tests::plugin_dispatcher("wasm", "fromkafka", "testbed.wasm", json!({})),
+        ]),
+    );
+    let consumer = mmmq_tests::Consumer::start_on(
+        port,
+        std::sync::Arc::new(|_: &serde_json::Value| mmmq_tests::Answer::Ack),
+    )
+    .await;
+    let (broker, bootstrap) = broker(tmp.path(), &[]).await;
+    kcat(
+        &["-b", &bootstrap, "-P", "-t", "fromkafka", "-K", ":"],
+        b"k1:hello\nk2:{\"n\":2}\n",
+    );
+    let got = consumer
+        .wait_for(2, std::time::Duration::from_secs(30))
+        .await;
+    assert_eq!(got[0]["key"], "k1");
+    assert_eq!(got[0]["contentBase64"], "aGVsbG8=");
+    assert!(got[0].get("content").is_none(), "{}", got[0]);
+    assert_eq!(got[1]["content"], json!({"n": 2}));
+    mmmq_tests::eventually(
+        std::time::Duration::from_secs(30),
+        "the plugin's two lines",
+        || {
+            let log = broker.log.lock().clone();
+            let lines: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains("testbed version=v1 topic=fromkafka"))
+                .collect();
+            (lines.len() == 2
+                && lines[0].contains("key=Some(\"k1\")")
+                && lines[0].contains("content=\"aGVsbG8=\"")
+                && lines[1].contains("content={\"n\":2}"))
+            .then_some(())
+        },
+    )
+    .await;
+}
