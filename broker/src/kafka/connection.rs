@@ -135,14 +135,7 @@ async fn handle(
     session: &mut Session,
     mut frame: Bytes,
 ) -> Result<Option<BytesMut>, Refused> {
-    if frame.len() < 8 {
-        return Err(Refused::Header(format!("{} bytes", frame.len())));
-    }
-    let raw_key = i16::from_be_bytes([frame[0], frame[1]]);
-    let version = i16::from_be_bytes([frame[2], frame[3]]);
-    let key = ApiKey::try_from(raw_key).map_err(|()| Refused::UnknownApi(raw_key))?;
-    let header: RequestHeader = decode_request_header_from_buffer(&mut frame)
-        .map_err(|e| Refused::Header(e.to_string()))?;
+    let (key, version, header) = parse_header(&mut frame)?;
     if let Some(id) = &header.client_id
         && session.client_id != id.as_str()
     {
@@ -172,14 +165,7 @@ async fn handle(
     {
         return Err(Refused::Unauthenticated(key));
     }
-    let request = RequestKind::decode(key, &mut frame, version)
-        .map_err(|e| Refused::Malformed(key, e.to_string()))?;
-    if frame.has_remaining() {
-        return Err(Refused::Malformed(
-            key,
-            format!("{} bytes after the request", frame.remaining()),
-        ));
-    }
+    let request = parse_body(key, version, &mut frame)?;
     let answer = match request {
         RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(
             ApiVersionsResponse::default().with_api_keys(versions::entries(true)),
@@ -254,6 +240,56 @@ async fn handle(
         _ => return Err(Refused::Version(key, version)),
     };
     encode(key, version, header.correlation_id, &answer).map(Some)
+}
+
+/// A request's header: its API, version and header fields.
+fn parse_header(frame: &mut Bytes) -> Result<(ApiKey, i16, RequestHeader), Refused> {
+    if frame.len() < 8 {
+        return Err(Refused::Header(format!("{} bytes", frame.len())));
+    }
+    let raw_key = i16::from_be_bytes([frame[0], frame[1]]);
+    let version = i16::from_be_bytes([frame[2], frame[3]]);
+    let key = ApiKey::try_from(raw_key).map_err(|()| Refused::UnknownApi(raw_key))?;
+    let header =
+        decode_request_header_from_buffer(frame).map_err(|e| Refused::Header(e.to_string()))?;
+    Ok((key, version, header))
+}
+
+/// A request's body, which must end the frame.
+fn parse_body(key: ApiKey, version: i16, frame: &mut Bytes) -> Result<RequestKind, Refused> {
+    let request = RequestKind::decode(key, frame, version)
+        .map_err(|e| Refused::Malformed(key, e.to_string()))?;
+    if frame.has_remaining() {
+        return Err(Refused::Malformed(
+            key,
+            format!("{} bytes after the request", frame.remaining()),
+        ));
+    }
+    Ok(request)
+}
+
+/// Reads one frame as a connection does, and a produce's record batches too (decompressed into
+/// at most `max_batch` bytes each), acting on nothing: what the fuzz target drives. The number
+/// of records a produce carried.
+pub(crate) fn read_only(frame: &[u8], max_batch: usize) -> Result<usize, String> {
+    let mut frame = Bytes::copy_from_slice(frame);
+    let (key, version, _) = parse_header(&mut frame).map_err(|e| e.to_string())?;
+    if !versions::speaks(key, version) {
+        return Err(Refused::Version(key, version).to_string());
+    }
+    let request = parse_body(key, version, &mut frame).map_err(|e| e.to_string())?;
+    let RequestKind::Produce(produce) = request else {
+        return Ok(0);
+    };
+    let mut records = 0;
+    for t in produce.topic_data {
+        for p in t.partition_data {
+            let batches = super::records::decode(p.records.unwrap_or_default(), max_batch)
+                .map_err(|e| e.to_string())?;
+            records += batches.iter().map(|b| b.payloads.len()).sum::<usize>();
+        }
+    }
+    Ok(records)
 }
 
 /// Checks a SASL/PLAIN token (`authzid NUL authcid NUL password`): the password must be the

@@ -76,6 +76,13 @@ pub enum KafkaError {
     BadAdvertised(String),
 }
 
+/// Reads one request frame (without its size) as a connection does, and a produce's record
+/// batches, acting on nothing: the fuzz target's entry (`fuzz/fuzz_targets/kafka_request.rs`).
+/// The number of records a produce carried, or why the frame would close its connection.
+pub fn read_request(frame: &[u8], max_batch: usize) -> Result<usize, String> {
+    connection::read_only(frame, max_batch)
+}
+
 /// Serves Kafka clients on `listener` until `stop` is cancelled.
 pub async fn serve(
     listener: TcpListener,
