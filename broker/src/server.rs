@@ -99,6 +99,7 @@ pub async fn run_on(
             .max_body_bytes
             .saturating_mul(crate::config::BATCH_BODY_FACTOR),
         max_connections: config.http.max_connections,
+        max_record: config.max_body_bytes,
     };
     let app = router_with(state.clone(), cluster.as_ref().map(Cluster::routes));
     let limits = config.http.clone();

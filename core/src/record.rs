@@ -10,9 +10,11 @@
 //!   starts with `{`; a record payload starts with [`RECORD_PAYLOAD`], so each entry says which
 //!   it is and root dirs from before read as they are.
 //!
-//! Record payload, integers big-endian: `0x01`, `timestamp u64`, `flags u8` (bit 0: a key,
-//! bit 1: a value, bit 2: an idempotent producer's sequence), if bit 2 the producer's
-//! `id i64, epoch i16, sequence i32` (what rebuilds its dedupe state after a restart), the key as
+//! Record payload, integers big-endian: `0x01`, `timestamp u64` (the broker's clock at append,
+//! what retention and status read), `flags u8` (bit 0: a key, bit 1: a value, bit 2: an
+//! idempotent producer's sequence, bit 3: the producer's create time), if bit 3 `create time i64`,
+//! if bit 2 the producer's `id i64, epoch i16, sequence i32` (what rebuilds its dedupe state
+//! after a restart), the key as
 //! `u32` length + bytes if flagged, the value likewise, `u32` header count and per header `u32`
 //! length + UTF-8 key, `i32` length (−1: null) + value bytes.
 
@@ -61,9 +63,11 @@ impl BinaryParts {
 /// A record as stored: borrowed from its payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordRef<'a> {
-    /// Milliseconds since the Unix epoch: the producer's create time, or the broker's clock at
-    /// append when the producer gave none.
+    /// Milliseconds since the Unix epoch: the broker's clock at append.
     pub timestamp: u64,
+    /// The producer's create time (milliseconds since the Unix epoch), given back to Kafka
+    /// consumers as it came; never read by the broker (a producer's clock may be anything).
+    pub create_time: Option<i64>,
     /// The key, if any.
     pub key: Option<&'a [u8]>,
     /// The value; `None` for a tombstone.
@@ -90,6 +94,7 @@ pub fn record_payload_len(
 ) -> usize {
     1 + 8
         + 1
+        + 8
         + 14
         + key.map_or(0, |k| 4 + k.len())
         + value.map_or(0, |v| 4 + v.len())
@@ -106,8 +111,12 @@ pub fn write_record_payload(out: &mut Vec<u8>, record: &RecordRef<'_>) {
     out.extend_from_slice(&record.timestamp.to_be_bytes());
     let flags = u8::from(record.key.is_some())
         | (u8::from(record.value.is_some()) << 1)
-        | (u8::from(record.producer.is_some()) << 2);
+        | (u8::from(record.producer.is_some()) << 2)
+        | (u8::from(record.create_time.is_some()) << 3);
     out.push(flags);
+    if let Some(t) = record.create_time {
+        out.extend_from_slice(&t.to_be_bytes());
+    }
     if let Some((id, epoch, sequence)) = record.producer {
         out.extend_from_slice(&id.to_be_bytes());
         out.extend_from_slice(&epoch.to_be_bytes());
@@ -131,6 +140,21 @@ pub fn write_record_payload(out: &mut Vec<u8>, record: &RecordRef<'_>) {
     }
 }
 
+/// The timestamp of a stored payload, JSON or record (the broker's clock at append), reading
+/// no more of it than needed.
+pub fn payload_timestamp(payload: &[u8]) -> Option<u64> {
+    if is_record_payload(payload) {
+        return Some(u64::from_be_bytes(payload.get(1..9)?.try_into().ok()?));
+    }
+    #[derive(Deserialize)]
+    struct Time {
+        timestamp: u64,
+    }
+    serde_json::from_slice::<Time>(payload)
+        .ok()
+        .map(|t| t.timestamp)
+}
+
 /// Whether `payload` is a record payload (else it is JSON).
 pub fn is_record_payload(payload: &[u8]) -> bool {
     payload.first() == Some(&RECORD_PAYLOAD)
@@ -144,9 +168,14 @@ pub fn read_record_payload(payload: &[u8]) -> Result<RecordRef<'_>, MalformedRec
     }
     let timestamp = u64::from_be_bytes(r.take(8)?.try_into().expect("8 bytes"));
     let flags = r.take(1)?[0];
-    if flags & !0b111 != 0 {
+    if flags & !0b1111 != 0 {
         return Err(MalformedRecord { at: r.at - 1 });
     }
+    let create_time = if flags & 8 != 0 {
+        Some(i64::from_be_bytes(r.take(8)?.try_into().expect("8 bytes")))
+    } else {
+        None
+    };
     let producer = if flags & 4 != 0 {
         let id = i64::from_be_bytes(r.take(8)?.try_into().expect("8 bytes"));
         let epoch = i16::from_be_bytes(r.take(2)?.try_into().expect("2 bytes"));
@@ -183,6 +212,7 @@ pub fn read_record_payload(payload: &[u8]) -> Result<RecordRef<'_>, MalformedRec
     }
     Ok(RecordRef {
         timestamp,
+        create_time,
         key,
         value,
         headers,
@@ -307,6 +337,7 @@ mod tests {
         for record in [
             RecordRef {
                 timestamp: 1_700_000_000_000,
+                create_time: Some(-5),
                 key: Some(b"k"),
                 value: Some(&bin),
                 headers: vec![("h", Some(b"v")), ("h", None), ("", Some(b""))],
@@ -314,6 +345,7 @@ mod tests {
             },
             RecordRef {
                 timestamp: 0,
+                create_time: None,
                 key: None,
                 value: None,
                 headers: vec![],
@@ -324,6 +356,7 @@ mod tests {
             write_record_payload(&mut out, &record);
             assert!(out.len() <= record_payload_len(record.key, record.value, &record.headers));
             assert!(is_record_payload(&out));
+            assert_eq!(payload_timestamp(&out), Some(record.timestamp));
             assert_eq!(read_record_payload(&out).unwrap(), record);
             // Cut anywhere, it is refused, never misread.
             for cut in 0..out.len() {

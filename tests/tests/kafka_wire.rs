@@ -346,3 +346,56 @@ async fn a_newer_api_versions_is_told_the_range() {
     assert_eq!(v.api_keys.len(), 1);
     assert_eq!(v.api_keys[0].api_key, ApiKey::ApiVersions as i16);
 }
+
+/// A produce with `acks=0` gets no answer, yet the answers before it are not held back; the
+/// broker's clock, not the producer's create time, is the message's timestamp (what retention
+/// reads: an old create time must not expire fresh data).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_zero_holds_nothing_back_and_time_is_the_brokers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kafka = format!("127.0.0.1:{}", mmmq_tests::free_port());
+    let broker = kafka_broker(tmp.path(), &kafka).await;
+    let (status, body) = broker.put("/mmmq/topics/fire", &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let frame = |key: ApiKey, version: i16, correlation: i32, body: &dyn Fn(&mut BytesMut)| {
+        let mut f = BytesMut::new();
+        RequestHeader::default()
+            .with_request_api_key(key as i16)
+            .with_request_api_version(version)
+            .with_correlation_id(correlation)
+            .encode(&mut f, key.request_header_version(version))
+            .unwrap();
+        body(&mut f);
+        let mut out = BytesMut::new();
+        out.put_i32(f.len() as i32);
+        out.put_slice(&f);
+        out
+    };
+    let versions = frame(ApiKey::ApiVersions, 3, 1, &|f| {
+        ApiVersionsRequest::default().encode(f, 3).unwrap()
+    });
+    let fire = frame(ApiKey::Produce, 9, 2, &|f| {
+        produce("fire", batch(-1, -1, -1, &["x"]))
+            .with_acks(0)
+            .encode(f, 9)
+            .unwrap()
+    });
+    let mut c = Conn::open(&kafka).await;
+    c.stream
+        .write_all(&[&versions[..], &fire[..]].concat())
+        .await
+        .unwrap();
+    let mut answer = c
+        .read_frame()
+        .await
+        .expect("the ApiVersions answer, not held back");
+    let header = ResponseHeader::decode(&mut answer, 0).unwrap();
+    assert_eq!(header.correlation_id, 1);
+    let stored = mmmq_tests::eventually_async(Duration::from_secs(10), "the record", || async {
+        broker.pull_all("fire").await.into_iter().next()
+    })
+    .await;
+    // The batch's create time is 2023's; the message's time is now.
+    let at = stored["timestamp"].as_u64().unwrap();
+    assert!(at > 1_700_000_000_000 + 86_400_000, "{stored}");
+}

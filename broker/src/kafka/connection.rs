@@ -111,10 +111,11 @@ pub(crate) async fn run(
             };
             if let Some(answer) = answer {
                 w.write_all(&answer).await?;
-                // More requests already buffered are answered first, then flushed together.
-                if r.buffer().is_empty() || session.close_after_answer {
-                    w.flush().await?;
-                }
+            }
+            // More requests already buffered are answered first, then flushed together; a
+            // request without an answer (`acks=0`) flushes the ones before it too.
+            if r.buffer().is_empty() || session.close_after_answer {
+                w.flush().await?;
             }
             if session.close_after_answer {
                 return Err(Refused::AuthFailed);

@@ -588,7 +588,10 @@ pub(crate) async fn commit(
                     request.generation_id_or_member_epoch,
                 ) {
                     Err(e) => Some(e),
-                    Ok(()) if g.phase == Phase::PreparingRebalance => {
+                    // As Kafka's: a member of the current generation commits while the group
+                    // prepares a rebalance (its commit on revoke), not while the new
+                    // generation's assignment is pending.
+                    Ok(()) if g.phase == Phase::CompletingRebalance => {
                         Some(ResponseError::RebalanceInProgress)
                     }
                     Ok(()) => None,

@@ -54,6 +54,9 @@ pub struct Limits {
     pub max_frame: usize,
     /// Most connections at once; more wait to be accepted.
     pub max_connections: usize,
+    /// The largest record stored (`--max-body-bytes`, as for a message over HTTP); a larger one
+    /// is refused with `MESSAGE_TOO_LARGE`.
+    pub max_record: usize,
 }
 
 /// What every connection shares.

@@ -107,8 +107,5 @@ fn timestamp_at(log: &Log, offset: u64) -> Option<u64> {
     if entry.offset != offset {
         return None;
     }
-    let payload = entry.payload.ok()?;
-    mmmq_core::StoredMessage::from_payload(&payload)
-        .ok()
-        .map(|m| m.timestamp)
+    mmmq_core::record::payload_timestamp(&entry.payload.ok()?)
 }

@@ -120,6 +120,20 @@ async fn one_partition(
     if batch.transactional {
         return Err((ResponseError::TransactionalIdAuthorizationFailed, None));
     }
+    if let Some(big) = batch
+        .payloads
+        .iter()
+        .find(|p| p.len() > shared.limits.max_record)
+    {
+        return Err((
+            ResponseError::MessageTooLarge,
+            Some(format!(
+                "a record of {} bytes; the limit is {} (--max-body-bytes)",
+                big.len(),
+                shared.limits.max_record
+            )),
+        ));
+    }
     if batch.payloads.is_empty() {
         return Err((ResponseError::InvalidRecord, Some("an empty batch".into())));
     }

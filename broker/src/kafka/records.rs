@@ -47,8 +47,10 @@ pub(crate) fn decode(mut records: Bytes, limit: usize) -> anyhow::Result<Vec<Bat
                 .map(|(k, v)| (k.as_str(), v.as_deref()))
                 .collect();
             let record = RecordRef {
-                // A producer that gives no time (−1) gets the broker's, as Kafka's LogAppendTime.
-                timestamp: u64::try_from(r.timestamp).unwrap_or(now),
+                // The broker's clock, which retention and status read; the producer's time is
+                // kept beside it for Kafka's consumers.
+                timestamp: now,
+                create_time: (r.timestamp >= 0).then_some(r.timestamp),
                 key: r.key.as_deref(),
                 value: r.value.as_deref(),
                 headers,
@@ -88,7 +90,8 @@ fn record_of(offset: u64, base: u64, payload: Vec<u8>) -> Option<Record> {
             .iter()
             .map(|(k, v)| (StrBytes::from_string((*k).to_owned()), v.map(slice)))
             .collect();
-        (r.timestamp, r.key.map(slice), r.value.map(slice), headers)
+        let at = r.create_time.unwrap_or(r.timestamp as i64);
+        (at, r.key.map(slice), r.value.map(slice), headers)
     } else {
         let m = StoredMessage::from_payload(&payload).ok()?;
         let key = match (&m.key, &m.binary.key_base64) {
@@ -111,7 +114,7 @@ fn record_of(offset: u64, base: u64, payload: Vec<u8>) -> Option<Record> {
                 (StrBytes::from_string(h.key.clone()), v)
             })
             .collect();
-        (m.timestamp, key, value, headers)
+        (m.timestamp as i64, key, value, headers)
     };
     Some(Record {
         transactional: false,
@@ -125,7 +128,7 @@ fn record_of(offset: u64, base: u64, payload: Vec<u8>) -> Option<Record> {
         // Constant `offset - sequence` keeps the records in one batch (the encoder splits
         // where it changes); −1 as the batch's base sequence: not idempotent.
         sequence: (offset - base) as i32 - 1,
-        timestamp: timestamp as i64,
+        timestamp,
         key,
         value,
         headers: headers_map(headers),

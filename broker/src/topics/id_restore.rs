@@ -89,13 +89,15 @@ pub(crate) fn scan(
         if s.start >= end {
             continue;
         }
+        // Any payload's time, a Kafka record's too (it has no id, but its segment may hold
+        // HTTP messages that have).
         let newest = log
             .read(s.end.min(end) - 1)
             .ok()
             .flatten()
-            .and_then(|p| serde_json::from_slice::<IdAndTime>(&p).ok());
+            .and_then(|p| mmmq_core::record::payload_timestamp(&p));
         match newest {
-            Some(m) if m.timestamp >= horizon => first = Some(s.start),
+            Some(timestamp) if timestamp >= horizon => first = Some(s.start),
             _ => break,
         }
     }

@@ -7,7 +7,7 @@
 //! [`apply`] carries it out on one topic. A clustered partition's segments are its Raft log: they
 //! go through its group's purge ([`RaftRetention`], docs/cluster.md, "Retention in a cluster").
 
-use mmmq_core::{StoredMessage, TopicConfig};
+use mmmq_core::TopicConfig;
 
 use super::Partition;
 use crate::storage::{SegmentSummary, StorageError};
@@ -106,9 +106,8 @@ pub fn plan(
 /// The timestamp of a segment's last entry (blocking: one read).
 fn newest_timestamp(p: &Partition, s: &SegmentSummary) -> Option<u64> {
     let payload = p.log.read(s.end.checked_sub(1)?).ok()??;
-    StoredMessage::from_payload(&payload)
-        .ok()
-        .map(|m| m.timestamp)
+    // The broker's clock at append, for Kafka's records too (never a producer's clock).
+    mmmq_core::record::payload_timestamp(&payload)
 }
 
 /// One retention pass over one partition of `topic`; returns how many segments it deleted. A
