@@ -399,3 +399,93 @@ async fn acks_zero_holds_nothing_back_and_time_is_the_brokers() {
     let at = stored["timestamp"].as_u64().unwrap();
     assert!(at > 1_700_000_000_000 + 86_400_000, "{stored}");
 }
+
+/// With `--auth-token`, SASL/PLAIN with the token as password comes first: any other request
+/// closes the connection, as does a frame over 512 KiB; a wrong password is answered with
+/// SASL_AUTHENTICATION_FAILED (58) and the connection closed; the right one opens the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sasl_plain_with_the_auth_token_comes_first() {
+    use kafka_protocol::messages::{
+        MetadataRequest, MetadataResponse, SaslAuthenticateRequest, SaslAuthenticateResponse,
+        SaslHandshakeRequest, SaslHandshakeResponse,
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let kafka = format!("127.0.0.1:{}", mmmq_tests::free_port());
+    let _broker = Broker::start_with(
+        tmp.path(),
+        &["--kafka-listen", &kafka, "--auth-token", "s3cret"],
+    )
+    .await;
+    let addr = kafka.clone();
+    let login = move |password: &'static str| {
+        let addr = addr.clone();
+        async move {
+            let mut c = Conn::open(&addr).await;
+            let h: SaslHandshakeResponse = c
+                .call(
+                    ApiKey::SaslHandshake,
+                    1,
+                    &SaslHandshakeRequest::default()
+                        .with_mechanism(StrBytes::from_static_str("PLAIN")),
+                )
+                .await;
+            assert_eq!(h.error_code, 0);
+            let token = format!("\0user\0{password}");
+            let a: SaslAuthenticateResponse = c
+                .call(
+                    ApiKey::SaslAuthenticate,
+                    2,
+                    &SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token)),
+                )
+                .await;
+            (c, a.error_code)
+        }
+    };
+    // Nothing else before the login.
+    let mut c = Conn::open(&kafka).await;
+    let mut f = BytesMut::new();
+    RequestHeader::default()
+        .with_request_api_key(ApiKey::Metadata as i16)
+        .with_request_api_version(9)
+        .with_correlation_id(1)
+        .encode(&mut f, ApiKey::Metadata.request_header_version(9))
+        .unwrap();
+    MetadataRequest::default().encode(&mut f, 9).unwrap();
+    c.send_raw(&f).await;
+    assert!(c.read_frame().await.is_none(), "metadata before a login");
+    let mut c = Conn::open(&kafka).await;
+    c.stream
+        .write_all(&(1i32 << 20).to_be_bytes())
+        .await
+        .unwrap();
+    assert!(
+        c.read_frame().await.is_none(),
+        "a 1 MiB frame before a login"
+    );
+    // A wrong password: told, then closed.
+    let (mut c, code) = login("wrong").await;
+    assert_eq!(code, 58);
+    assert!(
+        c.read_frame().await.is_none(),
+        "closed after a failed login"
+    );
+    // The token: the rest is open.
+    let (mut c, code) = login("s3cret").await;
+    assert_eq!(code, 0);
+    let m: MetadataResponse = c
+        .call(ApiKey::Metadata, 9, &MetadataRequest::default())
+        .await;
+    assert_eq!(m.brokers.len(), 1);
+    let r: ProduceResponse = c
+        .call(
+            ApiKey::Produce,
+            9,
+            &produce("authed", batch(-1, -1, -1, &["x"])),
+        )
+        .await;
+    assert_eq!(
+        outcome(&r).0,
+        3,
+        "an unknown topic (Metadata creates topics, produce does not)"
+    );
+}

@@ -46,6 +46,9 @@ pub(crate) enum Refused {
     Io(#[from] std::io::Error),
 }
 
+/// The largest frame read before a SASL login (Kafka's default `sasl.server.max.receive.size`).
+const PRE_AUTH_MAX_FRAME: usize = 512 << 10;
+
 /// What one connection knows about itself.
 pub(crate) struct Session {
     /// The address the client connected to: what Metadata advertises when no address is set.
@@ -95,8 +98,15 @@ pub(crate) async fn run(
                 },
                 _ = stop.cancelled() => return Ok(()),
             };
-            if size < 0 || size as usize > shared.limits.max_frame {
-                return Err(Refused::FrameSize(size.into(), shared.limits.max_frame));
+            // Before a login only small frames are read (Kafka's `sasl.server.max.receive.size`):
+            // an unauthenticated client cannot make the broker hold a large request.
+            let limit = if session.authenticated {
+                shared.limits.max_frame
+            } else {
+                PRE_AUTH_MAX_FRAME.min(shared.limits.max_frame)
+            };
+            if size < 0 || size as usize > limit {
+                return Err(Refused::FrameSize(size.into(), limit));
             }
             let mut frame = vec![0u8; size as usize];
             r.read_exact(&mut frame).await?;
