@@ -1,0 +1,370 @@
+//! Kafka consumer groups, the classic protocol (docs/kafka.md, "Consumer groups"): the broker
+//! keeps members and generations and hands the leader's assignment out; the clients assign.
+//!
+//! A group rebalances when a member joins, leaves or misses its session timeout: members
+//! learn it from their heartbeat (`REBALANCE_IN_PROGRESS`) and join again; the join completes
+//! once every member has, or at the rebalance timeout without those that did not. The first
+//! member to join leads; its SyncGroup carries everyone's assignment. Committed offsets are the
+//! group's committed offsets of HTTP's consumer groups (docs/topics-and-groups.md), the same
+//! checkpoint files: a group's progress is one number per partition whichever protocol made it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kafka_protocol::ResponseError;
+use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
+use kafka_protocol::messages::leave_group_response::MemberResponse;
+use kafka_protocol::messages::list_groups_response::ListedGroup;
+use kafka_protocol::messages::{
+    DescribeGroupsRequest, DescribeGroupsResponse, GroupId, HeartbeatRequest, HeartbeatResponse,
+    JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest,
+    ListGroupsResponse, SyncGroupRequest, SyncGroupResponse,
+};
+use kafka_protocol::protocol::StrBytes;
+use mmmq_core::ConsumerId;
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use crate::kafka::Shared;
+use crate::kafka::connection::Session;
+
+mod offsets;
+mod state;
+mod status;
+
+pub(crate) use offsets::{commit, fetch_offsets};
+use state::{Group, Member, Phase, SESSION_CHECK, SESSION_TIMEOUT, join_error};
+pub(crate) use status::Statuses;
+
+/// Every Kafka consumer group of this broker.
+#[derive(Default)]
+pub(crate) struct Coordinator {
+    groups: Mutex<HashMap<String, Group>>,
+}
+
+/// Removes members past their session timeout and ends rebalances past their timeout.
+pub(crate) async fn expire_sessions(shared: Arc<Shared>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(SESSION_CHECK) => {}
+            _ = stop.cancelled() => return,
+        }
+        let now = Instant::now();
+        let mut groups = shared.groups.groups.lock();
+        for (name, g) in groups.iter_mut() {
+            let expired: Vec<String> = g
+                .members
+                .iter()
+                .filter(|(_, m)| m.joining.is_none() && now > m.last_seen + m.session_timeout)
+                .map(|(id, _)| id.clone())
+                .collect();
+            let late: Vec<String> = match g.rebalance_deadline {
+                Some(d) if now > d => g
+                    .members
+                    .iter()
+                    .filter(|(_, m)| m.joining.is_none())
+                    .map(|(id, _)| id.clone())
+                    .collect(),
+                _ => Vec::new(),
+            };
+            for id in expired.into_iter().chain(late) {
+                tracing::info!(group = %name, member = %id, "kafka: member removed (session timeout)");
+                g.remove(&id);
+            }
+        }
+    }
+}
+
+/// JoinGroup.
+pub(crate) async fn join(
+    shared: &Shared,
+    request: JoinGroupRequest,
+    version: i16,
+    session: &Session,
+) -> JoinGroupResponse {
+    let group = request.group_id.as_str().to_owned();
+    if ConsumerId::new(group.clone()).is_err() {
+        return join_error(ResponseError::InvalidGroupId);
+    }
+    if !SESSION_TIMEOUT.contains(&request.session_timeout_ms) {
+        return join_error(ResponseError::InvalidSessionTimeout);
+    }
+    let rx = {
+        let mut groups = shared.groups.groups.lock();
+        let g = groups.entry(group.clone()).or_insert_with(Group::new);
+        let mut member = request.member_id.as_str().to_owned();
+        if member.is_empty() {
+            member = format!("{}-{}", session.client_id, uuid::Uuid::new_v4());
+            if version >= 4 {
+                // KIP-394: the member learns its id first and joins with it.
+                g.pending.push(member.clone());
+                return join_error(ResponseError::MemberIdRequired)
+                    .with_member_id(StrBytes::from_string(member));
+            }
+        } else if !g.members.contains_key(&member) {
+            match g.pending.iter().position(|p| *p == member) {
+                Some(i) => {
+                    g.pending.swap_remove(i);
+                }
+                None => return join_error(ResponseError::UnknownMemberId),
+            }
+        }
+        let protocol_type = request.protocol_type.as_str().to_owned();
+        let protocols: Vec<(String, Bytes)> = request
+            .protocols
+            .iter()
+            .map(|p| (p.name.as_str().to_owned(), p.metadata.clone()))
+            .collect();
+        let compatible = g
+            .members
+            .iter()
+            .filter(|(id, _)| **id != member)
+            .all(|(_, m)| {
+                m.protocol_type == protocol_type
+                    && m.protocols
+                        .iter()
+                        .any(|(n, _)| protocols.iter().any(|(p, _)| p == n))
+            });
+        if protocols.is_empty() || !compatible {
+            return join_error(ResponseError::InconsistentGroupProtocol)
+                .with_member_id(StrBytes::from_string(member));
+        }
+        let (tx, rx) = oneshot::channel();
+        let changed = match g.members.get_mut(&member) {
+            Some(m) => {
+                let changed = m.protocols != protocols;
+                m.protocols = protocols;
+                m.last_seen = Instant::now();
+                if let Some(old) = m.joining.replace(tx) {
+                    let _ = old.send(join_error(ResponseError::UnknownMemberId));
+                }
+                changed
+            }
+            None => {
+                g.members.insert(
+                    member.clone(),
+                    Member {
+                        client_id: session.client_id.clone(),
+                        client_host: format!("/{}", session.peer.ip()),
+                        session_timeout: Duration::from_millis(request.session_timeout_ms as u64),
+                        rebalance_timeout: Duration::from_millis(
+                            request.rebalance_timeout_ms.max(request.session_timeout_ms) as u64,
+                        ),
+                        protocol_type: protocol_type.clone(),
+                        protocols,
+                        assignment: Bytes::new(),
+                        last_seen: Instant::now(),
+                        joining: Some(tx),
+                        syncing: None,
+                    },
+                );
+                true
+            }
+        };
+        g.protocol_type = Some(protocol_type);
+        // Any join rebalances (a member whose protocols did not change still gets the new
+        // generation: simpler than Kafka's shortcut, and as correct).
+        let _ = changed;
+        g.prepare();
+        g.try_complete_join();
+        rx
+    };
+    rx.await
+        .unwrap_or_else(|_| join_error(ResponseError::UnknownMemberId))
+}
+
+/// SyncGroup.
+pub(crate) async fn sync(shared: &Shared, request: SyncGroupRequest) -> SyncGroupResponse {
+    let error = |e: ResponseError| SyncGroupResponse::default().with_error_code(e.code());
+    let member = request.member_id.as_str().to_owned();
+    let rx = {
+        let mut groups = shared.groups.groups.lock();
+        let Some(g) = groups.get_mut(request.group_id.as_str()) else {
+            return error(ResponseError::UnknownMemberId);
+        };
+        if let Err(e) = g.check(&member, request.generation_id) {
+            return error(e);
+        }
+        match g.phase {
+            Phase::PreparingRebalance => return error(ResponseError::RebalanceInProgress),
+            Phase::Stable => {
+                let m = g.members.get_mut(&member).expect("checked");
+                m.last_seen = Instant::now();
+                return answer_sync(g, &member);
+            }
+            Phase::Empty => return error(ResponseError::UnknownMemberId),
+            Phase::CompletingRebalance => {}
+        }
+        if g.leader.as_deref() == Some(member.as_str()) {
+            for a in &request.assignments {
+                if let Some(m) = g.members.get_mut(a.member_id.as_str()) {
+                    m.assignment = a.assignment.clone();
+                }
+            }
+            g.phase = Phase::Stable;
+            let waiting: Vec<String> = g
+                .members
+                .iter()
+                .filter(|(_, m)| m.syncing.is_some())
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in waiting {
+                let answer = answer_sync(g, &id);
+                if let Some(tx) = g.members.get_mut(&id).and_then(|m| m.syncing.take()) {
+                    let _ = tx.send(answer);
+                }
+            }
+            let m = g.members.get_mut(&member).expect("checked");
+            m.last_seen = Instant::now();
+            return answer_sync(g, &member);
+        }
+        let (tx, rx) = oneshot::channel();
+        let m = g.members.get_mut(&member).expect("checked");
+        m.last_seen = Instant::now();
+        m.syncing = Some(tx);
+        rx
+    };
+    rx.await
+        .unwrap_or_else(|_| error(ResponseError::RebalanceInProgress))
+}
+
+fn answer_sync(g: &Group, member: &str) -> SyncGroupResponse {
+    SyncGroupResponse::default()
+        .with_protocol_type(g.protocol_type.clone().map(StrBytes::from_string))
+        .with_protocol_name(g.protocol.clone().map(StrBytes::from_string))
+        .with_assignment(g.members[member].assignment.clone())
+}
+
+/// Heartbeat: keeps the member's session; tells it when to join again.
+pub(crate) fn heartbeat(shared: &Shared, request: HeartbeatRequest) -> HeartbeatResponse {
+    let mut groups = shared.groups.groups.lock();
+    let code = match groups.get_mut(request.group_id.as_str()) {
+        None => ResponseError::UnknownMemberId.code(),
+        Some(g) => match g.check(request.member_id.as_str(), request.generation_id) {
+            Err(e) => e.code(),
+            Ok(()) => {
+                if let Some(m) = g.members.get_mut(request.member_id.as_str()) {
+                    m.last_seen = Instant::now();
+                }
+                if g.phase == Phase::PreparingRebalance {
+                    ResponseError::RebalanceInProgress.code()
+                } else {
+                    0
+                }
+            }
+        },
+    };
+    HeartbeatResponse::default().with_error_code(code)
+}
+
+/// LeaveGroup: the member (v0–2) or members (v3+) leave; the others rebalance.
+pub(crate) fn leave(
+    shared: &Shared,
+    request: LeaveGroupRequest,
+    version: i16,
+) -> LeaveGroupResponse {
+    let mut groups = shared.groups.groups.lock();
+    let Some(g) = groups.get_mut(request.group_id.as_str()) else {
+        return LeaveGroupResponse::default()
+            .with_error_code(ResponseError::UnknownMemberId.code());
+    };
+    if version < 3 {
+        let id = request.member_id.as_str();
+        if !g.members.contains_key(id) {
+            return LeaveGroupResponse::default()
+                .with_error_code(ResponseError::UnknownMemberId.code());
+        }
+        g.remove(id);
+        return LeaveGroupResponse::default();
+    }
+    let members = request
+        .members
+        .iter()
+        .map(|m| {
+            let id = m.member_id.as_str();
+            let code = if g.members.contains_key(id) {
+                g.remove(id);
+                0
+            } else {
+                ResponseError::UnknownMemberId.code()
+            };
+            MemberResponse::default()
+                .with_member_id(m.member_id.clone())
+                .with_group_instance_id(m.group_instance_id.clone())
+                .with_error_code(code)
+        })
+        .collect();
+    LeaveGroupResponse::default().with_members(members)
+}
+
+/// ListGroups: the Kafka groups this broker coordinates.
+pub(crate) fn list(shared: &Shared, request: ListGroupsRequest) -> ListGroupsResponse {
+    let groups = shared.groups.groups.lock();
+    let listed = groups
+        .iter()
+        .filter(|(_, g)| {
+            request.states_filter.is_empty()
+                || request
+                    .states_filter
+                    .iter()
+                    .any(|s| s.as_str().eq_ignore_ascii_case(g.phase.name()))
+        })
+        .map(|(name, g)| {
+            ListedGroup::default()
+                .with_group_id(GroupId(StrBytes::from_string(name.clone())))
+                .with_protocol_type(StrBytes::from_string(
+                    g.protocol_type.clone().unwrap_or_else(|| "consumer".into()),
+                ))
+                .with_group_state(StrBytes::from_static_str(g.phase.name()))
+        })
+        .collect();
+    ListGroupsResponse::default().with_groups(listed)
+}
+
+/// DescribeGroups.
+pub(crate) fn describe(shared: &Shared, request: DescribeGroupsRequest) -> DescribeGroupsResponse {
+    let groups = shared.groups.groups.lock();
+    let described = request
+        .groups
+        .into_iter()
+        .map(|id| {
+            let Some(g) = groups.get(id.as_str()) else {
+                return DescribedGroup::default()
+                    .with_group_id(id)
+                    .with_group_state(StrBytes::from_static_str("Dead"));
+            };
+            let members = g
+                .members
+                .iter()
+                .map(|(mid, m)| {
+                    let metadata = m
+                        .protocols
+                        .iter()
+                        .find(|(n, _)| Some(n) == g.protocol.as_ref())
+                        .map(|(_, md)| md.clone())
+                        .unwrap_or_default();
+                    DescribedGroupMember::default()
+                        .with_member_id(StrBytes::from_string(mid.clone()))
+                        .with_client_id(StrBytes::from_string(m.client_id.clone()))
+                        .with_client_host(StrBytes::from_string(m.client_host.clone()))
+                        .with_member_metadata(metadata)
+                        .with_member_assignment(m.assignment.clone())
+                })
+                .collect();
+            DescribedGroup::default()
+                .with_group_id(id)
+                .with_group_state(StrBytes::from_static_str(g.phase.name()))
+                .with_protocol_type(StrBytes::from_string(
+                    g.protocol_type.clone().unwrap_or_default(),
+                ))
+                .with_protocol_data(StrBytes::from_string(
+                    g.protocol.clone().unwrap_or_default(),
+                ))
+                .with_members(members)
+        })
+        .collect();
+    DescribeGroupsResponse::default().with_groups(described)
+}

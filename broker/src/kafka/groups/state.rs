@@ -1,0 +1,212 @@
+//! A Kafka consumer group's state machine (docs/kafka.md, "Consumer groups"): members, phases,
+//! generations; what a join, a leave or a missed session does to them.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kafka_protocol::ResponseError;
+use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+use kafka_protocol::messages::{JoinGroupResponse, SyncGroupResponse};
+use kafka_protocol::protocol::StrBytes;
+use tokio::sync::oneshot;
+
+/// How often sessions are checked.
+pub(super) const SESSION_CHECK: Duration = Duration::from_millis(250);
+/// Session timeouts accepted (Kafka's `group.min/max.session.timeout.ms`).
+pub(super) const SESSION_TIMEOUT: std::ops::RangeInclusive<i32> = 1_000..=300_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    Empty,
+    PreparingRebalance,
+    CompletingRebalance,
+    Stable,
+}
+
+impl Phase {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Phase::Empty => "Empty",
+            Phase::PreparingRebalance => "PreparingRebalance",
+            Phase::CompletingRebalance => "CompletingRebalance",
+            Phase::Stable => "Stable",
+        }
+    }
+}
+
+pub(super) struct Member {
+    pub(super) client_id: String,
+    pub(super) client_host: String,
+    pub(super) session_timeout: Duration,
+    pub(super) rebalance_timeout: Duration,
+    pub(super) protocol_type: String,
+    pub(super) protocols: Vec<(String, Bytes)>,
+    pub(super) assignment: Bytes,
+    pub(super) last_seen: Instant,
+    pub(super) joining: Option<oneshot::Sender<JoinGroupResponse>>,
+    pub(super) syncing: Option<oneshot::Sender<SyncGroupResponse>>,
+}
+
+pub(super) struct Group {
+    pub(super) phase: Phase,
+    pub(super) generation: i32,
+    pub(super) protocol_type: Option<String>,
+    pub(super) protocol: Option<String>,
+    pub(super) leader: Option<String>,
+    pub(super) members: HashMap<String, Member>,
+    /// Ids handed out with `MEMBER_ID_REQUIRED`, not yet joined with.
+    pub(super) pending: Vec<String>,
+    /// When the running rebalance gives up on members that have not joined again.
+    pub(super) rebalance_deadline: Option<Instant>,
+}
+
+impl Group {
+    pub(super) fn new() -> Self {
+        Group {
+            phase: Phase::Empty,
+            generation: 0,
+            protocol_type: None,
+            protocol: None,
+            leader: None,
+            members: HashMap::new(),
+            pending: Vec::new(),
+            rebalance_deadline: None,
+        }
+    }
+
+    /// Starts a rebalance: every member must join again.
+    pub(super) fn prepare(&mut self) {
+        if self.members.is_empty() {
+            self.phase = Phase::Empty;
+            self.rebalance_deadline = None;
+            return;
+        }
+        if self.phase != Phase::PreparingRebalance {
+            let longest = self
+                .members
+                .values()
+                .map(|m| m.rebalance_timeout)
+                .max()
+                .unwrap_or_default();
+            self.phase = Phase::PreparingRebalance;
+            self.rebalance_deadline = Some(Instant::now() + longest);
+            // Members waiting for an assignment of the old generation will never get one.
+            for m in self.members.values_mut() {
+                if let Some(tx) = m.syncing.take() {
+                    let _ = tx.send(
+                        SyncGroupResponse::default()
+                            .with_error_code(ResponseError::RebalanceInProgress.code()),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Completes the join if every member has joined again.
+    pub(super) fn try_complete_join(&mut self) {
+        if self.phase != Phase::PreparingRebalance
+            || self.members.is_empty()
+            || self.members.values().any(|m| m.joining.is_none())
+        {
+            return;
+        }
+        self.generation += 1;
+        self.rebalance_deadline = None;
+        if self
+            .leader
+            .as_ref()
+            .is_none_or(|l| !self.members.contains_key(l))
+        {
+            self.leader = self.members.keys().min().cloned();
+        }
+        let leader = self.leader.clone().expect("a member leads");
+        // The leader's first protocol that every member speaks.
+        let protocol = self.members[&leader]
+            .protocols
+            .iter()
+            .map(|(name, _)| name.clone())
+            .find(|name| {
+                self.members
+                    .values()
+                    .all(|m| m.protocols.iter().any(|(n, _)| n == name))
+            });
+        self.protocol = protocol.clone();
+        self.phase = Phase::CompletingRebalance;
+        let everyone: Vec<JoinGroupResponseMember> = self
+            .members
+            .iter()
+            .map(|(id, m)| {
+                let metadata = m
+                    .protocols
+                    .iter()
+                    .find(|(n, _)| Some(n) == protocol.as_ref())
+                    .map(|(_, md)| md.clone())
+                    .unwrap_or_default();
+                JoinGroupResponseMember::default()
+                    .with_member_id(StrBytes::from_string(id.clone()))
+                    .with_metadata(metadata)
+            })
+            .collect();
+        let generation = self.generation;
+        let protocol_type = self.protocol_type.clone();
+        for (id, m) in self.members.iter_mut() {
+            m.assignment = Bytes::new();
+            m.last_seen = Instant::now();
+            let Some(tx) = m.joining.take() else { continue };
+            let answer = JoinGroupResponse::default()
+                .with_generation_id(generation)
+                .with_protocol_type(protocol_type.clone().map(StrBytes::from_string))
+                .with_protocol_name(protocol.clone().map(StrBytes::from_string))
+                .with_leader(StrBytes::from_string(leader.clone()))
+                .with_member_id(StrBytes::from_string(id.clone()))
+                .with_members(if *id == leader {
+                    everyone.clone()
+                } else {
+                    Vec::new()
+                });
+            let _ = tx.send(answer);
+        }
+    }
+
+    pub(super) fn remove(&mut self, id: &str) {
+        if let Some(mut m) = self.members.remove(id) {
+            // A member removed while it waits hears why.
+            if let Some(tx) = m.joining.take() {
+                let _ = tx.send(join_error(ResponseError::UnknownMemberId));
+            }
+            if let Some(tx) = m.syncing.take() {
+                let _ = tx.send(
+                    SyncGroupResponse::default()
+                        .with_error_code(ResponseError::UnknownMemberId.code()),
+                );
+            }
+            if self.leader.as_deref() == Some(id) {
+                self.leader = None;
+            }
+            self.prepare();
+            self.try_complete_join();
+        }
+        if self.members.is_empty() {
+            self.protocol_type = None;
+            self.protocol = None;
+        }
+    }
+
+    /// Checks a member and generation of a sync, heartbeat or commit.
+    pub(super) fn check(&self, member: &str, generation: i32) -> Result<(), ResponseError> {
+        if !self.members.contains_key(member) {
+            return Err(ResponseError::UnknownMemberId);
+        }
+        if generation != self.generation {
+            return Err(ResponseError::IllegalGeneration);
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn join_error(e: ResponseError) -> JoinGroupResponse {
+    JoinGroupResponse::default()
+        .with_error_code(e.code())
+        .with_generation_id(-1)
+}
