@@ -164,9 +164,7 @@ pub(crate) fn describe_configs(
                 .with_resource_name(r.resource_name.clone());
             match r.resource_type {
                 2 => {
-                    let found = Topic::new(r.resource_name.as_str())
-                        .ok()
-                        .and_then(|t| shared.broker.registry().get(&t));
+                    let found = shared.topic(r.resource_name.as_str());
                     let Some(t) = found else {
                         return result
                             .with_error_code(ResponseError::UnknownTopicOrPartition.code());

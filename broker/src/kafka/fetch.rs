@@ -10,10 +10,10 @@ use futures_util::future::select_all;
 use kafka_protocol::ResponseError;
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::{FetchRequest, FetchResponse};
-use mmmq_core::Topic;
 
 use super::Shared;
 use super::records;
+use crate::kafka::partition_of;
 use crate::topics::Partition;
 
 /// Most records one partition answers in one fetch.
@@ -27,16 +27,12 @@ pub(crate) async fn answer(shared: &Shared, request: FetchRequest, _version: i16
     // Resolved once: (topic name, [(index, partition or error, fetch offset, max bytes)]).
     let mut wanted = Vec::with_capacity(request.topics.len());
     for t in &request.topics {
-        let found = Topic::new(t.topic.as_str())
-            .ok()
-            .and_then(|name| shared.broker.registry().get(&name));
+        let found = shared.topic(t.topic.as_str());
         let parts: Vec<_> = t
             .partitions
             .iter()
             .map(|p| {
-                let partition = found
-                    .as_ref()
-                    .and_then(|f| u32::try_from(p.partition).ok().and_then(|n| f.partition(n)));
+                let partition = partition_of(found.as_ref(), p.partition);
                 (
                     p.partition,
                     partition,

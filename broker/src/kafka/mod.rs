@@ -22,7 +22,10 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use mmmq_core::Topic;
+
 use crate::broker::Broker;
+use crate::topics::{Partition, TopicLog};
 
 mod admin;
 mod compression;
@@ -69,6 +72,20 @@ pub(crate) struct Shared {
     pub producers: producers::Producers,
     /// This broker's node id in Metadata (its cluster node id; 0 alone).
     pub node_id: i32,
+}
+
+impl Shared {
+    /// The topic a request names, if it exists (a name mmmq refuses names none).
+    pub(crate) fn topic(&self, name: &str) -> Option<Arc<TopicLog>> {
+        Topic::new(name)
+            .ok()
+            .and_then(|t| self.broker.registry().get(&t))
+    }
+}
+
+/// Partition `index` of `topic`, if both exist.
+pub(crate) fn partition_of(topic: Option<&Arc<TopicLog>>, index: i32) -> Option<Arc<Partition>> {
+    topic?.partition(u32::try_from(index).ok()?)
 }
 
 /// Why the Kafka listener could not start.

@@ -8,9 +8,9 @@ use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
 };
 use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
-use mmmq_core::Topic;
 
 use super::Shared;
+use crate::kafka::partition_of;
 use crate::storage::Log;
 
 const LATEST: i64 = -1;
@@ -25,18 +25,12 @@ pub(crate) async fn list(
 ) -> ListOffsetsResponse {
     let mut topics = Vec::with_capacity(request.topics.len());
     for t in request.topics {
-        let found = Topic::new(t.name.as_str())
-            .ok()
-            .and_then(|name| shared.broker.registry().get(&name));
+        let found = shared.topic(t.name.as_str());
         let mut partitions = Vec::with_capacity(t.partitions.len());
         for p in t.partitions {
             let answer =
                 ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index);
-            let Some(partition) = found.as_ref().and_then(|f| {
-                u32::try_from(p.partition_index)
-                    .ok()
-                    .and_then(|n| f.partition(n))
-            }) else {
+            let Some(partition) = partition_of(found.as_ref(), p.partition_index) else {
                 partitions.push(
                     answer
                         .with_error_code(ResponseError::UnknownTopicOrPartition.code())

@@ -12,10 +12,11 @@ use kafka_protocol::messages::{
     OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
-use mmmq_core::{ConsumerId, Topic};
+use mmmq_core::ConsumerId;
 
 use crate::groups::commit::{read_committed, write_committed};
 use crate::kafka::Shared;
+use crate::kafka::partition_of;
 
 use super::state::Phase;
 
@@ -55,20 +56,14 @@ pub(crate) async fn commit(
     let id = ConsumerId::new(group.clone()).ok();
     let mut topics = Vec::with_capacity(request.topics.len());
     for t in request.topics {
-        let found = Topic::new(t.name.as_str())
-            .ok()
-            .and_then(|name| shared.broker.registry().get(&name));
+        let found = shared.topic(t.name.as_str());
         let mut partitions = Vec::with_capacity(t.partitions.len());
         for p in t.partitions {
             let code = match (refused, &id) {
                 (Some(e), _) => e.code(),
                 (None, None) => ResponseError::InvalidGroupId.code(),
                 (None, Some(id)) => {
-                    let partition = found.as_ref().and_then(|f| {
-                        u32::try_from(p.partition_index)
-                            .ok()
-                            .and_then(|n| f.partition(n))
-                    });
+                    let partition = partition_of(found.as_ref(), p.partition_index);
                     match partition {
                         None => ResponseError::UnknownTopicOrPartition.code(),
                         Some(_) if p.committed_offset < 0 => ResponseError::OffsetOutOfRange.code(),
@@ -136,9 +131,7 @@ pub(crate) async fn fetch_offsets(
     };
     let mut topics = Vec::with_capacity(asked.len());
     for (name, partitions) in asked {
-        let found = Topic::new(name.as_str())
-            .ok()
-            .and_then(|n| registry.get(&n));
+        let found = shared.topic(name.as_str());
         let mut out = Vec::with_capacity(partitions.len());
         for index in partitions {
             let answer = OffsetFetchResponsePartition::default()
@@ -146,10 +139,7 @@ pub(crate) async fn fetch_offsets(
                 .with_committed_offset(-1)
                 .with_committed_leader_epoch(-1)
                 .with_metadata(Some(StrBytes::default()));
-            let Some(p) = found
-                .as_ref()
-                .and_then(|f| u32::try_from(index).ok().and_then(|n| f.partition(n)))
-            else {
+            let Some(p) = partition_of(found.as_ref(), index) else {
                 out.push(answer.with_error_code(ResponseError::UnknownTopicOrPartition.code()));
                 continue;
             };

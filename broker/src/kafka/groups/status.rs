@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use mmmq_core::{ConsumerId, Topic};
+use mmmq_core::ConsumerId;
 
 use crate::groups::commit::read_committed;
 use crate::kafka::Shared;
@@ -91,10 +91,7 @@ async fn status_of(
     let id = ConsumerId::new(name.clone()).ok();
     for m in &members {
         for (topic, p) in &m.3 {
-            let found = Topic::new(topic.as_str())
-                .ok()
-                .and_then(|t| shared.broker.registry().get(&t))
-                .and_then(|t| t.partition(*p));
+            let found = shared.topic(topic).and_then(|t| t.partition(*p));
             let Some(part) = found else { continue };
             let next_offset = part.log.next_offset();
             let committed = match &id {
