@@ -92,13 +92,18 @@ impl State {
 
 type Slot = Arc<tokio::sync::Mutex<Option<State>>>;
 
+/// How long a producer's state is kept after its last batch (Kafka's `producer.id.expiration.ms`):
+/// a retry comes within seconds; a producer back after longer starts its epoch again.
+const IDLE_STATE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
 /// Every producer's state, per partition.
 pub(crate) struct Producers {
     /// Milliseconds since the epoch when this broker started: an id from before may have state
     /// in the log.
     boot_ms: u64,
     last_id: AtomicI64,
-    slots: Mutex<HashMap<(i64, TopicId, u32), Slot>>,
+    /// Each producer's state per partition, and when it was last used.
+    slots: Mutex<HashMap<(i64, TopicId, u32), (Slot, std::time::Instant)>>,
 }
 
 impl Producers {
@@ -150,11 +155,21 @@ impl Producers {
 
     /// The state of producer `id` in a partition; locked while its batch is judged and stored.
     pub fn slot(&self, id: i64, topic: TopicId, partition: u32) -> Slot {
+        let mut slots = self.slots.lock();
+        let entry = slots
+            .entry((id, topic, partition))
+            .or_insert_with(|| (Slot::default(), std::time::Instant::now()));
+        entry.1 = std::time::Instant::now();
+        entry.0.clone()
+    }
+
+    /// Forgets states unused for [`IDLE_STATE`] and not in use: those of producers gone for
+    /// good, and of partitions deleted since (their topic id is another's now).
+    pub fn forget_idle(&self) {
+        let now = std::time::Instant::now();
         self.slots
             .lock()
-            .entry((id, topic, partition))
-            .or_default()
-            .clone()
+            .retain(|_, (slot, used)| now < *used + IDLE_STATE || Arc::strong_count(slot) > 1);
     }
 }
 

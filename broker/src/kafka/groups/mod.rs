@@ -36,7 +36,7 @@ mod state;
 mod status;
 
 pub(crate) use offsets::{commit, fetch_offsets};
-use state::{Group, Member, Phase, SESSION_CHECK, SESSION_TIMEOUT, join_error};
+use state::{Group, Member, PENDING_TTL, Phase, SESSION_CHECK, SESSION_TIMEOUT, join_error};
 pub(crate) use status::Statuses;
 
 /// Every Kafka consumer group of this broker.
@@ -45,15 +45,26 @@ pub(crate) struct Coordinator {
     groups: Mutex<HashMap<String, Group>>,
 }
 
-/// Removes members past their session timeout and ends rebalances past their timeout.
+/// Removes members past their session timeout and ends rebalances past their timeout; forgets
+/// pending member ids and memberless groups after [`PENDING_TTL`], and producers' idle states
+/// (`Producers::forget_idle`) once a minute.
 pub(crate) async fn expire_sessions(shared: Arc<Shared>, stop: CancellationToken) {
+    let mut next_sweep = Instant::now();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(SESSION_CHECK) => {}
             _ = stop.cancelled() => return,
         }
         let now = Instant::now();
+        if now >= next_sweep {
+            next_sweep = now + Duration::from_secs(60);
+            shared.producers.forget_idle();
+        }
         let mut groups = shared.groups.groups.lock();
+        groups.retain(|_, g| {
+            g.pending.retain(|(_, at)| now < *at + PENDING_TTL);
+            !g.members.is_empty() || !g.pending.is_empty() || now < g.last_active + PENDING_TTL
+        });
         for (name, g) in groups.iter_mut() {
             let expired: Vec<String> = g
                 .members
@@ -95,17 +106,18 @@ pub(crate) async fn join(
     let rx = {
         let mut groups = shared.groups.groups.lock();
         let g = groups.entry(group.clone()).or_insert_with(Group::new);
+        g.last_active = Instant::now();
         let mut member = request.member_id.as_str().to_owned();
         if member.is_empty() {
             member = format!("{}-{}", session.client_id, uuid::Uuid::new_v4());
             if version >= 4 {
                 // KIP-394: the member learns its id first and joins with it.
-                g.pending.push(member.clone());
+                g.pending.push((member.clone(), Instant::now()));
                 return join_error(ResponseError::MemberIdRequired)
                     .with_member_id(StrBytes::from_string(member));
             }
         } else if !g.members.contains_key(&member) {
-            match g.pending.iter().position(|p| *p == member) {
+            match g.pending.iter().position(|(p, _)| *p == member) {
                 Some(i) => {
                     g.pending.swap_remove(i);
                 }

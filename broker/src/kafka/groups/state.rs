@@ -14,6 +14,9 @@ use tokio::sync::oneshot;
 /// How often sessions are checked.
 pub(super) const SESSION_CHECK: Duration = Duration::from_millis(250);
 /// Session timeouts accepted (Kafka's `group.min/max.session.timeout.ms`).
+/// How long an id handed out with `MEMBER_ID_REQUIRED` waits for its join, and a group
+/// without members stays in memory.
+pub(super) const PENDING_TTL: Duration = Duration::from_secs(300);
 pub(super) const SESSION_TIMEOUT: std::ops::RangeInclusive<i32> = 1_000..=300_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,8 +58,12 @@ pub(super) struct Group {
     pub(super) protocol: Option<String>,
     pub(super) leader: Option<String>,
     pub(super) members: HashMap<String, Member>,
-    /// Ids handed out with `MEMBER_ID_REQUIRED`, not yet joined with.
-    pub(super) pending: Vec<String>,
+    /// Ids handed out with `MEMBER_ID_REQUIRED`, not yet joined with, and when: forgotten after
+    /// [`PENDING_TTL`] (a client that never came back).
+    pub(super) pending: Vec<(String, Instant)>,
+    /// The last join or commit: a group without members is forgotten [`PENDING_TTL`] after it
+    /// (its commits stay on disk and serve it when it comes back).
+    pub(super) last_active: Instant,
     /// When the running rebalance gives up on members that have not joined again.
     pub(super) rebalance_deadline: Option<Instant>,
 }
@@ -71,6 +78,7 @@ impl Group {
             leader: None,
             members: HashMap::new(),
             pending: Vec::new(),
+            last_active: Instant::now(),
             rebalance_deadline: None,
         }
     }
