@@ -92,6 +92,9 @@ impl State {
 
 type Slot = Arc<tokio::sync::Mutex<Option<State>>>;
 
+/// A producer id, and the partition (topic incarnation, number).
+type SlotKey = (i64, TopicId, u32);
+
 /// How long a producer's state is kept after its last batch (Kafka's `producer.id.expiration.ms`):
 /// a retry comes within seconds; a producer back after longer starts its epoch again.
 const IDLE_STATE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
@@ -103,7 +106,7 @@ pub(crate) struct Producers {
     boot_ms: u64,
     last_id: AtomicI64,
     /// Each producer's state per partition, and when it was last used.
-    slots: Mutex<HashMap<(i64, TopicId, u32), (Slot, std::time::Instant)>>,
+    slots: Mutex<HashMap<SlotKey, (Slot, std::time::Instant)>>,
 }
 
 impl Producers {
