@@ -489,3 +489,86 @@ async fn sasl_plain_with_the_auth_token_comes_first() {
         "an unknown topic (Metadata creates topics, produce does not)"
     );
 }
+
+/// CreateTopics, DescribeConfigs and DeleteTopics act on the topics HTTP sees: partitions and
+/// retention as configured, a second create refused (TOPIC_ALREADY_EXISTS, 36), an unknown
+/// config refused (INVALID_CONFIG, 40), a delete seen by HTTP, a second delete refused (3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_admin_over_kafka_is_the_topics_of_http() {
+    use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+    use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+    use kafka_protocol::messages::{
+        CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest, DeleteTopicsResponse,
+        DescribeConfigsRequest, DescribeConfigsResponse,
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let kafka = format!("127.0.0.1:{}", mmmq_tests::free_port());
+    let broker = kafka_broker(tmp.path(), &kafka).await;
+    let mut c = Conn::open(&kafka).await;
+    let topic = |name: &str, config: (&'static str, &'static str)| {
+        CreatableTopic::default()
+            .with_name(TopicName(StrBytes::from_string(name.to_owned())))
+            .with_num_partitions(3)
+            .with_replication_factor(-1)
+            .with_configs(vec![
+                CreatableTopicConfig::default()
+                    .with_name(StrBytes::from_static_str(config.0))
+                    .with_value(Some(StrBytes::from_static_str(config.1))),
+            ])
+    };
+    let create = |topics| {
+        CreateTopicsRequest::default()
+            .with_topics(topics)
+            .with_timeout_ms(5000)
+    };
+    let r: CreateTopicsResponse = c
+        .call(
+            ApiKey::CreateTopics,
+            5,
+            &create(vec![
+                topic("made", ("retention.ms", "3600000")),
+                topic("odd", ("compression.type", "zstd")),
+            ]),
+        )
+        .await;
+    let codes: Vec<i16> = r.topics.iter().map(|t| t.error_code).collect();
+    assert_eq!(codes, [0, 40]);
+    let (status, detail) = broker.get("/mmmq/topics/made").await;
+    assert_eq!(status, 200, "{detail}");
+    assert_eq!(detail["config"]["partitions"], 3, "{detail}");
+    assert_eq!(detail["config"]["retentionMs"], 3_600_000, "{detail}");
+    assert_eq!(broker.get("/mmmq/topics/odd").await.0, 404);
+    let again: CreateTopicsResponse = c
+        .call(
+            ApiKey::CreateTopics,
+            5,
+            &create(vec![topic("made", ("retention.ms", "1"))]),
+        )
+        .await;
+    assert_eq!(again.topics[0].error_code, 36);
+    let d: DescribeConfigsResponse = c
+        .call(
+            ApiKey::DescribeConfigs,
+            4,
+            &DescribeConfigsRequest::default().with_resources(vec![
+                DescribeConfigsResource::default()
+                    .with_resource_type(2)
+                    .with_resource_name(StrBytes::from_static_str("made")),
+            ]),
+        )
+        .await;
+    let retention = d.results[0]
+        .configs
+        .iter()
+        .find(|c| c.name.as_str() == "retention.ms")
+        .and_then(|c| c.value.as_ref().map(|v| v.as_str().to_owned()));
+    assert_eq!(retention.as_deref(), Some("3600000"));
+    let delete = DeleteTopicsRequest::default()
+        .with_topic_names(vec![TopicName(StrBytes::from_static_str("made"))])
+        .with_timeout_ms(5000);
+    let r: DeleteTopicsResponse = c.call(ApiKey::DeleteTopics, 5, &delete).await;
+    assert_eq!(r.responses[0].error_code, 0);
+    assert_eq!(broker.get("/mmmq/topics/made").await.0, 404);
+    let r: DeleteTopicsResponse = c.call(ApiKey::DeleteTopics, 5, &delete).await;
+    assert_eq!(r.responses[0].error_code, 3);
+}

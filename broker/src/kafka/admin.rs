@@ -183,7 +183,8 @@ pub(crate) fn describe_configs(
                         ),
                         ("cleanup.policy", "delete".into()),
                     ];
-                    let wanted = r.configuration_keys;
+                    // Null names every config; so does an empty list (nothing would be useless).
+                    let wanted = r.configuration_keys.filter(|w| !w.is_empty());
                     result.with_configs(
                         entries
                             .into_iter()
