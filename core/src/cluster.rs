@@ -50,6 +50,9 @@ pub struct BrokerView {
     pub addr: String,
     /// Whether it answered just now (`null`: not asked).
     pub alive: Option<bool>,
+    /// Its Kafka listener's address, if it has one (`serve --kafka-listen`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka: Option<String>,
 }
 
 /// A partition in a [`ClusterView`].

@@ -9,6 +9,7 @@ pub mod checker;
 pub mod cluster;
 mod consumer;
 pub mod doc_run;
+pub mod kafka;
 mod setup;
 mod snippet;
 

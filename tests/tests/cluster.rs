@@ -218,6 +218,10 @@ async fn the_readme_cluster_runs_as_written() {
         .env("MMMQ_BIN", mmmq_tests::mmmq_bin())
         .env("MMMQ_CLUSTER_DIR", tmp.path().join("mmmq-cluster"))
         .env("MMMQ_CLUSTER_PORT", port.to_string())
+        .env(
+            "MMMQ_CLUSTER_KAFKA_PORT",
+            free_ports_in_a_row(3).to_string(),
+        )
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .process_group(0);

@@ -5,57 +5,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::process::Stdio;
-use std::sync::Arc;
 use std::time::Duration;
 
+use mmmq_tests::kafka::Client;
 use mmmq_tests::{Broker, eventually};
-use parking_lot::Mutex;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-
-/// A client process and the lines it printed so far.
-struct Client {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Client {
-    fn start(args: &[&str]) -> Self {
-        let python = std::env::var("MMMQ_KAFKA_PYTHON").unwrap_or_else(|_| "python3".into());
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("kafka/clients.py");
-        let mut child = Command::new(python)
-            .arg(script)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("python with confluent-kafka (./scripts/test makes the venv)");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-        let sink = lines.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = out.next_line().await {
-                sink.lock().push(line);
-            }
-        });
-        Client { child, lines }
-    }
-
-    fn lines(&self) -> Vec<String> {
-        self.lines.lock().clone()
-    }
-
-    fn count(&self, prefix: &str) -> usize {
-        self.lines
-            .lock()
-            .iter()
-            .filter(|l| l.starts_with(prefix))
-            .count()
-    }
-}
 
 async fn start(root: &Path, kafka: &str) -> Broker {
     Broker::start_with(root, &["--kafka-listen", kafka]).await
@@ -82,23 +36,7 @@ async fn an_idempotent_producer_stores_each_record_once_across_a_sigkill() {
     .await;
     broker.kill();
     let broker = start(tmp.path(), &kafka).await;
-    eventually(Duration::from_secs(120), "the producer done", || {
-        producer
-            .lines()
-            .iter()
-            .any(|l| l.starts_with("done "))
-            .then_some(())
-    })
-    .await;
-    let lines = producer.lines();
-    assert!(lines.iter().any(|l| l == "done 0"), "{:?}", lines.last());
-    assert_eq!(
-        producer.count("failed "),
-        0,
-        "{:?}",
-        lines.iter().find(|l| l.starts_with("failed"))
-    );
-    assert_eq!(producer.count("acked "), n);
+    producer.produced_all(Duration::from_secs(120), n).await;
     let mut seen: HashMap<String, usize> = HashMap::new();
     for p in 0..3 {
         for m in pull_partition(&broker, "idem", p).await {

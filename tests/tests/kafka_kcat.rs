@@ -1,10 +1,8 @@
 //! Kafka's protocol with a client nobody here wrote (docs/kafka.md): Debian's `kcat` (librdkafka
 //! 2.0.2), installed by `./scripts/test`, against the real binary.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
 use mmmq_tests::Broker;
+use mmmq_tests::kafka::kcat;
 use serde_json::json;
 
 /// A broker that speaks Kafka on a port of its own; `(broker, bootstrap address)`.
@@ -15,30 +13,6 @@ async fn broker(root: &std::path::Path, more: &[&str]) -> (Broker, String) {
     args.extend_from_slice(more);
     let broker = Broker::start_with(root, &args).await;
     (broker, listen)
-}
-
-/// Runs kcat with `args`, feeding it `input`; its stdout. Fails the test on a non-zero exit.
-fn kcat(args: &[&str], input: &[u8]) -> Vec<u8> {
-    let mut child = Command::new("kcat")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kcat is installed by ./scripts/test");
-    let mut stdin = child.stdin.take().unwrap();
-    let input = input.to_vec();
-    let writer = std::thread::spawn(move || {
-        let _ = stdin.write_all(&input);
-    });
-    let out = child.wait_with_output().unwrap();
-    writer.join().unwrap();
-    assert!(
-        out.status.success(),
-        "kcat {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
 }
 
 /// 100,000 keyed records in, the same bytes out, in order per partition, with their keys; the

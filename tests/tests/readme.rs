@@ -35,6 +35,7 @@ fn the_readme_tour_runs_as_written() {
         .env("CARGO_TARGET_DIR", &wasm_target)
         .env("MMMQ_ROOT_DIR", tmp.path().join("mmmq-demo"))
         .env("MMMQ_LISTEN", &addr)
+        .env("MMMQ_KAFKA_LISTEN", format!("127.0.0.1:{}", free_port()))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&run_log).unwrap())

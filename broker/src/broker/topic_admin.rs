@@ -51,6 +51,18 @@ impl Broker {
         Ok(self.detail(&t))
     }
 
+    /// `topic`, created with the broker's defaults if it does not exist, as a first produce
+    /// creates it (through the metadata in a cluster): Kafka's automatic topic creation.
+    pub async fn topic_or_create(&self, topic: &Topic) -> Result<Arc<TopicLog>, BrokerError> {
+        match self.cluster() {
+            Some(cluster) => {
+                let defaults = &self.config.topic_defaults;
+                super::cluster_api::ensure_topic(cluster, &self.registry, defaults, topic).await
+            }
+            None => Ok(self.registry.get_or_create(topic).await?),
+        }
+    }
+
     /// `PUT /mmmq/topics/{topic}`: creates the topic, or changes the fields `body` names. The
     /// body is checked whole before anything is created or stored.
     pub async fn put_topic(&self, name: &str, body: &[u8]) -> Result<TopicDetail, BrokerError> {

@@ -29,6 +29,14 @@ pub enum MetaCommand {
         /// Its HTTP address, `host:port`.
         addr: String,
     },
+    /// The address a broker's Kafka listener is reached at (docs/kafka.md, "In a cluster"):
+    /// proposed by the broker itself when it starts with `--kafka-listen`.
+    SetKafkaAddress {
+        /// The broker's id.
+        id: BrokerId,
+        /// `host:port`, as Kafka clients connect to it.
+        addr: String,
+    },
     /// A broker leaves for good once it holds no replica; its id is never used again.
     RemoveBroker {
         /// Its id.
@@ -154,6 +162,10 @@ pub enum MetaOutcome {
 pub struct BrokerMeta {
     /// Its HTTP address, `host:port`.
     pub addr: String,
+    /// Its Kafka listener's address, `host:port`, if it has one (docs/kafka.md, "In a
+    /// cluster").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka: Option<String>,
 }
 
 /// A topic as the metadata knows it.
@@ -276,9 +288,23 @@ impl MetaState {
                 if self.retired.contains(id) {
                     return Err(format!("broker id {id} was removed and is never reused"));
                 }
-                self.brokers.insert(*id, BrokerMeta { addr: addr.clone() });
+                // A broker known already keeps its Kafka address (it announces a new one).
+                self.brokers
+                    .entry(*id)
+                    .and_modify(|b| b.addr.clone_from(addr))
+                    .or_insert_with(|| BrokerMeta {
+                        addr: addr.clone(),
+                        kafka: None,
+                    });
                 Ok(())
             }
+            MetaCommand::SetKafkaAddress { id, addr } => match self.brokers.get_mut(id) {
+                Some(b) => {
+                    b.kafka = Some(addr.clone());
+                    Ok(())
+                }
+                None => Err(format!("no broker {id}")),
+            },
             MetaCommand::RemoveBroker { id } => {
                 if !self.brokers.contains_key(id) {
                     return Err(format!("no broker {id}"));

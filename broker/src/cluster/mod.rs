@@ -17,6 +17,7 @@
 //! - `ids`: produce ids kept with each partition's replicated log, decided by its leader.
 //! - `membership`: member changes made by a group's leader; `admin`: the operator's commands
 //!   (add or remove a broker, move a partition) built on them.
+//! - `kafka`: what Kafka's protocol needs: brokers' Kafka addresses, writes at a leader only.
 //! - `retention`: retention's purge of a partition's segments through its group.
 
 pub mod admin;
@@ -26,6 +27,7 @@ pub mod faults;
 pub mod forward;
 pub mod identity;
 pub mod ids;
+pub mod kafka;
 mod liveness;
 pub mod log_store;
 pub mod machine;

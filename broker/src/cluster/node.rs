@@ -333,6 +333,11 @@ impl Cluster {
         self.inner.config.node_id
     }
 
+    /// This broker's HTTP address, `host:port` (its `--peers` entry).
+    pub fn addr(&self) -> &str {
+        self.inner.config.addr()
+    }
+
     /// The cluster's id, once this broker knows it (docs/cluster.md, "The cluster's id").
     pub fn cluster_id(&self) -> Option<String> {
         self.inner.router.identity().known()

@@ -41,6 +41,7 @@ impl Cluster {
                     id: *id,
                     addr: b.addr.clone(),
                     alive: (*id == self.id()).then_some(true),
+                    kafka: b.kafka.clone(),
                 })
                 .collect(),
             partitions,

@@ -210,15 +210,6 @@ impl ServeConfig {
                 });
             }
         }
-        if self.cluster.is_some() && self.kafka.is_some() {
-            // Not yet: Metadata would name this broker the leader of every partition, topics
-            // would be created on it alone and commits would not be replicated (docs/kafka.md,
-            // "State of the work").
-            return Err(ConfigError::Setting {
-                name: "--kafka-listen",
-                reason: "is not yet supported on a cluster member (--node-id)".into(),
-            });
-        }
         if self.cluster.is_some() && self.flush == FlushMode::NoSync {
             // Raft counts an entry a replica reported flushed; without its fsync a power cut
             // could take back a vote for a commit (docs/cluster.md, "Design").

@@ -83,9 +83,36 @@ impl Shared {
     }
 }
 
+/// Whether this broker answers for partition `p` of `topic`: always alone; in a cluster, only
+/// as its leader (Kafka's clients read and write at the leader Metadata names; others answer
+/// `NOT_LEADER_OR_FOLLOWER`).
+pub(crate) fn leads(shared: &Shared, topic: &str, p: &Partition) -> bool {
+    shared
+        .broker
+        .cluster()
+        .is_none_or(|c| c.leads_partition(topic, p.number))
+}
+
 /// Partition `index` of `topic`, if both exist.
 pub(crate) fn partition_of(topic: Option<&Arc<TopicLog>>, index: i32) -> Option<Arc<Partition>> {
     topic?.partition(u32::try_from(index).ok()?)
+}
+
+/// The Kafka address a cluster member names in the metadata (docs/kafka.md, "In a cluster"):
+/// `--kafka-advertised`, else the listener's address, its host taken from the broker's own
+/// `--peers` entry when it listens on every interface (`0.0.0.0:9092`).
+fn announced(advertised: Option<&(String, i32)>, local: SocketAddr, http: &str) -> String {
+    if let Some((host, port)) = advertised {
+        return format!("{host}:{port}");
+    }
+    if !local.ip().is_unspecified() {
+        return local.to_string();
+    }
+    let host = http
+        .trim_start_matches("http://")
+        .rsplit_once(':')
+        .map_or("127.0.0.1", |(h, _)| h);
+    format!("{host}:{}", local.port())
 }
 
 /// Why the Kafka listener could not start.
@@ -122,9 +149,15 @@ pub async fn serve(
         }
     };
     let node_id = broker.cluster().map_or(0, |c| c.id() as i32);
+    if let Some(cluster) = broker.cluster() {
+        let local = listener
+            .local_addr()
+            .map_err(|e| KafkaError::BadAdvertised(e.to_string()))?;
+        cluster.announce_kafka(announced(advertised.as_ref(), local, cluster.addr()));
+    }
     let shared = Arc::new(Shared {
         auth_token: broker.config().auth_token.clone(),
-        producers: producers::Producers::new(),
+        producers: producers::Producers::new(node_id as u64),
         groups: groups::Coordinator::default(),
         broker,
         advertised,

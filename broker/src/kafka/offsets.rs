@@ -10,7 +10,7 @@ use kafka_protocol::messages::list_offsets_response::{
 use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
 
 use super::Shared;
-use crate::kafka::partition_of;
+use crate::kafka::{leads, partition_of};
 use crate::storage::Log;
 
 const LATEST: i64 = -1;
@@ -39,6 +39,15 @@ pub(crate) async fn list(
                 );
                 continue;
             };
+            if !leads(shared, t.name.as_str(), &partition) {
+                partitions.push(
+                    answer
+                        .with_error_code(ResponseError::NotLeaderOrFollower.code())
+                        .with_offset(-1)
+                        .with_timestamp(-1),
+                );
+                continue;
+            }
             let log = partition.log.clone();
             let target = p.timestamp;
             let found = tokio::task::spawn_blocking(move || lookup(&log, target))

@@ -2,6 +2,11 @@
 //! group commit of every other produce (docs/storage.md, "Group commit"); answered once durable,
 //! for `acks` 1 and all alike (mmmq acknowledges nothing before its fsync); `acks=0` gets no
 //! answer, as Kafka's. Partitions of one request are appended concurrently.
+//!
+//! In a cluster (docs/kafka.md, "In a cluster") a batch is written through the partition's Raft
+//! group at this broker only, its leader, and answered once a majority of its replicas hold it;
+//! a broker that does not lead the partition answers `NOT_LEADER_OR_FOLLOWER`, and the client
+//! goes to the leader Metadata names.
 
 use std::sync::Arc;
 
@@ -17,6 +22,8 @@ use super::Shared;
 use super::compression::DecompressError;
 use super::producers::{State, Verdict};
 use super::records::{self, Batch};
+use crate::broker::Broker;
+use crate::cluster::kafka::LeaderWriteError;
 use crate::topics::Partition;
 
 /// Records read back to find a restarted producer's last batches.
@@ -96,9 +103,9 @@ async fn one_partition(
         .ok()
         .and_then(|n| t.partition(n))
         .ok_or((ResponseError::UnknownTopicOrPartition, None))?;
-    if shared.broker.cluster().is_some() {
-        // Clustered produce goes through the partition's Raft group (docs/cluster.md); not
-        // yet spoken over Kafka.
+    let cluster = shared.broker.cluster();
+    // Checked before the batch is decoded: a client with stale metadata costs little.
+    if cluster.is_some_and(|c| !c.leads_partition(topic.as_str(), p.number)) {
         return Err((ResponseError::NotLeaderOrFollower, None));
     }
     let batches = records::decode(records, shared.limits.max_frame).map_err(|e| {
@@ -137,64 +144,144 @@ async fn one_partition(
     if batch.payloads.is_empty() {
         return Err((ResponseError::InvalidRecord, Some("an empty batch".into())));
     }
+    // In a cluster: the term this broker leads in, once every batch committed before is in
+    // its log (the idempotent producers' state is read back from it).
+    let term = match cluster {
+        Some(c) => Some(
+            c.leading_term(topic.as_str(), p.number)
+                .await
+                .map_err(leader_refusal)?,
+        ),
+        None => None,
+    };
     let base = if batch.producer_id >= 0 {
-        idempotent(shared, &topic, &p, batch).await?
+        idempotent(shared, &topic, &p, batch, term).await?
     } else {
-        append(shared, &topic, &p, &batch.payloads).await?
+        let write = append(&shared.broker, &topic, &p, batch.payloads, term);
+        tokio::time::timeout(WRITE_WAIT, write)
+            .await
+            .map_err(|_| timed_out())??
     };
     Ok((base, p.log.first_offset()))
 }
 
+/// How long a produce waits for its batch to be committed in a cluster before it answers
+/// `REQUEST_TIMED_OUT` (the write may still be committed).
+const WRITE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn timed_out() -> Refusal {
+    (
+        ResponseError::RequestTimedOut,
+        Some(format!(
+            "not committed by a majority of the partition's replicas within {} s",
+            WRITE_WAIT.as_secs()
+        )),
+    )
+}
+
+/// Kafka's answer to a write a cluster refused.
+fn leader_refusal(e: LeaderWriteError) -> Refusal {
+    let code = match &e {
+        LeaderWriteError::NotLeader => ResponseError::NotLeaderOrFollower,
+        LeaderWriteError::NotReady(_) => ResponseError::LeaderNotAvailable,
+        LeaderWriteError::Unknown(_) => ResponseError::RequestTimedOut,
+        LeaderWriteError::Failed(_) => ResponseError::KafkaStorageError,
+    };
+    (code, Some(e.to_string()))
+}
+
+/// Appends a batch: to the local log alone, or through the partition's group in `term`.
 async fn append(
-    shared: &Shared,
+    broker: &Broker,
     topic: &Topic,
     p: &Partition,
-    payloads: &[Vec<u8>],
+    payloads: Vec<Vec<u8>>,
+    term: Option<u64>,
 ) -> Result<u64, Refusal> {
-    let bytes: usize = payloads.iter().map(Vec::len).sum();
-    let first = p.log.append_batch(payloads).await.map_err(|e| {
-        tracing::warn!(topic = %topic, partition = p.number, error = %e, "kafka: produce failed");
-        (ResponseError::KafkaStorageError, Some(e.to_string()))
-    })?;
-    shared
-        .broker
-        .metrics()
-        .count_in(topic, payloads.len() as u64, bytes);
+    let (count, bytes) = (payloads.len(), payloads.iter().map(Vec::len).sum());
+    let first = match (broker.cluster(), term) {
+        (Some(cluster), Some(term)) => {
+            let payloads = payloads.into_iter().map(Bytes::from).collect();
+            let offsets = cluster
+                .write_in_term(topic.as_str(), p.number, term, payloads)
+                .await
+                .map_err(leader_refusal)?;
+            offsets[0]
+        }
+        _ => p.log.append_batch(&payloads).await.map_err(|e| {
+            tracing::warn!(topic = %topic, partition = p.number, error = %e, "kafka: produce failed");
+            (ResponseError::KafkaStorageError, Some(e.to_string()))
+        })?,
+    };
+    broker.metrics().count_in(topic, count as u64, bytes);
     Ok(first)
 }
 
 /// An idempotent producer's batch: judged against its last batches in this partition, under
 /// its lock (a retry on another connection waits for the first copy's outcome).
+///
+/// In a cluster the state belongs to the leader's `term`: a leader in a new term reads it back
+/// from its log, which holds every batch committed before. The write runs in a task of its own
+/// holding the lock until its outcome is known, whatever happens to the request (a retry of a
+/// batch still being written in the same term would find no trace of it in the log).
 async fn idempotent(
     shared: &Shared,
     topic: &Topic,
     p: &Arc<Partition>,
     batch: Batch,
+    term: Option<u64>,
 ) -> Result<u64, Refusal> {
-    let count = batch.payloads.len() as i32;
-    let first = batch.base_sequence;
-    let last = first.wrapping_add(count - 1);
     let slot = shared
         .producers
         .slot(batch.producer_id, p.topic_id, p.number);
-    let mut state = slot.lock().await;
-    if state.is_none() {
-        let known = if shared.producers.predates_boot(batch.producer_id) {
+    let mut state = tokio::time::timeout(WRITE_WAIT, slot.lock_owned())
+        .await
+        .map_err(|_| timed_out())?;
+    let generation = term.unwrap_or(0);
+    if state.as_ref().is_none_or(|s| s.generation != generation) {
+        let mut known = if term.is_some() || shared.producers.predates_boot(batch.producer_id) {
             read_back(p, batch.producer_id).await?
         } else {
             State::default()
         };
+        known.generation = generation;
         *state = Some(known);
     }
-    let s = state.as_mut().expect("filled");
-    match s.judge(batch.producer_epoch, first, last) {
-        Verdict::Duplicate(offset) => Ok(offset),
-        Verdict::Refuse(e) => Err((e, None)),
-        Verdict::Append => {
-            let offset = append(shared, topic, p, &batch.payloads).await?;
-            s.stored(batch.producer_epoch, first, last, offset);
-            Ok(offset)
+    let count = batch.payloads.len() as i32;
+    let (epoch, first) = (batch.producer_epoch, batch.base_sequence);
+    let last = first.wrapping_add(count - 1);
+    let mut payloads = batch.payloads;
+    // The sequence the records to write start at, and the answer's base offset if some
+    // are stored already.
+    let (from, base) = match state.as_ref().expect("filled").judge(epoch, first, last) {
+        Verdict::Duplicate(offset) => return Ok(offset),
+        Verdict::Refuse(e) => return Err((e, None)),
+        Verdict::Append => (first, None),
+        Verdict::Rest { stored, base } => {
+            payloads.drain(..stored);
+            (first.wrapping_add(stored as i32), Some(base))
         }
+    };
+    let (broker, topic, p) = (shared.broker.clone(), topic.clone(), p.clone());
+    let write = tokio::spawn(async move {
+        let written = append(&broker, &topic, &p, payloads, term).await;
+        match &written {
+            Ok(offset) => {
+                let s = state.as_mut().expect("filled");
+                s.stored(epoch, from, last, *offset);
+            }
+            // Maybe stored: known again only from the log, in the next term.
+            Err(_) if term.is_some() => *state = None,
+            // Alone, a failed append stored nothing.
+            Err(_) => {}
+        }
+        written
+    });
+    match tokio::time::timeout(WRITE_WAIT, write).await {
+        Ok(written) => written
+            .expect("produce task panicked")
+            .map(|offset| base.unwrap_or(offset)),
+        Err(_) => Err(timed_out()),
     }
 }
 

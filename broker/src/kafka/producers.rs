@@ -5,7 +5,9 @@
 //!
 //! Nothing is written for it but the records themselves: each record payload carries its
 //! producer's id, epoch and sequence (`mmmq_core::record`). Ids are made from the clock
-//! (milliseconds × 1000, then counted up), so an id says when it was given out: a producer whose
+//! (milliseconds × 1000, then counted up) and the broker's node id (the last three digits, so
+//! that the brokers of a cluster hand out different ids), so an id says when it was given
+//! out: a producer whose
 //! id predates this broker's start and that it has no state for may have written before a
 //! restart, and its state is read back from the partition's newest records before its batch is
 //! judged ([`super::produce`]).
@@ -26,6 +28,9 @@ const KEPT_BATCHES: usize = 5;
 /// One producer's state in one partition.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct State {
+    /// What the state was read in: 0 alone; in a cluster, the term of this broker's leadership
+    /// of the partition (a leader in another term reads the state from its log again).
+    pub generation: u64,
     pub epoch: i16,
     /// `(first sequence, last sequence, first offset)`, oldest first; the records of each at
     /// consecutive offsets.
@@ -39,6 +44,15 @@ pub(crate) enum Verdict {
     Append,
     /// Stored before, at this offset: answer with it, store nothing.
     Duplicate(u64),
+    /// Its first `stored` records are stored already, the first at offset `base`: a prefix a
+    /// cluster committed before its leader failed (a batch is one Raft entry per record, and
+    /// a majority may hold part of it: docs/kafka.md, "In a cluster"). Store the rest.
+    Rest {
+        /// Records of the batch stored already.
+        stored: usize,
+        /// The offset of its first record.
+        base: u64,
+    },
     /// Refused with this error.
     Refuse(ResponseError),
 }
@@ -61,15 +75,34 @@ impl State {
             };
         }
         // A batch read back from the log may be several of the producer's batches stored at
-        // consecutive offsets, one run: a retry is any range inside one.
-        if let Some(&(f, _, offset)) = self
-            .batches
-            .iter()
-            .find(|(f, l, _)| *f <= first && last <= *l && first <= last)
+        // consecutive offsets, one run; and a batch a failed leader stored in part is two
+        // entries, the prefix and the rest. A retry starts inside one entry and ends inside it
+        // or in the entries that continue its sequences.
+        let newest = self.batches.back().expect("not empty").1;
+        if first <= last
+            && let Some(i) = self
+                .batches
+                .iter()
+                .position(|(f, l, _)| *f <= first && first <= *l)
         {
-            return Verdict::Duplicate(offset + (first - f) as u64);
+            let (f, mut end, offset) = self.batches[i];
+            let base = offset + (first - f) as u64;
+            for &(next_first, next_last, _) in self.batches.iter().skip(i + 1) {
+                if end >= last || next_first != end.wrapping_add(1) {
+                    break;
+                }
+                end = next_last;
+            }
+            if last <= end {
+                return Verdict::Duplicate(base);
+            }
+            if end == newest {
+                return Verdict::Rest {
+                    stored: (end - first + 1) as usize,
+                    base,
+                };
+            }
         }
-        let (_, newest, _) = *self.batches.back().expect("not empty");
         if first == newest.wrapping_add(1) || (newest == i32::MAX && first == 0) {
             Verdict::Append
         } else {
@@ -104,16 +137,21 @@ pub(crate) struct Producers {
     /// Milliseconds since the epoch when this broker started: an id from before may have state
     /// in the log.
     boot_ms: u64,
+    /// The last id's clock part (milliseconds × 1000, counted up).
     last_id: AtomicI64,
+    /// This broker's cluster node id (0 alone), modulo 1000: the id's last three digits, so
+    /// that brokers of a cluster never hand out the same id.
+    node: i64,
     /// Each producer's state per partition, and when it was last used.
     slots: Mutex<HashMap<SlotKey, (Slot, std::time::Instant)>>,
 }
 
 impl Producers {
-    pub fn new() -> Self {
+    pub fn new(node: u64) -> Self {
         Producers {
             boot_ms: now_ms(),
             last_id: AtomicI64::new(0),
+            node: (node % 1000) as i64,
             slots: Mutex::new(HashMap::new()),
         }
     }
@@ -145,15 +183,16 @@ impl Producers {
                 .last_id
                 .compare_exchange(last, next, Ordering::Relaxed, Ordering::Relaxed)
             {
-                Ok(_) => return next,
+                Ok(_) => return next * 1000 + self.node,
                 Err(now) => last = now,
             }
         }
     }
 
     /// Whether `id` was given out before this broker started (then its state may be in the log).
+    /// Ids of an older mmmq (milliseconds × 1000) read as from long ago: looked up.
     pub fn predates_boot(&self, id: i64) -> bool {
-        (id / 1000) as u64 <= self.boot_ms
+        (id / 1_000_000) as u64 <= self.boot_ms
     }
 
     /// The state of producer `id` in a partition; locked while its batch is judged and stored.
@@ -182,6 +221,7 @@ mod tests {
 
     fn state(batches: &[(i32, i32, u64)]) -> State {
         State {
+            generation: 0,
             epoch: 0,
             batches: batches.iter().copied().collect(),
         }
@@ -217,6 +257,38 @@ mod tests {
     }
 
     #[test]
+    fn a_retry_of_a_batch_stored_in_part_stores_the_rest() {
+        // A cluster's new leader holds records 0..=6 of a batch 0..=9 (its old leader failed
+        // with part of it committed): the retry stores 7..=9, answered from the first.
+        let s = state(&[(0, 6, 100)]);
+        assert_eq!(
+            s.judge(0, 0, 9),
+            Verdict::Rest {
+                stored: 7,
+                base: 100
+            }
+        );
+        // The rest stored (after other producers' records): a second retry of the whole
+        // batch is a duplicate, answered from its first record.
+        let s = state(&[(0, 6, 100), (7, 9, 150)]);
+        assert_eq!(s.judge(0, 0, 9), Verdict::Duplicate(100));
+        assert_eq!(s.judge(0, 5, 8), Verdict::Duplicate(105));
+        assert_eq!(
+            s.judge(0, 8, 12),
+            Verdict::Rest {
+                stored: 2,
+                base: 151
+            }
+        );
+        // Only at the newest batch's end; an older one's overlap is refused.
+        let s = state(&[(0, 6, 100), (7, 9, 107), (20, 29, 200)]);
+        assert_eq!(
+            s.judge(0, 5, 12),
+            Verdict::Refuse(ResponseError::OutOfOrderSequenceNumber)
+        );
+    }
+
+    #[test]
     fn only_the_last_five_batches_are_kept() {
         let mut s = State::default();
         for b in 0..7 {
@@ -232,11 +304,15 @@ mod tests {
 
     #[test]
     fn ids_grow_and_say_when_they_were_given() {
-        let p = Producers::new();
+        let p = Producers::new(7);
         let a = p.new_id();
         let b = p.new_id();
         assert!(b > a);
+        assert_eq!((a % 1000, b % 1000), (7, 7), "the node's digits");
+        assert_ne!(a, Producers::new(8).new_id());
         assert!(p.predates_boot(1000));
-        assert!(!p.predates_boot((now_ms() as i64 + 10_000) * 1000));
+        // An older mmmq's id (milliseconds × 1000) reads as from before the boot.
+        assert!(p.predates_boot(now_ms() as i64 * 1000 + 5));
+        assert!(!p.predates_boot((now_ms() as i64 + 10_000) * 1_000_000));
     }
 }

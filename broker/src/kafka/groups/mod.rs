@@ -43,6 +43,32 @@ pub(crate) use status::Statuses;
 #[derive(Default)]
 pub(crate) struct Coordinator {
     groups: Mutex<HashMap<String, Group>>,
+    /// In a cluster: the metadata group's term this broker last coordinated in.
+    served_term: Mutex<u64>,
+}
+
+impl Coordinator {
+    /// Whether this broker answers group calls now (docs/kafka.md, "In a cluster"): alone,
+    /// always; in a cluster, while it coordinates the groups (the metadata group's leader, as
+    /// for HTTP's groups), else `NOT_COORDINATOR` and the client asks FindCoordinator again. A
+    /// coordinator that takes over in a new term starts with no group in memory (what it held
+    /// from an earlier term is older than what the coordinator in between did): members learn
+    /// it from their next call and join again; commits are in the metadata.
+    pub(crate) fn serving(&self, shared: &Shared) -> Result<(), ResponseError> {
+        let Some(cluster) = shared.broker.cluster() else {
+            return Ok(());
+        };
+        if !cluster.coordinates() {
+            return Err(ResponseError::NotCoordinator);
+        }
+        let (_, term) = cluster.coordinator();
+        let mut served = self.served_term.lock();
+        if *served != term {
+            *served = term;
+            self.groups.lock().clear();
+        }
+        Ok(())
+    }
 }
 
 /// Removes members past their session timeout and ends rebalances past their timeout; forgets
@@ -99,6 +125,9 @@ pub(crate) async fn join(
     let group = request.group_id.as_str().to_owned();
     if ConsumerId::new(group.clone()).is_err() {
         return join_error(ResponseError::InvalidGroupId);
+    }
+    if let Err(e) = shared.groups.serving(shared) {
+        return join_error(e);
     }
     if !SESSION_TIMEOUT.contains(&request.session_timeout_ms) {
         return join_error(ResponseError::InvalidSessionTimeout);
@@ -192,6 +221,9 @@ pub(crate) async fn join(
 pub(crate) async fn sync(shared: &Shared, request: SyncGroupRequest) -> SyncGroupResponse {
     let error = |e: ResponseError| SyncGroupResponse::default().with_error_code(e.code());
     let member = request.member_id.as_str().to_owned();
+    if let Err(e) = shared.groups.serving(shared) {
+        return error(e);
+    }
     let rx = {
         let mut groups = shared.groups.groups.lock();
         let Some(g) = groups.get_mut(request.group_id.as_str()) else {
@@ -252,6 +284,9 @@ fn answer_sync(g: &Group, member: &str) -> SyncGroupResponse {
 
 /// Heartbeat: keeps the member's session; tells it when to join again.
 pub(crate) fn heartbeat(shared: &Shared, request: HeartbeatRequest) -> HeartbeatResponse {
+    if let Err(e) = shared.groups.serving(shared) {
+        return HeartbeatResponse::default().with_error_code(e.code());
+    }
     let mut groups = shared.groups.groups.lock();
     let code = match groups.get_mut(request.group_id.as_str()) {
         None => ResponseError::UnknownMemberId.code(),
@@ -278,6 +313,9 @@ pub(crate) fn leave(
     request: LeaveGroupRequest,
     version: i16,
 ) -> LeaveGroupResponse {
+    if let Err(e) = shared.groups.serving(shared) {
+        return LeaveGroupResponse::default().with_error_code(e.code());
+    }
     let mut groups = shared.groups.groups.lock();
     let Some(g) = groups.get_mut(request.group_id.as_str()) else {
         return LeaveGroupResponse::default()
@@ -314,6 +352,10 @@ pub(crate) fn leave(
 
 /// ListGroups: the Kafka groups this broker coordinates.
 pub(crate) fn list(shared: &Shared, request: ListGroupsRequest) -> ListGroupsResponse {
+    if shared.groups.serving(shared).is_err() {
+        // Kafka's admin clients ask every broker and merge: this one coordinates none.
+        return ListGroupsResponse::default();
+    }
     let groups = shared.groups.groups.lock();
     let listed = groups
         .iter()
@@ -338,11 +380,17 @@ pub(crate) fn list(shared: &Shared, request: ListGroupsRequest) -> ListGroupsRes
 
 /// DescribeGroups.
 pub(crate) fn describe(shared: &Shared, request: DescribeGroupsRequest) -> DescribeGroupsResponse {
+    let serving = shared.groups.serving(shared);
     let groups = shared.groups.groups.lock();
     let described = request
         .groups
         .into_iter()
         .map(|id| {
+            if let Err(e) = serving {
+                return DescribedGroup::default()
+                    .with_group_id(id)
+                    .with_error_code(e.code());
+            }
             let Some(g) = groups.get(id.as_str()) else {
                 return DescribedGroup::default()
                     .with_group_id(id)

@@ -14,9 +14,13 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use mmmq_core::ConsumerId;
 
+use std::sync::Arc;
+
+use crate::cluster::meta_state::{GroupOffset, MetaCommand, MetaOutcome};
 use crate::groups::commit::{read_committed, write_committed};
 use crate::kafka::Shared;
 use crate::kafka::partition_of;
+use crate::topics::Partition;
 
 use super::state::Phase;
 
@@ -54,50 +58,133 @@ pub(crate) async fn commit(
         }
     };
     let id = ConsumerId::new(group.clone()).ok();
-    let mut topics = Vec::with_capacity(request.topics.len());
+    let refused = refused.or_else(|| shared.groups.serving(shared).err());
+    // Per topic, per partition: its error code, or the partition and offset to commit.
+    let mut answers: Judged = Vec::with_capacity(request.topics.len());
     for t in request.topics {
         let found = shared.topic(t.name.as_str());
-        let mut partitions = Vec::with_capacity(t.partitions.len());
-        for p in t.partitions {
-            let code = match (refused, &id) {
-                (Some(e), _) => e.code(),
-                (None, None) => ResponseError::InvalidGroupId.code(),
-                (None, Some(id)) => {
-                    let partition = partition_of(found.as_ref(), p.partition_index);
-                    match partition {
-                        None => ResponseError::UnknownTopicOrPartition.code(),
-                        Some(_) if p.committed_offset < 0 => ResponseError::OffsetOutOfRange.code(),
-                        Some(part) => {
-                            let (id, offset) = (id.clone(), p.committed_offset as u64);
-                            let written = tokio::task::spawn_blocking(move || {
-                                write_committed(&part, &id, offset)
-                            })
-                            .await
-                            .expect("commit task panicked");
-                            match written {
-                                Ok(()) => 0,
-                                Err(e) => {
-                                    tracing::warn!(group = %group, error = %e, "kafka: commit failed");
-                                    ResponseError::KafkaStorageError.code()
-                                }
-                            }
+        let parts = t
+            .partitions
+            .iter()
+            .map(|p| {
+                let judged = match (refused, &id) {
+                    (Some(e), _) => Err(e.code()),
+                    (None, None) => Err(ResponseError::InvalidGroupId.code()),
+                    (None, Some(_)) => match partition_of(found.as_ref(), p.partition_index) {
+                        None => Err(ResponseError::UnknownTopicOrPartition.code()),
+                        Some(_) if p.committed_offset < 0 => {
+                            Err(ResponseError::OffsetOutOfRange.code())
                         }
-                    }
-                }
-            };
-            partitions.push(
-                OffsetCommitResponsePartition::default()
-                    .with_partition_index(p.partition_index)
-                    .with_error_code(code),
-            );
-        }
-        topics.push(
-            OffsetCommitResponseTopic::default()
-                .with_name(t.name)
-                .with_partitions(partitions),
-        );
+                        Some(part) => Ok((part, p.committed_offset as u64)),
+                    },
+                };
+                (p.partition_index, judged)
+            })
+            .collect();
+        answers.push((t.name, parts));
     }
+    if let Some(id) = &id {
+        store(shared, &group, id, &mut answers).await;
+    }
+    let topics = answers
+        .into_iter()
+        .map(|(name, parts)| {
+            let partitions = parts
+                .into_iter()
+                .map(|(index, judged)| {
+                    OffsetCommitResponsePartition::default()
+                        .with_partition_index(index)
+                        .with_error_code(judged.err().unwrap_or(0))
+                })
+                .collect();
+            OffsetCommitResponseTopic::default()
+                .with_name(name)
+                .with_partitions(partitions)
+        })
+        .collect();
     OffsetCommitResponse::default().with_topics(topics)
+}
+
+type Judged = Vec<(TopicName, Vec<(i32, Result<(Arc<Partition>, u64), i16>)>)>;
+
+/// Stores the offsets `answers` holds (each becomes its error code, 0 once stored): in each
+/// partition's checkpoint file alone; in a cluster, all of them in one change of the
+/// replicated metadata (docs/kafka.md, "In a cluster").
+async fn store(shared: &Shared, group: &str, id: &ConsumerId, answers: &mut Judged) {
+    if let Some(cluster) = shared.broker.cluster() {
+        let mut offsets = Vec::new();
+        for (name, parts) in answers.iter() {
+            for (_, judged) in parts {
+                if let Ok((p, offset)) = judged {
+                    offsets.push(GroupOffset {
+                        topic: name.as_str().to_owned(),
+                        topic_id: p.topic_id.to_string(),
+                        partition: p.number,
+                        offset: *offset,
+                    });
+                }
+            }
+        }
+        if offsets.is_empty() {
+            return;
+        }
+        let command = MetaCommand::CommitGroup {
+            group: group.to_owned(),
+            offsets,
+        };
+        let code = match cluster.propose_here(command).await {
+            Ok(MetaOutcome::Refused(_)) => ResponseError::UnknownTopicOrPartition.code(),
+            Ok(_) => 0,
+            Err(e) => {
+                tracing::warn!(group = %group, error = %e, "kafka: commit through the metadata failed");
+                ResponseError::NotCoordinator.code()
+            }
+        };
+        for (_, parts) in answers.iter_mut() {
+            for (_, judged) in parts.iter_mut() {
+                if judged.is_ok() {
+                    *judged = Err(code);
+                }
+            }
+        }
+        return;
+    }
+    for (_, parts) in answers.iter_mut() {
+        for (_, judged) in parts.iter_mut() {
+            let Ok((part, offset)) = judged else { continue };
+            let (part, offset, id) = (part.clone(), *offset, id.clone());
+            let written = tokio::task::spawn_blocking(move || write_committed(&part, &id, offset))
+                .await
+                .expect("commit task panicked");
+            *judged = Err(match written {
+                Ok(()) => 0,
+                Err(e) => {
+                    tracing::warn!(group = %group, error = %e, "kafka: commit failed");
+                    ResponseError::KafkaStorageError.code()
+                }
+            });
+        }
+    }
+}
+
+/// `group`'s committed offset in partition `p` of `topic`: its checkpoint file alone, the
+/// replicated metadata in a cluster.
+pub(super) async fn committed(
+    shared: &Shared,
+    topic: &str,
+    p: &Arc<Partition>,
+    group: &ConsumerId,
+) -> Result<Option<u64>, crate::storage::StorageError> {
+    if let Some(cluster) = shared.broker.cluster() {
+        let id = p.topic_id.to_string();
+        return Ok(cluster
+            .metadata()
+            .committed(group.as_str(), topic, &id, p.number));
+    }
+    let (p, group) = (p.clone(), group.clone());
+    tokio::task::spawn_blocking(move || read_committed(&p, &group))
+        .await
+        .expect("offset read task panicked")
 }
 
 /// OffsetFetch (v1–7): the group's committed offsets; −1 where it has none. No topics named
@@ -105,12 +192,18 @@ pub(crate) async fn commit(
 pub(crate) async fn fetch_offsets(
     shared: &Shared,
     request: OffsetFetchRequest,
-    _version: i16,
+    version: i16,
 ) -> OffsetFetchResponse {
     let Ok(id) = ConsumerId::new(request.group_id.as_str()) else {
         return OffsetFetchResponse::default()
             .with_error_code(ResponseError::InvalidGroupId.code());
     };
+    // Not the coordinator: said once (v2+), else for every partition asked (v1 has no
+    // group-level error).
+    let serving = shared.groups.serving(shared);
+    if let (Err(e), 2..) = (serving, version) {
+        return OffsetFetchResponse::default().with_error_code(e.code());
+    }
     let registry = shared.broker.registry();
     let asked: Vec<(TopicName, Vec<i32>)> = match request.topics {
         Some(topics) => topics
@@ -139,14 +232,15 @@ pub(crate) async fn fetch_offsets(
                 .with_committed_offset(-1)
                 .with_committed_leader_epoch(-1)
                 .with_metadata(Some(StrBytes::default()));
+            if let Err(e) = serving {
+                out.push(answer.with_error_code(e.code()));
+                continue;
+            }
             let Some(p) = partition_of(found.as_ref(), index) else {
                 out.push(answer.with_error_code(ResponseError::UnknownTopicOrPartition.code()));
                 continue;
             };
-            let id = id.clone();
-            let read = tokio::task::spawn_blocking(move || read_committed(&p, &id))
-                .await
-                .expect("offset fetch task panicked");
+            let read = committed(shared, name.as_str(), &p, &id).await;
             out.push(match read {
                 Ok(Some(offset)) => answer.with_committed_offset(offset as i64),
                 Ok(None) => answer,

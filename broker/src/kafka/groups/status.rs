@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use mmmq_core::ConsumerId;
 
-use crate::groups::commit::read_committed;
 use crate::kafka::Shared;
 
 /// Kafka's groups as `GET /mmmq/groups` shows them: members with the partitions their
@@ -95,15 +94,11 @@ async fn status_of(
             let Some(part) = found else { continue };
             let next_offset = part.log.next_offset();
             let committed = match &id {
-                Some(id) => {
-                    let (part2, id) = (part.clone(), id.clone());
-                    tokio::task::spawn_blocking(move || read_committed(&part2, &id))
-                        .await
-                        .expect("read task panicked")
-                        .ok()
-                        .flatten()
-                        .unwrap_or(0)
-                }
+                Some(id) => super::offsets::committed(shared, topic, &part, id)
+                    .await
+                    .ok()
+                    .flatten()
+                    .unwrap_or(0),
                 None => 0,
             };
             partitions.push(GroupPartition {
