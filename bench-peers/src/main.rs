@@ -19,6 +19,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::json;
 
+mod batched;
 mod consumers;
 
 use consumers::{
@@ -85,6 +86,23 @@ enum Command {
         /// mmmq only: where this process listens as the HTTP consumer its `dispatchers.json` names.
         #[arg(long)]
         consumer_port: Option<u16>,
+    },
+    /// Durable produce with many messages in flight per connection, batched by the client:
+    /// Redis pipelines, JetStream asynchronous publishes (the load model of a Kafka producer).
+    Batched {
+        #[arg(long, value_enum)]
+        system: System,
+        #[arg(long)]
+        url: String,
+        #[arg(long, value_delimiter = ',', default_value = "1,8")]
+        producers: Vec<usize>,
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        #[arg(long, default_value_t = 1024)]
+        message_bytes: usize,
+        /// Messages per pipeline (Redis) or published before their acks are awaited (NATS).
+        #[arg(long, default_value_t = 1000)]
+        window: usize,
     },
     /// A trivial HTTP server answering every POST with 200 `{"ack":"ACK"}`.
     FloorServer {
@@ -518,6 +536,20 @@ async fn main() -> anyhow::Result<()> {
         } => {
             for p in producers {
                 let line = e2e(system, &url, p, seconds, message_bytes, consumer_port).await?;
+                println!("{line}");
+            }
+        }
+        Command::Batched {
+            system,
+            url,
+            producers,
+            seconds,
+            message_bytes,
+            window,
+        } => {
+            for p in producers {
+                let line =
+                    batched::batched(system, &url, p, seconds, message_bytes, window).await?;
                 println!("{line}");
             }
         }

@@ -148,6 +148,12 @@ pub async fn run_on(
     }
     state.ready(broker.clone());
     spawn_sighup_reload(broker.clone(), hup, stopping.clone());
+    if let Some(cluster) = &cluster
+        && kafka.is_none()
+    {
+        // An address a run before announced would name a port nobody listens on.
+        cluster.announce_kafka(None);
+    }
     let kafka = kafka.map(|(listener, settings)| {
         let (broker, stop) = (broker.clone(), stopping.clone());
         tokio::spawn(crate::kafka::serve(

@@ -230,11 +230,54 @@ async fn a_consumer_group_carries_on_across_a_coordinator_failover() {
     })
     .await;
     let coordinator = c.meta_leader(1).await;
+    // What the group committed before the failover, and how often each member was assigned.
+    let (_, g) = c.broker(coordinator).get("/mmmq/groups/cg").await;
+    let committed_before: HashMap<u64, u64> = g["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let committed = p["committed"].as_u64().unwrap_or(0);
+            (p["partition"].as_u64().unwrap(), committed)
+        })
+        .collect();
+    assert!(committed_before.values().any(|c| *c > 0), "{g}");
+    let assigned_before: Vec<usize> = members.iter().map(|m| m.count("assigned ")).collect();
     c.kill(coordinator);
     eventually(Duration::from_secs(120), "every record consumed", || {
         (consumed(&members).len() == n).then_some(())
     })
     .await;
+    // The new coordinator knew none of the members: each joined again, and resumed where the
+    // group had committed, never before (with no commits read back it would start again at
+    // the partitions' beginnings: `auto.offset.reset=earliest`).
+    let mut resumed = 0;
+    for (m, before) in members.iter().zip(assigned_before) {
+        assert!(
+            m.count("assigned ") > before,
+            "no rebalance after the failover"
+        );
+        let lines = m.lines();
+        let last = lines
+            .iter()
+            .rposition(|l| l.starts_with("assigned "))
+            .unwrap();
+        for l in &lines[last..] {
+            let Some(rest) = l.strip_prefix("rec ") else {
+                continue;
+            };
+            let mut fields = rest.split(' ');
+            let p: u64 = fields.next().unwrap().parse().unwrap();
+            let offset: u64 = fields.next().unwrap().parse().unwrap();
+            assert!(
+                offset >= committed_before[&p],
+                "partition {p} read again from {offset}, below its commit {}",
+                committed_before[&p]
+            );
+            resumed += 1;
+        }
+    }
+    assert!(resumed > 0, "no record consumed after the rebalance");
     // The members commit when idle: the group's commits reach every partition's end, in the
     // metadata every broker holds.
     let via = c.running()[0];

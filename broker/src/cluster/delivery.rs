@@ -35,7 +35,7 @@ use crate::topics::delivery::{BoxFuture, DeliveryControl, DeliveryGrant};
 
 /// The share of an election timeout after a quorum's last acknowledgement during which a leader
 /// still sends: the rest is the margin for the clocks of two processes and a send under way.
-const LEASE_SHARE: f64 = 0.8;
+pub(super) const LEASE_SHARE: f64 = 0.8;
 
 /// How long a leader whose lease lapsed tries to renew it before it gives its term up.
 const RENEWAL: Duration = Duration::from_millis(800);

@@ -13,10 +13,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use openraft::async_runtime::WatchReceiver;
 
+use super::delivery::LEASE_SHARE;
 use super::meta_state::{MetaCommand, MetaOutcome};
 use super::network::GroupId;
 use super::node::Cluster;
-use super::rpc::{WriteRefused, with_lease, write_once};
+use super::rpc::{WriteRefused, quorum_acked_within, with_lease, write_once};
 use super::supervise::PartitionRaft;
 use super::types::{Applied, BrokerId, Command};
 
@@ -40,9 +41,11 @@ pub enum LeaderWriteError {
 }
 
 impl Cluster {
-    /// Keeps this broker's Kafka address `addr` in the metadata: proposed once the broker is
-    /// named there, again whenever the metadata shows another (docs/kafka.md, "In a cluster").
-    pub fn announce_kafka(&self, addr: String) {
+    /// Keeps this broker's Kafka address `addr` in the metadata (`None`: it has no Kafka
+    /// listener, and an address a run before announced is cleared): proposed once the broker
+    /// is named there, again whenever the metadata shows another (docs/kafka.md, "In a
+    /// cluster").
+    pub fn announce_kafka(&self, addr: Option<String>) {
         let this = self.clone();
         tokio::spawn(async move {
             let me = this.id();
@@ -52,14 +55,15 @@ impl Cluster {
                     .borrow()
                     .brokers
                     .get(&me)
-                    .is_some_and(|b| b.kafka.as_deref() != Some(addr.as_str()));
+                    .is_some_and(|b| b.kafka != addr);
                 if wanted {
                     let command = MetaCommand::SetKafkaAddress {
                         id: me,
                         addr: addr.clone(),
                     };
                     match this.propose(command).await {
-                        Ok(MetaOutcome::Done) => continue,
+                        // Shown once this broker applies it: the metadata changes.
+                        Ok(MetaOutcome::Done) => {}
                         Ok(other) => {
                             tracing::debug!(node = me, ?other, "announcing the Kafka address");
                         }
@@ -67,13 +71,15 @@ impl Cluster {
                             tracing::debug!(node = me, error = %e, "announcing the Kafka address, retrying");
                         }
                     }
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_millis(200)) => continue,
-                        _ = this.inner.stop.cancelled() => return,
-                    }
                 }
+                let retry = tokio::time::sleep(if wanted {
+                    Duration::from_millis(200)
+                } else {
+                    Duration::MAX
+                });
                 tokio::select! {
                     changed = metadata.changed() => if changed.is_err() { return },
+                    _ = retry => {}
                     _ = this.inner.stop.cancelled() => return,
                 }
             }
@@ -105,6 +111,56 @@ impl Cluster {
         })
     }
 
+    /// Whether this broker leads partition `p` of `topic` and applied its term's first entry,
+    /// without waiting: its log then holds every message committed before.
+    pub fn leads_ready(&self, topic: &str, p: u32) -> Result<(), LeaderWriteError> {
+        let raft = self.raft_of(topic, p).ok_or(LeaderWriteError::NotLeader)?;
+        let metrics = raft.metrics();
+        let m = metrics.borrow_watched();
+        if m.state != openraft::ServerState::Leader {
+            return Err(LeaderWriteError::NotLeader);
+        }
+        if m.last_applied
+            .is_some_and(|l| l.committed_leader_id().term == m.current_term)
+        {
+            Ok(())
+        } else {
+            Err(LeaderWriteError::NotReady(
+                "the leader has not applied its term's first entry yet".into(),
+            ))
+        }
+    }
+
+    /// Confirms that this broker still leads partition `p` of `topic` in `term`: a quorum
+    /// acknowledged it within the lease (renewed by a heartbeat if it lapsed), so no other
+    /// broker leads it now. Asked before an answer a client acts on for good (an idempotent
+    /// producer takes `OUT_OF_ORDER_SEQUENCE_NUMBER` as fatal), which a deposed leader, judging
+    /// by the state of its old term, must not give.
+    pub async fn confirm_leading(
+        &self,
+        topic: &str,
+        p: u32,
+        term: u64,
+    ) -> Result<(), LeaderWriteError> {
+        let raft = self.raft_of(topic, p).ok_or(LeaderWriteError::NotLeader)?;
+        let lease = Duration::from_millis(self.inner.config.election_ms).mul_f64(LEASE_SHARE);
+        with_lease(&raft, || async {
+            let metrics = raft.metrics();
+            let m = metrics.borrow_watched();
+            if m.current_term != term {
+                Err(WriteRefused::NotLeader {
+                    leader: m.current_leader.filter(|l| *l != m.id),
+                })
+            } else if quorum_acked_within(&m, lease) {
+                Ok(())
+            } else {
+                Err(WriteRefused::NotLeader { leader: None })
+            }
+        })
+        .await
+        .map_err(refused)
+    }
+
     /// The term in which this broker leads partition `p` of `topic`, once it applied that
     /// term's first entry: from then on its log holds every message committed before.
     pub async fn leading_term(&self, topic: &str, p: u32) -> Result<u64, LeaderWriteError> {
@@ -134,7 +190,14 @@ impl Cluster {
             write_once(&raft, commands.clone()).await
         })
         .await
-        .map_err(refused)?;
+        .map_err(|e| match e {
+            // The group stopped under the write (its disk refused): the other replicas may
+            // still commit what it sent them.
+            WriteRefused::Failed(why) if raft.metrics().borrow_watched().running_state.is_err() => {
+                LeaderWriteError::Unknown(why)
+            }
+            e => refused(e),
+        })?;
         let offsets: Vec<u64> = applied
             .iter()
             .filter_map(|a| match a {

@@ -30,12 +30,12 @@ pub enum MetaCommand {
         addr: String,
     },
     /// The address a broker's Kafka listener is reached at (docs/kafka.md, "In a cluster"):
-    /// proposed by the broker itself when it starts with `--kafka-listen`.
+    /// proposed by the broker itself when it starts, with `--kafka-listen` or without.
     SetKafkaAddress {
         /// The broker's id.
         id: BrokerId,
-        /// `host:port`, as Kafka clients connect to it.
-        addr: String,
+        /// `host:port`, as Kafka clients connect to it; `None`: it has no Kafka listener.
+        addr: Option<String>,
     },
     /// A broker leaves for good once it holds no replica; its id is never used again.
     RemoveBroker {
@@ -300,7 +300,7 @@ impl MetaState {
             }
             MetaCommand::SetKafkaAddress { id, addr } => match self.brokers.get_mut(id) {
                 Some(b) => {
-                    b.kafka = Some(addr.clone());
+                    b.kafka = addr.clone();
                     Ok(())
                 }
                 None => Err(format!("no broker {id}")),

@@ -73,14 +73,23 @@ pub(crate) async fn create_topics(
             ));
             continue;
         }
-        if !matches!(t.replication_factor, -1 | 1) && shared.broker.cluster().is_none() {
+        let cluster = shared.broker.cluster();
+        let brokers = cluster.map_or(1, |c| c.broker_count());
+        let most = brokers.min(5) as i16;
+        if t.replication_factor == 0 || t.replication_factor < -1 || t.replication_factor > most {
             results.push(refuse(
                 ResponseError::InvalidReplicationFactor,
-                "a single broker keeps one copy of each partition".into(),
+                format!(
+                    "replication factor {}: 1 to {most} here",
+                    t.replication_factor
+                ),
             ));
             continue;
         }
         let mut body = serde_json::Map::new();
+        if t.replication_factor > 0 && cluster.is_some() {
+            body.insert("replicationFactor".into(), json!(t.replication_factor));
+        }
         if t.num_partitions > 0 {
             body.insert("partitions".into(), json!(t.num_partitions));
         } else if t.num_partitions != -1 {
@@ -118,11 +127,14 @@ pub(crate) async fn create_topics(
         }
         let body = serde_json::to_vec(&body).expect("JSON encodes");
         match shared.broker.put_topic(name, &body).await {
-            Ok(detail) => results.push(
-                result
-                    .with_num_partitions(detail.config.partitions as i32)
-                    .with_replication_factor(1),
-            ),
+            Ok(detail) => {
+                let replicas = cluster.map_or(1, |c| c.replicas_of(name, 0).len());
+                results.push(
+                    result
+                        .with_num_partitions(detail.config.partitions as i32)
+                        .with_replication_factor(replicas as i16),
+                )
+            }
             Err(e) => results.push(refuse(error_of(&e), e.to_string())),
         }
     }

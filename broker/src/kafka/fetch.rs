@@ -13,7 +13,7 @@ use kafka_protocol::messages::{FetchRequest, FetchResponse};
 
 use super::Shared;
 use super::records;
-use crate::kafka::{leads, partition_of};
+use crate::kafka::{partition_of, serves_reads};
 use crate::topics::Partition;
 
 /// Most records one partition answers in one fetch.
@@ -59,11 +59,8 @@ pub(crate) async fn answer(shared: &Shared, request: FetchRequest, _version: i16
                     );
                     continue;
                 };
-                if !leads(shared, name.as_str(), p) {
-                    partitions.push(
-                        data.with_error_code(ResponseError::NotLeaderOrFollower.code())
-                            .with_high_watermark(-1),
-                    );
+                if let Err(e) = serves_reads(shared, name.as_str(), p) {
+                    partitions.push(data.with_error_code(e.code()).with_high_watermark(-1));
                     continue;
                 }
                 let (first, next) = (p.log.first_offset(), p.log.next_offset());

@@ -85,13 +85,9 @@ pub(crate) async fn answer(
                 .with_port(port)
         })
         .collect();
-    let controller = match shared.broker.cluster() {
-        Some(c) => c
-            .coordinator()
-            .0
-            .map_or(BrokerId(-1), |l| BrokerId(l as i32)),
-        None => BrokerId(shared.node_id),
-    };
+    // The broker a client sends CreateTopics and DeleteTopics to: any broker of a cluster
+    // makes them through the metadata group, so this one, which the list always holds.
+    let controller = BrokerId(shared.node_id);
     MetadataResponse::default()
         .with_brokers(brokers)
         .with_cluster_id(Some(StrBytes::from_string(cluster_id(shared))))

@@ -24,7 +24,10 @@ use tokio_util::sync::CancellationToken;
 
 use mmmq_core::Topic;
 
+use kafka_protocol::ResponseError;
+
 use crate::broker::Broker;
+use crate::cluster::kafka::LeaderWriteError;
 use crate::topics::{Partition, TopicLog};
 
 mod admin;
@@ -83,14 +86,29 @@ impl Shared {
     }
 }
 
-/// Whether this broker answers for partition `p` of `topic`: always alone; in a cluster, only
-/// as its leader (Kafka's clients read and write at the leader Metadata names; others answer
-/// `NOT_LEADER_OR_FOLLOWER`).
-pub(crate) fn leads(shared: &Shared, topic: &str, p: &Partition) -> bool {
-    shared
-        .broker
-        .cluster()
-        .is_none_or(|c| c.leads_partition(topic, p.number))
+/// Whether this broker answers reads of partition `p` of `topic`: always alone; in a cluster,
+/// only as its leader (Kafka's clients read and write at the leader Metadata names; others
+/// answer `NOT_LEADER_OR_FOLLOWER`), once it applied its term's first entry (before, its log
+/// may end short of what the previous leader showed as the end, and a client at that end
+/// would be told its offset is out of range: `LEADER_NOT_AVAILABLE`, retried).
+pub(crate) fn serves_reads(
+    shared: &Shared,
+    topic: &str,
+    p: &Partition,
+) -> Result<(), ResponseError> {
+    match shared.broker.cluster() {
+        None => Ok(()),
+        Some(c) => c.leads_ready(topic, p.number).map_err(|e| match e {
+            LeaderWriteError::NotReady(_) => ResponseError::LeaderNotAvailable,
+            _ => ResponseError::NotLeaderOrFollower,
+        }),
+    }
+}
+
+/// `host:port` split, the port a number.
+fn host_port(addr: &str) -> Option<(String, i32)> {
+    let (host, port) = addr.rsplit_once(':')?;
+    Some((host.to_owned(), i32::from(port.parse::<u16>().ok()?)))
 }
 
 /// Partition `index` of `topic`, if both exist.
@@ -138,22 +156,19 @@ pub async fn serve(
     limits: Limits,
     stop: CancellationToken,
 ) -> Result<(), KafkaError> {
-    let advertised = match &settings.advertised {
+    let mut advertised = match &settings.advertised {
         None => None,
-        Some(a) => {
-            let (host, port) = a
-                .rsplit_once(':')
-                .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()? as i32)))
-                .ok_or_else(|| KafkaError::BadAdvertised(a.clone()))?;
-            Some((host, port))
-        }
+        Some(a) => Some(host_port(a).ok_or_else(|| KafkaError::BadAdvertised(a.clone()))?),
     };
     let node_id = broker.cluster().map_or(0, |c| c.id() as i32);
     if let Some(cluster) = broker.cluster() {
         let local = listener
             .local_addr()
             .map_err(|e| KafkaError::BadAdvertised(e.to_string()))?;
-        cluster.announce_kafka(announced(advertised.as_ref(), local, cluster.addr()));
+        let addr = announced(advertised.as_ref(), local, cluster.addr());
+        // Metadata names this broker as the others do.
+        advertised = host_port(&addr);
+        cluster.announce_kafka(Some(addr));
     }
     let shared = Arc::new(Shared {
         auth_token: broker.config().auth_token.clone(),

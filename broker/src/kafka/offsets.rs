@@ -10,7 +10,7 @@ use kafka_protocol::messages::list_offsets_response::{
 use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
 
 use super::Shared;
-use crate::kafka::{leads, partition_of};
+use crate::kafka::{partition_of, serves_reads};
 use crate::storage::Log;
 
 const LATEST: i64 = -1;
@@ -39,10 +39,10 @@ pub(crate) async fn list(
                 );
                 continue;
             };
-            if !leads(shared, t.name.as_str(), &partition) {
+            if let Err(e) = serves_reads(shared, t.name.as_str(), &partition) {
                 partitions.push(
                     answer
-                        .with_error_code(ResponseError::NotLeaderOrFollower.code())
+                        .with_error_code(e.code())
                         .with_offset(-1)
                         .with_timestamp(-1),
                 );

@@ -255,7 +255,17 @@ async fn idempotent(
     // are stored already.
     let (from, base) = match state.as_ref().expect("filled").judge(epoch, first, last) {
         Verdict::Duplicate(offset) => return Ok(offset),
-        Verdict::Refuse(e) => return Err((e, None)),
+        Verdict::Refuse(e) => {
+            // A leader deposed without knowing it judged by its old term's state: the client
+            // takes the refusal as fatal, so it is given only by the partition's leader.
+            if let (Some(cluster), Some(term)) = (shared.broker.cluster(), term) {
+                cluster
+                    .confirm_leading(topic.as_str(), p.number, term)
+                    .await
+                    .map_err(leader_refusal)?;
+            }
+            return Err((e, None));
+        }
         Verdict::Append => (first, None),
         Verdict::Rest { stored, base } => {
             payloads.drain(..stored);

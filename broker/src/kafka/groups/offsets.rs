@@ -32,7 +32,10 @@ pub(crate) async fn commit(
     _version: i16,
 ) -> OffsetCommitResponse {
     let group = request.group_id.as_str().to_owned();
-    let refused = {
+    // First: a coordinator in a new term forgets the groups of the old one, and a member of
+    // those must not pass the checks below.
+    let serving = shared.groups.serving(shared).err();
+    let refused = serving.or_else(|| {
         let groups = shared.groups.groups.lock();
         match groups.get(&group) {
             _ if ConsumerId::new(group.clone()).is_err() => Some(ResponseError::InvalidGroupId),
@@ -56,9 +59,8 @@ pub(crate) async fn commit(
             }
             _ => None,
         }
-    };
+    });
     let id = ConsumerId::new(group.clone()).ok();
-    let refused = refused.or_else(|| shared.groups.serving(shared).err());
     // Per topic, per partition: its error code, or the partition and offset to commit.
     let mut answers: Judged = Vec::with_capacity(request.topics.len());
     for t in request.topics {
