@@ -572,3 +572,92 @@ async fn topic_admin_over_kafka_is_the_topics_of_http() {
     let r: DeleteTopicsResponse = c.call(ApiKey::DeleteTopics, 5, &delete).await;
     assert_eq!(r.responses[0].error_code, 3);
 }
+
+/// A produce's compressed batches expand, all of them together, into no more than the frame
+/// limit (32 × `--max-body-bytes`): a request of many partitions, each batch a small
+/// decompression bomb under the limit alone, is not held in memory whole. The batches past
+/// the budget are refused (`MESSAGE_TOO_LARGE`) and store nothing; the ones before it are
+/// stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requests_compressed_batches_share_one_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kafka = format!("127.0.0.1:{}", mmmq_tests::free_port());
+    // A frame limit of 2 MiB.
+    let broker = Broker::start_with(
+        tmp.path(),
+        &["--kafka-listen", &kafka, "--max-body-bytes", "65536"],
+    )
+    .await;
+    let (status, t) = broker
+        .put("/mmmq/topics/bombs", &json!({"partitions": 3}))
+        .await;
+    assert_eq!(status, 200, "{t}");
+    // 18 records of 60,000 bytes of one byte each (a record may be 64 KiB here): about 1 MiB
+    // that gzips to a few kilobytes.
+    let bomb = {
+        let records: Vec<Record> = (0..18)
+            .map(|i| Record {
+                transactional: false,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: -1,
+                producer_id: -1,
+                producer_epoch: -1,
+                timestamp_type: TimestampType::Creation,
+                offset: i,
+                sequence: i as i32,
+                timestamp: 1_700_000_000_000,
+                key: None,
+                value: Some(Bytes::from(vec![b'a'; 60_000])),
+                headers: Default::default(),
+            })
+            .collect();
+        let mut out = BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut out,
+            records.iter(),
+            &RecordEncodeOptions {
+                version: 2,
+                compression: Compression::Gzip,
+            },
+        )
+        .unwrap();
+        out.freeze()
+    };
+    assert!(bomb.len() < 16 * 1024, "{} bytes", bomb.len());
+    let request = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(10_000)
+        .with_topic_data(vec![
+            TopicProduceData::default()
+                .with_name(TopicName(StrBytes::from_static_str("bombs")))
+                .with_partition_data(
+                    (0..3)
+                        .map(|p| {
+                            PartitionProduceData::default()
+                                .with_index(p)
+                                .with_records(Some(bomb.clone()))
+                        })
+                        .collect(),
+                ),
+        ]);
+    let mut c = Conn::open(&kafka).await;
+    let r: ProduceResponse = c.call(ApiKey::Produce, 9, &request).await;
+    let codes: Vec<i16> = r.responses[0]
+        .partition_responses
+        .iter()
+        .map(|p| p.error_code)
+        .collect();
+    assert_eq!(codes, [0, 10, 10], "{r:?}");
+    let (_, detail) = broker.get("/mmmq/topics/bombs").await;
+    let stored: Vec<u64> = detail["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["nextOffset"].as_u64().unwrap())
+        .collect();
+    assert_eq!(stored, [18, 0, 0], "{detail}");
+    // The connection serves on: the next request's budget is whole again.
+    let r: ProduceResponse = c.call(ApiKey::Produce, 9, &produce("bombs", bomb)).await;
+    assert_eq!(outcome(&r), (0, 18));
+}

@@ -14,7 +14,7 @@ use kafka_protocol::records::Compression;
 /// Why a batch could not be decompressed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum DecompressError {
-    #[error("a {0:?} batch expands past {1} bytes")]
+    #[error("a {0:?} batch expands past the {1} bytes left of its request's limit")]
     TooLarge(Compression, usize),
     #[error("a {0:?} batch does not decompress: {1}")]
     Corrupt(Compression, String),

@@ -280,7 +280,7 @@ fn parse_body(key: ApiKey, version: i16, frame: &mut Bytes) -> Result<RequestKin
 }
 
 /// Reads one frame as a connection does, and a produce's record batches too (decompressed into
-/// at most `max_batch` bytes each), acting on nothing: what the fuzz target drives. The number
+/// at most `max_batch` bytes all together, as a produce's), acting on nothing: what the fuzz target drives. The number
 /// of records a produce carried.
 pub(crate) fn read_only(frame: &[u8], max_batch: usize) -> Result<usize, String> {
     let mut frame = Bytes::copy_from_slice(frame);
@@ -293,9 +293,10 @@ pub(crate) fn read_only(frame: &[u8], max_batch: usize) -> Result<usize, String>
         return Ok(0);
     };
     let mut records = 0;
+    let budget = std::sync::atomic::AtomicUsize::new(max_batch);
     for t in produce.topic_data {
         for p in t.partition_data {
-            let batches = super::records::decode(p.records.unwrap_or_default(), max_batch)
+            let batches = super::records::decode(p.records.unwrap_or_default(), &budget)
                 .map_err(|e| e.to_string())?;
             records += batches.iter().map(|b| b.payloads.len()).sum::<usize>();
         }

@@ -9,6 +9,7 @@
 //! goes to the leader Metadata names.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 
 use bytes::Bytes;
 use futures_util::future::join_all;
@@ -38,6 +39,9 @@ pub(crate) async fn answer(
     let acks = request.acks;
     let transactional = request.transactional_id.is_some();
     let mut responses = Vec::with_capacity(request.topic_data.len());
+    // What the request's compressed batches may expand into, all of them together: the frame
+    // limit (a request of many partitions, each a decompression bomb, is held to it too).
+    let budget = &AtomicUsize::new(shared.limits.max_frame);
     for topic in request.topic_data {
         let name = topic.name.clone();
         let answers = join_all(topic.partition_data.into_iter().map(|p| {
@@ -48,7 +52,8 @@ pub(crate) async fn answer(
                 } else if transactional {
                     Err((ResponseError::TransactionalIdAuthorizationFailed, None))
                 } else {
-                    one_partition(shared, &name, p.index, p.records.unwrap_or_default()).await
+                    let records = p.records.unwrap_or_default();
+                    one_partition(shared, &name, p.index, records, budget).await
                 };
                 let mut r = PartitionProduceResponse::default().with_index(p.index);
                 match result {
@@ -85,6 +90,7 @@ async fn one_partition(
     topic: &str,
     partition: i32,
     records: Bytes,
+    budget: &AtomicUsize,
 ) -> Result<(u64, u64), Refusal> {
     let topic = Topic::new(topic)
         .map_err(|e| (ResponseError::InvalidTopicException, Some(e.to_string())))?;
@@ -108,7 +114,7 @@ async fn one_partition(
     if cluster.is_some_and(|c| !c.leads_partition(topic.as_str(), p.number)) {
         return Err((ResponseError::NotLeaderOrFollower, None));
     }
-    let batches = records::decode(records, shared.limits.max_frame).map_err(|e| {
+    let batches = records::decode(records, budget).map_err(|e| {
         let code = match e.downcast_ref::<DecompressError>() {
             Some(DecompressError::TooLarge(..)) => ResponseError::MessageTooLarge,
             _ => ResponseError::CorruptMessage,

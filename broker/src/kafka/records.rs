@@ -6,6 +6,8 @@
 //! every client reads: a record payload gives its bytes back; a message produced over HTTP gives
 //! its content's JSON text as the value and its key's UTF-8 bytes as the key.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::indexmap::IndexMap;
 use kafka_protocol::protocol::StrBytes;
@@ -27,12 +29,21 @@ pub(crate) struct Batch {
     pub payloads: Vec<Vec<u8>>,
 }
 
-/// Decodes the record batches of one partition of a produce, each decompressed into at most
-/// `limit` bytes (`super::compression`).
-pub(crate) fn decode(mut records: Bytes, limit: usize) -> anyhow::Result<Vec<Batch>> {
+/// Decodes the record batches of one partition of a produce, compressed ones decompressed into
+/// what is left of `budget`, which they then use up (`super::compression`): one request's
+/// batches together, whatever partitions they name, expand into no more than its budget.
+pub(crate) fn decode(mut records: Bytes, budget: &AtomicUsize) -> anyhow::Result<Vec<Batch>> {
     let mut batches = Vec::new();
     let decompress = |data: &mut Bytes, c: Compression| {
-        super::compression::decompress(data, c, limit).map_err(anyhow::Error::from)
+        if c == Compression::None {
+            return Ok(data.split_to(data.len()));
+        }
+        let out = super::compression::decompress(data, c, budget.load(Ordering::Relaxed))?;
+        // Another partition's batch may have drawn on it meanwhile: at worst the budget ends.
+        let _ = budget.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+            Some(left.saturating_sub(out.len()))
+        });
+        Ok::<_, anyhow::Error>(out)
     };
     while !records.is_empty() {
         let set =
