@@ -40,6 +40,7 @@ mod offsets;
 mod produce;
 mod producers;
 mod records;
+mod scan;
 mod versions;
 
 /// What the Kafka listener is configured with (`serve --kafka-listen`).
@@ -73,6 +74,8 @@ pub(crate) struct Shared {
     pub limits: Limits,
     pub groups: groups::Coordinator,
     pub producers: producers::Producers,
+    /// Producers' states read back from the partitions' logs.
+    pub scans: Arc<scan::Scans>,
     /// This broker's node id in Metadata (its cluster node id; 0 alone).
     pub node_id: i32,
 }
@@ -173,6 +176,7 @@ pub async fn serve(
     let shared = Arc::new(Shared {
         auth_token: broker.config().auth_token.clone(),
         producers: producers::Producers::new(node_id as u64),
+        scans: Arc::default(),
         groups: groups::Coordinator::default(),
         broker,
         advertised,

@@ -27,9 +27,6 @@ use crate::broker::Broker;
 use crate::cluster::kafka::LeaderWriteError;
 use crate::topics::Partition;
 
-/// Records read back to find a restarted producer's last batches.
-const SCAN_BACK: u64 = 100_000;
-
 /// The answer to a produce; `None` for `acks=0`.
 pub(crate) async fn answer(
     shared: &Shared,
@@ -245,12 +242,11 @@ async fn idempotent(
         .map_err(|_| timed_out())?;
     let generation = term.unwrap_or(0);
     if state.as_ref().is_none_or(|s| s.generation != generation) {
-        let mut known = if term.is_some() || shared.producers.predates_boot(batch.producer_id) {
-            read_back(p, batch.producer_id).await?
+        let known = if term.is_some() || shared.producers.predates_boot(batch.producer_id) {
+            shared.scans.take(p, batch.producer_id, generation).await?
         } else {
             State::default()
         };
-        known.generation = generation;
         *state = Some(known);
     }
     let count = batch.payloads.len() as i32;
@@ -279,6 +275,7 @@ async fn idempotent(
         }
     };
     let (broker, topic, p) = (shared.broker.clone(), topic.clone(), p.clone());
+    let scans = shared.scans.clone();
     let write = tokio::spawn(async move {
         let written = append(&broker, &topic, &p, payloads, term).await;
         match &written {
@@ -286,8 +283,11 @@ async fn idempotent(
                 let s = state.as_mut().expect("filled");
                 s.stored(epoch, from, last, *offset);
             }
-            // Maybe stored: known again only from the log, in the next term.
-            Err(_) if term.is_some() => *state = None,
+            // Maybe stored: known again only from the log, read anew.
+            Err(_) if term.is_some() => {
+                *state = None;
+                scans.forget(&p);
+            }
             // Alone, a failed append stored nothing.
             Err(_) => {}
         }
@@ -299,57 +299,4 @@ async fn idempotent(
             .map(|offset| base.unwrap_or(offset)),
         Err(_) => Err(timed_out()),
     }
-}
-
-/// A producer's last batches in `p`, read from its newest records (up to [`SCAN_BACK`]).
-async fn read_back(p: &Arc<Partition>, producer: i64) -> Result<State, Refusal> {
-    let log = p.log.clone();
-    tokio::task::spawn_blocking(move || {
-        let end = log.next_offset();
-        let start = end.saturating_sub(SCAN_BACK).max(log.first_offset());
-        let mut state = State::default();
-        let mut from = start;
-        // (epoch, first seq, last seq, first offset) of the run being read.
-        let mut run: Option<(i16, i32, i32, u64)> = None;
-        while from < end {
-            let entries = log
-                .read_from(from, 1000, 8 << 20)
-                .map_err(|e| (ResponseError::KafkaStorageError, Some(e.to_string())))?;
-            let Some(last) = entries.last() else { break };
-            from = last.offset + 1;
-            for e in entries {
-                let Ok(payload) = e.payload else { continue };
-                let Ok(r) = mmmq_core::record::read_record_payload(&payload) else {
-                    continue;
-                };
-                let Some((id, epoch, seq)) = r.producer else {
-                    continue;
-                };
-                if id != producer {
-                    continue;
-                }
-                // One run: the same epoch, the next sequence at the next offset.
-                run = match run {
-                    Some((ep, f, l, o))
-                        if ep == epoch
-                            && seq == l.wrapping_add(1)
-                            && e.offset == o + (seq.wrapping_sub(f)) as u64 =>
-                    {
-                        Some((ep, f, seq, o))
-                    }
-                    Some((ep, f, l, o)) => {
-                        state.stored(ep, f, l, o);
-                        Some((epoch, seq, seq, e.offset))
-                    }
-                    None => Some((epoch, seq, seq, e.offset)),
-                };
-            }
-        }
-        if let Some((ep, f, l, o)) = run {
-            state.stored(ep, f, l, o);
-        }
-        Ok(state)
-    })
-    .await
-    .expect("read task panicked")
 }

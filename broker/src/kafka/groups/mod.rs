@@ -73,7 +73,8 @@ impl Coordinator {
 
 /// Removes members past their session timeout and ends rebalances past their timeout; forgets
 /// pending member ids and memberless groups after [`PENDING_TTL`], and producers' idle states
-/// (`Producers::forget_idle`) once a minute.
+/// (`Producers::forget_idle`) and unused scans of the logs (`Scans::forget_unused`) once a
+/// minute.
 pub(crate) async fn expire_sessions(shared: Arc<Shared>, stop: CancellationToken) {
     let mut next_sweep = Instant::now();
     loop {
@@ -85,6 +86,7 @@ pub(crate) async fn expire_sessions(shared: Arc<Shared>, stop: CancellationToken
         if now >= next_sweep {
             next_sweep = now + Duration::from_secs(60);
             shared.producers.forget_idle();
+            shared.scans.forget_unused();
         }
         let mut groups = shared.groups.groups.lock();
         groups.retain(|_, g| {
