@@ -661,3 +661,39 @@ async fn a_requests_compressed_batches_share_one_budget() {
     let r: ProduceResponse = c.call(ApiKey::Produce, 9, &produce("bombs", bomb)).await;
     assert_eq!(outcome(&r), (0, 18));
 }
+
+/// A connection without a whole request for `--kafka-idle-ms` is closed, as Kafka closes it
+/// (`connections.max.idle.ms`): one that never sends, and one that starts a frame and stalls;
+/// one that keeps asking stays open however long it lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_stalled_connections_are_closed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kafka = format!("127.0.0.1:{}", mmmq_tests::free_port());
+    let _broker = Broker::start_with(
+        tmp.path(),
+        &["--kafka-listen", &kafka, "--kafka-idle-ms", "400"],
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let mut silent = Conn::open(&kafka).await;
+    let mut stalled = Conn::open(&kafka).await;
+    stalled
+        .stream
+        .write_all(&100i32.to_be_bytes())
+        .await
+        .unwrap();
+    stalled.stream.write_all(&[0u8; 10]).await.unwrap();
+    let mut busy = Conn::open(&kafka).await;
+    // Busy for three idle limits: a request every 100 ms keeps it open.
+    while started.elapsed() < Duration::from_millis(1200) {
+        let _: ApiVersionsResponse = busy
+            .call(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default())
+            .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(silent.read_frame().await.is_none(), "a silent connection");
+    assert!(stalled.read_frame().await.is_none(), "a stalled frame");
+    let _: ApiVersionsResponse = busy
+        .call(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default())
+        .await;
+}

@@ -271,6 +271,15 @@ struct ServeArgs {
     /// address each client connected to.
     #[arg(long, env = "MMMQ_KAFKA_ADVERTISED", requires = "kafka_listen")]
     kafka_advertised: Option<String>,
+    /// A Kafka connection without a whole request for this long is closed (Kafka's
+    /// `connections.max.idle.ms`); a frame must arrive and an answer be read within it too.
+    #[arg(
+        long,
+        env = "MMMQ_KAFKA_IDLE_MS",
+        default_value_t = 600_000,
+        requires = "kafka_listen"
+    )]
+    kafka_idle_ms: u64,
     #[command(flatten)]
     cluster: cluster::ClusterFlags,
 }
@@ -468,6 +477,7 @@ impl ServeArgs {
             .map(|listen| mmmq::kafka::KafkaSettings {
                 listen,
                 advertised: self.kafka_advertised.clone(),
+                idle: Duration::from_millis(self.kafka_idle_ms.max(1)),
             });
         Ok(config)
     }

@@ -42,6 +42,8 @@ pub(crate) enum Refused {
     Header(String),
     #[error("encoding an answer: {0}")]
     Encode(String),
+    #[error("waited past the idle limit for {0}")]
+    Stalled(&'static str),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -90,11 +92,16 @@ pub(crate) async fn run(
     let outcome: Result<(), Refused> = async {
         loop {
             let size = tokio::select! {
-                size = r.read_i32() => match size {
-                    Ok(size) => size,
+                size = tokio::time::timeout(shared.idle, r.read_i32()) => match size {
+                    Ok(Ok(size)) => size,
                     // The client closed the connection between requests: nothing wrong.
-                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-                    Err(e) => return Err(e.into()),
+                    Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+                    Ok(Err(e)) => return Err(e.into()),
+                    // Idle: closed, as Kafka closes it; the client connects again.
+                    Err(_) => {
+                        tracing::debug!(%peer, "kafka: closing an idle connection");
+                        return Ok(());
+                    }
                 },
                 _ = stop.cancelled() => return Ok(()),
             };
@@ -109,7 +116,9 @@ pub(crate) async fn run(
                 return Err(Refused::FrameSize(size.into(), limit));
             }
             let mut frame = vec![0u8; size as usize];
-            r.read_exact(&mut frame).await?;
+            tokio::time::timeout(shared.idle, r.read_exact(&mut frame))
+                .await
+                .map_err(|_| Refused::Stalled("the rest of a frame"))??;
             let frame = Bytes::from(frame);
             let answer = if session.raw_sasl_next {
                 session.raw_sasl_next = false;
@@ -119,14 +128,20 @@ pub(crate) async fn run(
             } else {
                 handle(&shared, &mut session, frame).await?
             };
-            if let Some(answer) = answer {
-                w.write_all(&answer).await?;
-            }
-            // More requests already buffered are answered first, then flushed together; a
-            // request without an answer (`acks=0`) flushes the ones before it too.
-            if r.buffer().is_empty() || session.close_after_answer {
-                w.flush().await?;
-            }
+            let answered = async {
+                if let Some(answer) = answer {
+                    w.write_all(&answer).await?;
+                }
+                // More requests already buffered are answered first, then flushed together; a
+                // request without an answer (`acks=0`) flushes the ones before it too.
+                if r.buffer().is_empty() || session.close_after_answer {
+                    w.flush().await?;
+                }
+                Ok::<_, std::io::Error>(())
+            };
+            tokio::time::timeout(shared.idle, answered)
+                .await
+                .map_err(|_| Refused::Stalled("the client to read an answer"))??;
             if session.close_after_answer {
                 return Err(Refused::AuthFailed);
             }

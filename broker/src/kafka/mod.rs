@@ -51,6 +51,10 @@ pub struct KafkaSettings {
     /// The `host:port` Metadata names for this broker; `None`: the address each client
     /// connected to.
     pub advertised: Option<String>,
+    /// How long a connection may go without a whole request before it is closed (Kafka's
+    /// `connections.max.idle.ms`, 10 minutes): also the time a started frame has to arrive,
+    /// and an answer to be taken. Clients connect again when they need to.
+    pub idle: std::time::Duration,
 }
 
 /// Limits of one connection.
@@ -78,6 +82,8 @@ pub(crate) struct Shared {
     pub scans: Arc<scan::Scans>,
     /// This broker's node id in Metadata (its cluster node id; 0 alone).
     pub node_id: i32,
+    /// [`KafkaSettings::idle`].
+    pub idle: std::time::Duration,
 }
 
 impl Shared {
@@ -177,6 +183,7 @@ pub async fn serve(
         auth_token: broker.config().auth_token.clone(),
         producers: producers::Producers::new(node_id as u64),
         scans: Arc::default(),
+        idle: settings.idle,
         groups: groups::Coordinator::default(),
         broker,
         advertised,
