@@ -306,3 +306,50 @@ async fn dispatchers_and_plugins_see_kafka_records() {
     )
     .await;
 }
+
+/// A record's headers are a list, as Kafka's: a key repeated keeps every value, in order, read
+/// back by kcat and shown so in the HTTP envelope.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_header_keys_are_all_kept_in_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (broker, bootstrap) = broker(tmp.path(), &[]).await;
+    kcat(
+        &[
+            "-b", &bootstrap, "-P", "-t", "heads", "-H", "trace=a", "-H", "solo=x", "-H", "trace=b",
+        ],
+        b"value\n",
+    );
+    let out = kcat(
+        &[
+            "-b",
+            &bootstrap,
+            "-C",
+            "-t",
+            "heads",
+            "-o",
+            "beginning",
+            "-e",
+            "-f",
+            "%h\n",
+        ],
+        b"",
+    );
+    assert_eq!(String::from_utf8_lossy(&out), "trace=a,solo=x,trace=b\n");
+    let got = broker.pull_all("heads").await;
+    let headers: Vec<(String, String)> = got[0]["headers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{got:?}"))
+        .iter()
+        .map(|h| {
+            let value = h["valueBase64"].as_str().unwrap();
+            (h["key"].as_str().unwrap().to_owned(), value.to_owned())
+        })
+        .collect();
+    // "a", "x", "b" in base64.
+    let want = [("trace", "YQ=="), ("solo", "eA=="), ("trace", "Yg==")];
+    assert_eq!(
+        headers,
+        want.map(|(k, v)| (k.to_owned(), v.to_owned())),
+        "{got:?}"
+    );
+}

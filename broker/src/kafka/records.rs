@@ -9,7 +9,6 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::{Bytes, BytesMut};
-use kafka_protocol::indexmap::IndexMap;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
@@ -142,12 +141,8 @@ fn record_of(offset: u64, base: u64, payload: Vec<u8>) -> Option<Record> {
         timestamp,
         key,
         value,
-        headers: headers_map(headers),
+        headers,
     })
-}
-
-fn headers_map(headers: Vec<(StrBytes, Option<Bytes>)>) -> IndexMap<StrBytes, Option<Bytes>> {
-    headers.into_iter().collect()
 }
 
 /// Encodes stored entries (offset, payload) as record batches; an unreadable entry is left out

@@ -181,7 +181,9 @@ pub struct Record {
     /// The payload of the record.
     pub value: Option<Bytes>,
     /// Headers associated with the record's payload.
-    pub headers: IndexMap<StrBytes, Option<Bytes>>,
+    // mmmq: in the order they came, a key repeated as often as it was (Kafka's headers are a
+    // list): 0.18.0's map kept one header per key.
+    pub headers: Vec<(StrBytes, Option<Bytes>)>,
 }
 
 const MAGIC_BYTE_OFFSET: usize = 16;
@@ -895,7 +897,7 @@ impl Record {
         let num_headers = num_headers as usize;
 
         // mmmq: bounded by the bytes left.
-        let mut headers = IndexMap::with_capacity(num_headers.min(bytes::Buf::remaining(buf)));
+        let mut headers = Vec::with_capacity(num_headers.min(bytes::Buf::remaining(buf)));
         for _ in 0..num_headers {
             // Key len
             let key_len: i32 = types::VarInt.decode(buf)?;
@@ -918,7 +920,7 @@ impl Record {
                 Ordering::Greater => Some(buf.try_get_bytes(value_len as usize)?),
             };
 
-            headers.insert(key, value);
+            headers.push((key, value));
         }
 
         Ok(Self {
