@@ -129,7 +129,26 @@ def kafka_python(bootstrap, topic, n):
     out("ok", len(got), committed)
 
 
+def groups(bootstrap, group):
+    """ListGroups and DescribeGroups through confluent-kafka's AdminClient."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for g in admin.list_consumer_groups(request_timeout=10).result().valid:
+        out("listed", g.group_id, g.state.name)
+    d = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
+    out("described", d.group_id, d.state.name, d.partition_assignor or "-", len(d.members))
+    for m in d.members:
+        parts = sorted(tp.partition for tp in m.assignment.topic_partitions)
+        out("member", m.client_id or "-", ",".join(str(p) for p in parts) or "-")
+    out("done")
+
+
 if __name__ == "__main__":
-    {"idempotent": idempotent, "member": member, "kafka_python": kafka_python}[sys.argv[1]](
-        *sys.argv[2:]
-    )
+    commands = {
+        "idempotent": idempotent,
+        "member": member,
+        "kafka_python": kafka_python,
+        "groups": groups,
+    }
+    commands[sys.argv[1]](*sys.argv[2:])

@@ -203,6 +203,27 @@ async fn a_group_of_three_survives_a_member_killed_mid_stream() {
         },
     )
     .await;
+    // Kafka's admin API (ListGroups, DescribeGroups) through confluent-kafka's AdminClient: the
+    // group stable with its two live members, which own the six partitions between them.
+    let admin = Client::start(&["groups", &kafka, "g3"]);
+    eventually(Duration::from_secs(30), "the admin client done", || {
+        (admin.count("done") == 1).then_some(())
+    })
+    .await;
+    let lines = admin.lines();
+    assert!(lines.contains(&"listed g3 STABLE".to_owned()), "{lines:?}");
+    assert!(
+        lines.contains(&"described g3 STABLE range 2".to_owned()),
+        "{lines:?}"
+    );
+    let mut owned: Vec<u32> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("member "))
+        .flat_map(|l| l.rsplit(' ').next().unwrap().split(','))
+        .map(|p| p.parse().unwrap())
+        .collect();
+    owned.sort();
+    assert_eq!(owned, [0, 1, 2, 3, 4, 5], "{lines:?}");
     // HTTP's group listing shows the Kafka group: its two live members own the six partitions,
     // each committed at its end.
     let (status, body) = broker.get("/mmmq/groups").await;
