@@ -353,3 +353,46 @@ async fn repeated_header_keys_are_all_kept_in_order() {
         "{got:?}"
     );
 }
+
+/// With `--auth-token`, kcat (librdkafka's SASL/PLAIN: SaslHandshake v1, SaslAuthenticate)
+/// logs in with the token as its password, any user name, and produces and consumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kcat_logs_in_with_sasl_plain() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_broker, bootstrap) = broker(tmp.path(), &["--auth-token", "s3cret"]).await;
+    let login = [
+        "-X",
+        "security.protocol=SASL_PLAINTEXT",
+        "-X",
+        "sasl.mechanisms=PLAIN",
+        "-X",
+        "sasl.username=anyone",
+        "-X",
+        "sasl.password=s3cret",
+    ];
+    let with = |args: &[&str]| -> Vec<String> {
+        let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        all.extend(login.iter().map(|s| s.to_string()));
+        all
+    };
+    let produce = with(&["-b", &bootstrap, "-P", "-t", "locked", "-K:"]);
+    let produce: Vec<&str> = produce.iter().map(String::as_str).collect();
+    kcat(&produce, b"k1:one\nk2:two\n");
+    let consume = with(&[
+        "-b",
+        &bootstrap,
+        "-C",
+        "-t",
+        "locked",
+        "-o",
+        "beginning",
+        "-e",
+        "-f",
+        "%k=%s\n",
+    ]);
+    let consume: Vec<&str> = consume.iter().map(String::as_str).collect();
+    let out = String::from_utf8(kcat(&consume, b"")).unwrap();
+    let mut lines: Vec<&str> = out.lines().collect();
+    lines.sort();
+    assert_eq!(lines, ["k1=one", "k2=two"]);
+}

@@ -488,6 +488,30 @@ async fn sasl_plain_with_the_auth_token_comes_first() {
         3,
         "an unknown topic (Metadata creates topics, produce does not)"
     );
+    // SaslHandshake v0: the next frame is the bare PLAIN token, answered with an empty frame
+    // when it is right; a wrong one closes the connection.
+    for (password, ok) in [("s3cret", true), ("wrong", false)] {
+        let mut c = Conn::open(&kafka).await;
+        let h: SaslHandshakeResponse = c
+            .call(
+                ApiKey::SaslHandshake,
+                0,
+                &SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN")),
+            )
+            .await;
+        assert_eq!(h.error_code, 0);
+        c.send_raw(format!("\0user\0{password}").as_bytes()).await;
+        let answer = c.read_frame().await;
+        if !ok {
+            assert!(answer.is_none(), "a wrong raw token closes the connection");
+            continue;
+        }
+        assert_eq!(answer.as_deref(), Some(&b""[..]), "an empty server token");
+        let m: MetadataResponse = c
+            .call(ApiKey::Metadata, 9, &MetadataRequest::default())
+            .await;
+        assert_eq!(m.brokers.len(), 1);
+    }
 }
 
 /// CreateTopics, DescribeConfigs and DeleteTopics act on the topics HTTP sees: partitions and
