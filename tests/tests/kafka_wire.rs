@@ -319,6 +319,26 @@ async fn broken_frames_close_their_connection_only() {
         )
         .await;
     assert_eq!(outcome(&r), (0, 1));
+    // Only a produce may be larger than --max-body-bytes (1 MiB here): a 2 MiB Metadata
+    // request is closed at its API key, before its body is read; a 1.4 MB produce is taken.
+    let mut c = Conn::open(&kafka).await;
+    let mut head = BytesMut::new();
+    head.put_i32(2 << 20);
+    head.put_i16(ApiKey::Metadata as i16);
+    c.stream.write_all(&head).await.unwrap();
+    assert!(c.read_frame().await.is_none(), "a 2 MiB metadata request");
+    let (status, _) = broker.put("/mmmq/topics/big", &json!({})).await;
+    assert_eq!(status, 200);
+    let (a, b) = ("a".repeat(700_000), "b".repeat(700_000));
+    let mut c = Conn::open(&kafka).await;
+    let r: ProduceResponse = c
+        .call(
+            ApiKey::Produce,
+            9,
+            &produce("big", batch(-1, -1, -1, &[&a, &b])),
+        )
+        .await;
+    assert_eq!(outcome(&r), (0, 0));
 }
 
 /// ApiVersions at a version the broker does not speak is answered at v0 with

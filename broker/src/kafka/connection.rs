@@ -116,9 +116,27 @@ pub(crate) async fn run(
                 return Err(Refused::FrameSize(size.into(), limit));
             }
             let mut frame = vec![0u8; size as usize];
-            tokio::time::timeout(shared.idle, r.read_exact(&mut frame))
+            let read = async {
+                // Only a produce carries batches: any other request is at most a message's
+                // size (`--max-body-bytes`), as HTTP's bodies are. Decoded, a request of many
+                // small array elements takes many times its bytes, so the limit is what bounds
+                // the memory a request can make the broker hold.
+                let small = shared.limits.max_record.min(limit);
+                if frame.len() > small && !session.raw_sasl_next {
+                    r.read_exact(&mut frame[..2]).await?;
+                    let key = i16::from_be_bytes([frame[0], frame[1]]);
+                    if key != ApiKey::Produce as i16 {
+                        return Ok(Err(Refused::FrameSize(size.into(), small)));
+                    }
+                    r.read_exact(&mut frame[2..]).await?;
+                } else {
+                    r.read_exact(&mut frame).await?;
+                }
+                Ok::<_, std::io::Error>(Ok(()))
+            };
+            tokio::time::timeout(shared.idle, read)
                 .await
-                .map_err(|_| Refused::Stalled("the rest of a frame"))??;
+                .map_err(|_| Refused::Stalled("the rest of a frame"))???;
             let frame = Bytes::from(frame);
             let answer = if session.raw_sasl_next {
                 session.raw_sasl_next = false;
