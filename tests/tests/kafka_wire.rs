@@ -741,3 +741,57 @@ async fn idle_and_stalled_connections_are_closed() {
         .call(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default())
         .await;
 }
+
+/// A fetch's `max_bytes` bounds the whole answer, as Kafka's: only the first partition with
+/// records may go past it (by its first batch); the others wait for the next fetch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_answers_at_most_its_max_bytes_past_the_first_partition() {
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+    use kafka_protocol::messages::{FetchRequest, FetchResponse};
+    let tmp = tempfile::tempdir().unwrap();
+    let kafka = format!("127.0.0.1:{}", mmmq_tests::free_port());
+    let broker = kafka_broker(tmp.path(), &kafka).await;
+    let (status, _) = broker
+        .put("/mmmq/topics/wide", &json!({"partitions": 3}))
+        .await;
+    assert_eq!(status, 200);
+    let mut c = Conn::open(&kafka).await;
+    let value = "v".repeat(600_000);
+    for p in 0..3 {
+        let mut request = produce("wide", batch(-1, -1, -1, &[&value]));
+        request.topic_data[0].partition_data[0].index = p;
+        let r: ProduceResponse = c.call(ApiKey::Produce, 9, &request).await;
+        assert_eq!(outcome(&r), (0, 0));
+    }
+    let fetch = FetchRequest::default()
+        .with_replica_id(kafka_protocol::messages::BrokerId(-1))
+        .with_max_wait_ms(100)
+        .with_min_bytes(1)
+        .with_max_bytes(1_000_000)
+        .with_topics(vec![
+            FetchTopic::default()
+                .with_topic(TopicName(StrBytes::from_static_str("wide")))
+                .with_partitions(
+                    (0..3)
+                        .map(|p| {
+                            FetchPartition::default()
+                                .with_partition(p)
+                                .with_fetch_offset(0)
+                                .with_partition_max_bytes(1 << 20)
+                        })
+                        .collect(),
+                ),
+        ]);
+    let r: FetchResponse = c.call(ApiKey::Fetch, 12, &fetch).await;
+    let sizes: Vec<usize> = r.responses[0]
+        .partitions
+        .iter()
+        .map(|p| p.records.as_ref().map_or(0, |b| b.len()))
+        .collect();
+    assert!(sizes[0] > 600_000, "{sizes:?}");
+    assert_eq!(
+        sizes[1..],
+        [0, 0],
+        "past max_bytes after the first: {sizes:?}"
+    );
+}

@@ -259,7 +259,8 @@ async fn a_topic_grows_keeps_its_layout_and_survives_a_restart() {
     assert_eq!(got[6]["partition"], 2);
 }
 
-/// `--default-partitions`: a topic created by its first produce gets that many.
+/// `--default-partitions`: a topic created by its first produce gets that many; one created by
+/// `PUT` with fewer gets those (the default is not a floor), and only then may not shrink.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_topic_created_by_a_produce_gets_the_default_partitions() {
     let tmp = tempfile::tempdir().unwrap();
@@ -268,6 +269,15 @@ async fn a_topic_created_by_a_produce_gets_the_default_partitions() {
     let d = broker.get("/mmmq/topics/auto").await.1;
     assert_eq!(d["config"]["partitions"], 3);
     assert_eq!(d["partitions"].as_array().unwrap().len(), 3);
+    let (status, d) = broker
+        .put("/mmmq/topics/small", &json!({"partitions": 1}))
+        .await;
+    assert_eq!(status, 200, "{d}");
+    assert_eq!(d["partitions"].as_array().unwrap().len(), 1, "{d}");
+    let (status, e) = broker
+        .put("/mmmq/topics/auto", &json!({"partitions": 2}))
+        .await;
+    assert_eq!(status, 400, "{e}");
     let (status, e) = broker.get("/mmmq/topics/auto/messages?partition=x").await;
     assert_eq!(status, 400, "{e}");
 }

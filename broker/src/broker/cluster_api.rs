@@ -165,12 +165,14 @@ impl Broker {
         update: &TopicUpdate,
     ) -> Result<Option<Arc<TopicLog>>, BrokerError> {
         let existing = cluster.metadata().topics.get(topic.as_str()).cloned();
-        let current: TopicConfig = match &existing {
-            Some(t) => serde_json::from_value(t.config.clone())
-                .map_err(|e| ClusterError::Failed(format!("topic {topic:?}: {e}")))?,
-            None => self.config.topic_defaults.clone(),
+        let next = match &existing {
+            Some(t) => {
+                let current: TopicConfig = serde_json::from_value(t.config.clone())
+                    .map_err(|e| ClusterError::Failed(format!("topic {topic:?}: {e}")))?;
+                update.apply(&current)?
+            }
+            None => update.create(&self.config.topic_defaults)?,
         };
-        let next = update.apply(&current)?;
         if existing.is_none() {
             cluster.wait_for_brokers(CREATE_WAIT).await;
         }

@@ -86,11 +86,10 @@ impl Broker {
             // One administration of a topic at a time: the current configuration read here is
             // still the current one when the next is stored.
             let _admin = registry.administer(&topic).await;
-            let current = match registry.get(&topic) {
-                Some(t) => registry.config_of(&t),
-                None => defaults,
+            let next = match registry.get(&topic) {
+                Some(t) => update.apply(&registry.config_of(&t))?,
+                None => update.create(&defaults)?,
             };
-            let next = update.apply(&current)?;
             // A new topic is made with its partitions at once: refused whole at a cap.
             let t = registry
                 .get_or_create_by_api(&topic, next.partitions)

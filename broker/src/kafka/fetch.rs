@@ -78,9 +78,19 @@ pub(crate) async fn answer(shared: &Shared, request: FetchRequest, _version: i16
                     partitions.push(data.with_records(Some(Default::default())));
                     continue;
                 }
+                // As Kafka's `max_bytes`: only the first partition with records may go past
+                // it (by its first batch, so that a client can always make progress).
+                let left = budget.saturating_sub(total);
+                if total > 0 && left == 0 {
+                    partitions.push(data.with_records(Some(Default::default())));
+                    continue;
+                }
                 let cap = (*max).max(0) as usize;
-                let cap = cap.min(budget.saturating_sub(total)).max(1);
+                let cap = cap.min(left).max(1);
                 match read(p, offset, cap).await {
+                    Ok(records) if total > 0 && records.len() > left => {
+                        partitions.push(data.with_records(Some(Default::default())));
+                    }
                     Ok(records) => {
                         total += records.len();
                         partitions.push(data.with_records(Some(records)));

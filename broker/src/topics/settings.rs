@@ -141,6 +141,16 @@ impl TopicUpdate {
         self.replication_factor
     }
 
+    /// The configuration of a new topic: `defaults` with this update's fields, its partitions
+    /// any number (fewer than the default too: there is nothing to shrink).
+    pub fn create(&self, defaults: &TopicConfig) -> Result<TopicConfig, SettingsError> {
+        let mut base = defaults.clone();
+        if let Some(p) = self.partitions {
+            base.partitions = p;
+        }
+        self.apply(&base)
+    }
+
     /// The configuration after this update of `current`.
     pub fn apply(&self, current: &TopicConfig) -> Result<TopicConfig, SettingsError> {
         let mut next = current.clone();
