@@ -10,6 +10,7 @@ pub mod cluster;
 mod consumer;
 pub mod doc_run;
 pub mod kafka;
+pub mod kafka_wire;
 mod setup;
 mod snippet;
 

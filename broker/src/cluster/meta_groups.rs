@@ -21,6 +21,9 @@ pub struct GroupOffset {
     pub partition: u32,
     /// The next offset to read.
     pub offset: u64,
+    /// A Kafka commit's metadata string (none: a commit without one, as HTTP's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<String>,
 }
 
 /// A group's committed offsets of one topic incarnation.
@@ -31,6 +34,9 @@ pub struct GroupTopic {
     pub id: String,
     /// The next offset to read, per partition.
     pub offsets: BTreeMap<u32, u64>,
+    /// The metadata string committed with it, per partition that has one (Kafka's).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<u32, String>,
 }
 
 impl MetaState {
@@ -62,10 +68,18 @@ impl MetaState {
             if t.id != o.topic_id {
                 *t = GroupTopic {
                     id: o.topic_id.clone(),
-                    offsets: BTreeMap::new(),
+                    ..GroupTopic::default()
                 };
             }
             t.offsets.insert(o.partition, o.offset);
+            match o.metadata.as_deref() {
+                Some(m) if !m.is_empty() => {
+                    t.metadata.insert(o.partition, m.to_owned());
+                }
+                _ => {
+                    t.metadata.remove(&o.partition);
+                }
+            }
         }
         Ok(())
     }
@@ -80,6 +94,20 @@ impl MetaState {
     ) -> Option<u64> {
         let t = self.groups.get(group)?.get(topic)?;
         (t.id == topic_id).then(|| t.offsets.get(&partition).copied())?
+    }
+
+    /// The metadata string committed with `group`'s offset of `partition` (empty: none).
+    pub fn committed_metadata(
+        &self,
+        group: &str,
+        topic: &str,
+        topic_id: &str,
+        partition: u32,
+    ) -> String {
+        let t = self.groups.get(group).and_then(|g| g.get(topic));
+        t.filter(|t| t.id == topic_id)
+            .and_then(|t| t.metadata.get(&partition).cloned())
+            .unwrap_or_default()
     }
 
     /// Every group's committed next offset of `partition` of the incarnation `topic_id` of

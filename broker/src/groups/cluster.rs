@@ -81,6 +81,7 @@ impl Groups {
                     topic_id: k.1.to_string(),
                     partition: k.2,
                     offset: *offset,
+                    metadata: None,
                 })
                 .collect(),
         };

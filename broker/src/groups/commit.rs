@@ -111,21 +111,52 @@ impl Groups {
     }
 }
 
-/// The committed offset of `group` in `p`, as a Kafka consumer group reads it (docs/kafka.md,
-/// "One set of topics": the same checkpoint files as HTTP's groups). Blocking.
+/// The extension of the file beside a group's checkpoint that holds a Kafka commit's metadata
+/// string: the offset it was committed with (a big-endian u64), then the string's bytes.
+const METADATA_EXT: &str = "metadata";
+
+/// The committed offset of `group` in `p` and the metadata string committed with it, as a
+/// Kafka consumer group reads them (docs/kafka.md, "One set of topics": the same checkpoint
+/// files as HTTP's groups). The metadata is kept beside the checkpoint and shown while the
+/// checkpoint holds the offset it came with (a later commit without metadata, or one that did
+/// not finish writing both, leaves it unshown). Blocking.
 pub fn read_committed(
     p: &crate::topics::Partition,
     group: &ConsumerId,
-) -> Result<Option<u64>, StorageError> {
-    super::store(p).read(group)
+) -> Result<Option<(u64, String)>, StorageError> {
+    let store = super::store(p);
+    let Some(offset) = store.read(group)? else {
+        return Ok(None);
+    };
+    let metadata = match store.read_beside(group, METADATA_EXT)? {
+        Some(raw) if raw.len() >= 8 && raw[..8] == offset.to_be_bytes() => {
+            String::from_utf8_lossy(&raw[8..]).into_owned()
+        }
+        _ => String::new(),
+    };
+    Ok(Some((offset, metadata)))
 }
 
 /// Durably stores the committed offset of `group` in `p` for a Kafka consumer group, whose
-/// coordinator checked the member (docs/kafka.md). Blocking.
+/// coordinator checked the member (docs/kafka.md), with its metadata string: written first,
+/// beside the checkpoint, and only when there is one to keep or one to replace (a commit
+/// without metadata, the usual, costs what HTTP's does). Blocking.
 pub fn write_committed(
     p: &crate::topics::Partition,
     group: &ConsumerId,
     offset: u64,
+    metadata: &str,
 ) -> Result<(), StorageError> {
-    super::store(p).write(group, offset)
+    let store = super::store(p);
+    // An 8-byte file holds no string: nothing to replace.
+    let stale = store
+        .read_beside(group, METADATA_EXT)?
+        .is_some_and(|raw| raw.len() > 8);
+    if !metadata.is_empty() || stale {
+        let mut raw = Vec::with_capacity(8 + metadata.len());
+        raw.extend_from_slice(&offset.to_be_bytes());
+        raw.extend_from_slice(metadata.as_bytes());
+        store.write_beside(group, METADATA_EXT, &raw)?;
+    }
+    store.write(group, offset)
 }

@@ -39,6 +39,36 @@ pub(crate) use offsets::{commit, fetch_offsets};
 use state::{Group, Member, PENDING_TTL, Phase, SESSION_CHECK, SESSION_TIMEOUT, join_error};
 pub(crate) use status::Statuses;
 
+/// The name a Kafka group's commits are stored under (docs/kafka.md, "Consumer groups"): a
+/// group id that is a valid consumer id (`[A-Za-z0-9._-]`, at most 243 characters) is its own,
+/// so HTTP's group of that name shares its offsets; any other (Kafka takes any string) is
+/// spelled with `_` for each other character, cut to 200, and `.k` and 16 hex digits of its
+/// SHA-256 appended, so that two ids never share a name by accident. `None` for the empty id,
+/// which Kafka refuses too.
+pub(crate) fn store_id(group: &str) -> Option<ConsumerId> {
+    if group.is_empty() {
+        return None;
+    }
+    if let Ok(id) = ConsumerId::new(group) {
+        return Some(id);
+    }
+    use sha2::Digest;
+    let readable: String = group
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(200)
+        .collect();
+    let digest = sha2::Sha256::digest(group.as_bytes());
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    ConsumerId::new(format!("{readable}.k{hex}")).ok()
+}
+
 /// Every Kafka consumer group of this broker.
 #[derive(Default)]
 pub(crate) struct Coordinator {
@@ -125,7 +155,7 @@ pub(crate) async fn join(
     session: &Session,
 ) -> JoinGroupResponse {
     let group = request.group_id.as_str().to_owned();
-    if ConsumerId::new(group.clone()).is_err() {
+    if store_id(&group).is_none() {
         return join_error(ResponseError::InvalidGroupId);
     }
     if let Err(e) = shared.groups.serving(shared) {
@@ -138,15 +168,28 @@ pub(crate) async fn join(
         let mut groups = shared.groups.groups.lock();
         let g = groups.entry(group.clone()).or_insert_with(Group::new);
         g.last_active = Instant::now();
+        let instance = request
+            .group_instance_id
+            .as_ref()
+            .map(|i| i.as_str().to_owned())
+            .filter(|i| !i.is_empty());
         let mut member = request.member_id.as_str().to_owned();
+        // A static member's new instance (KIP-345) takes its old member id's place.
+        let mut replacing = None;
         if member.is_empty() {
             member = format!("{}-{}", session.client_id, uuid::Uuid::new_v4());
-            if version >= 4 {
-                // KIP-394: the member learns its id first and joins with it.
-                g.pending.push((member.clone(), Instant::now()));
-                return join_error(ResponseError::MemberIdRequired)
-                    .with_member_id(StrBytes::from_string(member));
+            match &instance {
+                Some(i) => replacing = g.statics.get(i).cloned(),
+                None if version >= 4 => {
+                    // KIP-394: the member learns its id first and joins with it.
+                    g.pending.push((member.clone(), Instant::now()));
+                    return join_error(ResponseError::MemberIdRequired)
+                        .with_member_id(StrBytes::from_string(member));
+                }
+                None => {}
             }
+        } else if let Err(e) = g.fenced(&member, instance.as_deref()) {
+            return join_error(e).with_member_id(StrBytes::from_string(member));
         } else if !g.members.contains_key(&member) {
             match g.pending.iter().position(|(p, _)| *p == member) {
                 Some(i) => {
@@ -164,7 +207,7 @@ pub(crate) async fn join(
         let compatible = g
             .members
             .iter()
-            .filter(|(id, _)| **id != member)
+            .filter(|(id, _)| **id != member && Some(*id) != replacing.as_ref())
             .all(|(_, m)| {
                 m.protocol_type == protocol_type
                     && m.protocols
@@ -174,6 +217,30 @@ pub(crate) async fn join(
         if protocols.is_empty() || !compatible {
             return join_error(ResponseError::InconsistentGroupProtocol)
                 .with_member_id(StrBytes::from_string(member));
+        }
+        if let (Some(i), Some(old)) = (&instance, &replacing) {
+            let leader = g.leader.clone().unwrap_or_default();
+            g.replace_static(i, old, &member);
+            let m = g.members.get_mut(&member).expect("replaced");
+            m.client_id = session.client_id.clone();
+            m.client_host = format!("/{}", session.peer.ip());
+            m.last_seen = Instant::now();
+            m.protocols = protocols.clone();
+            let keeps_protocol = g
+                .protocol
+                .as_ref()
+                .is_some_and(|p| protocols.iter().any(|(n, _)| n == p));
+            if g.phase == Phase::Stable && keeps_protocol {
+                // As Kafka: no rebalance; the new instance syncs and gets the old one's
+                // assignment. The leader named is the one before (the old id if it led), so
+                // that the new instance does not assign a stable group.
+                return JoinGroupResponse::default()
+                    .with_generation_id(g.generation)
+                    .with_protocol_type(g.protocol_type.clone().map(StrBytes::from_string))
+                    .with_protocol_name(g.protocol.clone().map(StrBytes::from_string))
+                    .with_leader(StrBytes::from_string(leader))
+                    .with_member_id(StrBytes::from_string(member));
+            }
         }
         let (tx, rx) = oneshot::channel();
         let changed = match g.members.get_mut(&member) {
@@ -187,9 +254,13 @@ pub(crate) async fn join(
                 changed
             }
             None => {
+                if let Some(i) = &instance {
+                    g.statics.insert(i.clone(), member.clone());
+                }
                 g.members.insert(
                     member.clone(),
                     Member {
+                        instance_id: instance.clone(),
                         client_id: session.client_id.clone(),
                         client_host: format!("/{}", session.peer.ip()),
                         session_timeout: Duration::from_millis(request.session_timeout_ms as u64),
@@ -231,7 +302,11 @@ pub(crate) async fn sync(shared: &Shared, request: SyncGroupRequest) -> SyncGrou
         let Some(g) = groups.get_mut(request.group_id.as_str()) else {
             return error(ResponseError::UnknownMemberId);
         };
-        if let Err(e) = g.check(&member, request.generation_id) {
+        if let Err(e) = g.check(
+            &member,
+            request.generation_id,
+            request.group_instance_id.as_ref().map(|i| i.as_str()),
+        ) {
             return error(e);
         }
         match g.phase {
@@ -292,7 +367,11 @@ pub(crate) fn heartbeat(shared: &Shared, request: HeartbeatRequest) -> Heartbeat
     let mut groups = shared.groups.groups.lock();
     let code = match groups.get_mut(request.group_id.as_str()) {
         None => ResponseError::UnknownMemberId.code(),
-        Some(g) => match g.check(request.member_id.as_str(), request.generation_id) {
+        Some(g) => match g.check(
+            request.member_id.as_str(),
+            request.generation_id,
+            request.group_instance_id.as_ref().map(|i| i.as_str()),
+        ) {
             Err(e) => e.code(),
             Ok(()) => {
                 if let Some(m) = g.members.get_mut(request.member_id.as_str()) {
@@ -336,12 +415,20 @@ pub(crate) fn leave(
         .members
         .iter()
         .map(|m| {
-            let id = m.member_id.as_str();
-            let code = if g.members.contains_key(id) {
-                g.remove(id);
-                0
-            } else {
-                ResponseError::UnknownMemberId.code()
+            let instance = m.group_instance_id.as_ref().map(|i| i.as_str());
+            // A static member may leave by its instance id alone (KIP-345: the admin's
+            // "remove members").
+            let id = match (m.member_id.as_str(), instance) {
+                ("", Some(i)) => g.statics.get(i).cloned().unwrap_or_default(),
+                (id, _) => id.to_owned(),
+            };
+            let code = match g.fenced(&id, instance) {
+                Err(e) => e.code(),
+                Ok(()) if g.members.contains_key(&id) => {
+                    g.remove(&id);
+                    0
+                }
+                Ok(()) => ResponseError::UnknownMemberId.code(),
             };
             MemberResponse::default()
                 .with_member_id(m.member_id.clone())
@@ -410,6 +497,7 @@ pub(crate) fn describe(shared: &Shared, request: DescribeGroupsRequest) -> Descr
                         .unwrap_or_default();
                     DescribedGroupMember::default()
                         .with_member_id(StrBytes::from_string(mid.clone()))
+                        .with_group_instance_id(m.instance_id.clone().map(StrBytes::from_string))
                         .with_client_id(StrBytes::from_string(m.client_id.clone()))
                         .with_client_host(StrBytes::from_string(m.client_host.clone()))
                         .with_member_metadata(metadata)

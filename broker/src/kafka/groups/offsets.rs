@@ -38,11 +38,12 @@ pub(crate) async fn commit(
     let refused = serving.or_else(|| {
         let groups = shared.groups.groups.lock();
         match groups.get(&group) {
-            _ if ConsumerId::new(group.clone()).is_err() => Some(ResponseError::InvalidGroupId),
+            _ if super::store_id(&group).is_none() => Some(ResponseError::InvalidGroupId),
             Some(g) if !g.members.is_empty() || request.generation_id_or_member_epoch >= 0 => {
                 match g.check(
                     request.member_id.as_str(),
                     request.generation_id_or_member_epoch,
+                    request.group_instance_id.as_ref().map(|i| i.as_str()),
                 ) {
                     Err(e) => Some(e),
                     // As Kafka's: a member of the current generation commits while the group
@@ -60,7 +61,7 @@ pub(crate) async fn commit(
             _ => None,
         }
     });
-    let id = ConsumerId::new(group.clone()).ok();
+    let id = super::store_id(&group);
     // Per topic, per partition: its error code, or the partition and offset to commit.
     let mut answers: Judged = Vec::with_capacity(request.topics.len());
     for t in request.topics {
@@ -77,7 +78,20 @@ pub(crate) async fn commit(
                         Some(_) if p.committed_offset < 0 => {
                             Err(ResponseError::OffsetOutOfRange.code())
                         }
-                        Some(part) => Ok((part, p.committed_offset as u64)),
+                        Some(_)
+                            if p.committed_metadata.as_ref().map_or(0, |m| m.len())
+                                > MAX_METADATA =>
+                        {
+                            Err(ResponseError::OffsetMetadataTooLarge.code())
+                        }
+                        Some(part) => Ok((
+                            part,
+                            p.committed_offset as u64,
+                            p.committed_metadata
+                                .as_ref()
+                                .map(|m| m.as_str().to_owned())
+                                .unwrap_or_default(),
+                        )),
                     },
                 };
                 (p.partition_index, judged)
@@ -107,7 +121,15 @@ pub(crate) async fn commit(
     OffsetCommitResponse::default().with_topics(topics)
 }
 
-type Judged = Vec<(TopicName, Vec<(i32, Result<(Arc<Partition>, u64), i16>)>)>;
+/// Kafka's `offset.metadata.max.bytes`: the longest metadata string a commit may carry.
+const MAX_METADATA: usize = 4096;
+
+/// Per topic, per partition: the partition, offset and metadata string to store, or the error
+/// code to answer.
+type Judged = Vec<(
+    TopicName,
+    Vec<(i32, Result<(Arc<Partition>, u64, String), i16>)>,
+)>;
 
 /// Stores the offsets `answers` holds (each becomes its error code, 0 once stored): in each
 /// partition's checkpoint file alone; in a cluster, all of them in one change of the
@@ -117,12 +139,13 @@ async fn store(shared: &Shared, group: &str, id: &ConsumerId, answers: &mut Judg
         let mut offsets = Vec::new();
         for (name, parts) in answers.iter() {
             for (_, judged) in parts {
-                if let Ok((p, offset)) = judged {
+                if let Ok((p, offset, metadata)) = judged {
                     offsets.push(GroupOffset {
                         topic: name.as_str().to_owned(),
                         topic_id: p.topic_id.to_string(),
                         partition: p.number,
                         offset: *offset,
+                        metadata: Some(metadata.clone()).filter(|m| !m.is_empty()),
                     });
                 }
             }
@@ -131,7 +154,7 @@ async fn store(shared: &Shared, group: &str, id: &ConsumerId, answers: &mut Judg
             return;
         }
         let command = MetaCommand::CommitGroup {
-            group: group.to_owned(),
+            group: id.as_str().to_owned(),
             offsets,
         };
         let code = match cluster.propose_here(command).await {
@@ -153,11 +176,15 @@ async fn store(shared: &Shared, group: &str, id: &ConsumerId, answers: &mut Judg
     }
     for (_, parts) in answers.iter_mut() {
         for (_, judged) in parts.iter_mut() {
-            let Ok((part, offset)) = judged else { continue };
+            let Ok((part, offset, metadata)) = judged else {
+                continue;
+            };
             let (part, offset, id) = (part.clone(), *offset, id.clone());
-            let written = tokio::task::spawn_blocking(move || write_committed(&part, &id, offset))
-                .await
-                .expect("commit task panicked");
+            let metadata = std::mem::take(metadata);
+            let written =
+                tokio::task::spawn_blocking(move || write_committed(&part, &id, offset, &metadata))
+                    .await
+                    .expect("commit task panicked");
             *judged = Err(match written {
                 Ok(()) => 0,
                 Err(e) => {
@@ -169,19 +196,23 @@ async fn store(shared: &Shared, group: &str, id: &ConsumerId, answers: &mut Judg
     }
 }
 
-/// `group`'s committed offset in partition `p` of `topic`: its checkpoint file alone, the
-/// replicated metadata in a cluster.
+/// `group`'s committed offset in partition `p` of `topic` and the metadata string committed
+/// with it: its checkpoint file alone, the replicated metadata in a cluster.
 pub(super) async fn committed(
     shared: &Shared,
     topic: &str,
     p: &Arc<Partition>,
     group: &ConsumerId,
-) -> Result<Option<u64>, crate::storage::StorageError> {
+) -> Result<Option<(u64, String)>, crate::storage::StorageError> {
     if let Some(cluster) = shared.broker.cluster() {
         let id = p.topic_id.to_string();
-        return Ok(cluster
-            .metadata()
-            .committed(group.as_str(), topic, &id, p.number));
+        let metadata = cluster.metadata();
+        return Ok(metadata
+            .committed(group.as_str(), topic, &id, p.number)
+            .map(|offset| {
+                let m = metadata.committed_metadata(group.as_str(), topic, &id, p.number);
+                (offset, m)
+            }));
     }
     let (p, group) = (p.clone(), group.clone());
     tokio::task::spawn_blocking(move || read_committed(&p, &group))
@@ -196,7 +227,7 @@ pub(crate) async fn fetch_offsets(
     request: OffsetFetchRequest,
     version: i16,
 ) -> OffsetFetchResponse {
-    let Ok(id) = ConsumerId::new(request.group_id.as_str()) else {
+    let Some(id) = super::store_id(request.group_id.as_str()) else {
         return OffsetFetchResponse::default()
             .with_error_code(ResponseError::InvalidGroupId.code());
     };
@@ -244,7 +275,9 @@ pub(crate) async fn fetch_offsets(
             };
             let read = committed(shared, name.as_str(), &p, &id).await;
             out.push(match read {
-                Ok(Some(offset)) => answer.with_committed_offset(offset as i64),
+                Ok(Some((offset, metadata))) => answer
+                    .with_committed_offset(offset as i64)
+                    .with_metadata(Some(StrBytes::from_string(metadata))),
                 Ok(None) => answer,
                 Err(_) => answer.with_error_code(ResponseError::KafkaStorageError.code()),
             });

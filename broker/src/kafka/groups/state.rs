@@ -39,6 +39,8 @@ impl Phase {
 }
 
 pub(super) struct Member {
+    /// A static member's `group.instance.id` (KIP-345): the name it keeps across restarts.
+    pub(super) instance_id: Option<String>,
     pub(super) client_id: String,
     pub(super) client_host: String,
     pub(super) session_timeout: Duration,
@@ -51,6 +53,18 @@ pub(super) struct Member {
     pub(super) syncing: Option<oneshot::Sender<SyncGroupResponse>>,
 }
 
+impl Member {
+    /// Answers the join or sync this member waits for, if any, with `error`.
+    fn release(&mut self, error: ResponseError) {
+        if let Some(tx) = self.joining.take() {
+            let _ = tx.send(join_error(error));
+        }
+        if let Some(tx) = self.syncing.take() {
+            let _ = tx.send(SyncGroupResponse::default().with_error_code(error.code()));
+        }
+    }
+}
+
 pub(super) struct Group {
     pub(super) phase: Phase,
     pub(super) generation: i32,
@@ -58,6 +72,8 @@ pub(super) struct Group {
     pub(super) protocol: Option<String>,
     pub(super) leader: Option<String>,
     pub(super) members: HashMap<String, Member>,
+    /// Static members: each `group.instance.id` and the member id that holds it now.
+    pub(super) statics: HashMap<String, String>,
     /// Ids handed out with `MEMBER_ID_REQUIRED`, not yet joined with, and when: forgotten after
     /// [`PENDING_TTL`] (a client that never came back).
     pub(super) pending: Vec<(String, Instant)>,
@@ -77,6 +93,7 @@ impl Group {
             protocol: None,
             leader: None,
             members: HashMap::new(),
+            statics: HashMap::new(),
             pending: Vec::new(),
             last_active: Instant::now(),
             rebalance_deadline: None,
@@ -153,6 +170,7 @@ impl Group {
                     .unwrap_or_default();
                 JoinGroupResponseMember::default()
                     .with_member_id(StrBytes::from_string(id.clone()))
+                    .with_group_instance_id(m.instance_id.clone().map(StrBytes::from_string))
                     .with_metadata(metadata)
             })
             .collect();
@@ -180,17 +198,12 @@ impl Group {
     pub(super) fn remove(&mut self, id: &str) {
         if let Some(mut m) = self.members.remove(id) {
             // A member removed while it waits hears why.
-            if let Some(tx) = m.joining.take() {
-                let _ = tx.send(join_error(ResponseError::UnknownMemberId));
-            }
-            if let Some(tx) = m.syncing.take() {
-                let _ = tx.send(
-                    SyncGroupResponse::default()
-                        .with_error_code(ResponseError::UnknownMemberId.code()),
-                );
-            }
+            m.release(ResponseError::UnknownMemberId);
             if self.leader.as_deref() == Some(id) {
                 self.leader = None;
+            }
+            if let Some(instance) = &m.instance_id {
+                self.statics.remove(instance);
             }
             self.prepare();
             self.try_complete_join();
@@ -201,8 +214,15 @@ impl Group {
         }
     }
 
-    /// Checks a member and generation of a sync, heartbeat or commit.
-    pub(super) fn check(&self, member: &str, generation: i32) -> Result<(), ResponseError> {
+    /// Checks a member and generation of a sync, heartbeat or commit (and the static
+    /// member's instance id it names, if any).
+    pub(super) fn check(
+        &self,
+        member: &str,
+        generation: i32,
+        instance: Option<&str>,
+    ) -> Result<(), ResponseError> {
+        self.fenced(member, instance)?;
         if !self.members.contains_key(member) {
             return Err(ResponseError::UnknownMemberId);
         }
@@ -210,6 +230,30 @@ impl Group {
             return Err(ResponseError::IllegalGeneration);
         }
         Ok(())
+    }
+
+    /// `FENCED_INSTANCE_ID` when `instance` is held by another member id than `member` (a
+    /// static member that was replaced by a newer instance of itself).
+    pub(super) fn fenced(&self, member: &str, instance: Option<&str>) -> Result<(), ResponseError> {
+        match instance.and_then(|i| self.statics.get(i)) {
+            Some(holder) if holder != member => Err(ResponseError::FencedInstanceId),
+            _ => Ok(()),
+        }
+    }
+
+    /// A static member's new instance takes over its old member id's place (KIP-345): same
+    /// assignment, same leadership; the old id is fenced, and what it waited for is answered
+    /// with `FENCED_INSTANCE_ID`. Nothing rebalances by itself here: the caller decides.
+    pub(super) fn replace_static(&mut self, instance: &str, old: &str, new: &str) {
+        let Some(mut m) = self.members.remove(old) else {
+            return;
+        };
+        m.release(ResponseError::FencedInstanceId);
+        if self.leader.as_deref() == Some(old) {
+            self.leader = Some(new.to_owned());
+        }
+        self.members.insert(new.to_owned(), m);
+        self.statics.insert(instance.to_owned(), new.to_owned());
     }
 }
 

@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use mmmq_core::ConsumerId;
 
 use crate::kafka::Shared;
 
@@ -87,7 +86,7 @@ async fn status_of(
     topics.sort();
     topics.dedup();
     let mut partitions = Vec::new();
-    let id = ConsumerId::new(name.clone()).ok();
+    let id = super::store_id(&name);
     for m in &members {
         for (topic, p) in &m.3 {
             let found = shared.topic(topic).and_then(|t| t.partition(*p));
@@ -98,7 +97,7 @@ async fn status_of(
                     .await
                     .ok()
                     .flatten()
-                    .unwrap_or(0),
+                    .map_or(0, |(offset, _)| offset),
                 None => 0,
             };
             partitions.push(GroupPartition {
