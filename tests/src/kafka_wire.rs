@@ -4,7 +4,14 @@
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
+use kafka_protocol::messages::offset_commit_request::{
+    OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+};
+use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
+use kafka_protocol::messages::{
+    ApiKey, GroupId, OffsetCommitRequest, OffsetFetchRequest, OffsetFetchResponse, RequestHeader,
+    ResponseHeader, TopicName,
+};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -78,4 +85,60 @@ impl Conn {
         self.stream.read_exact(&mut buf).await.ok()?;
         Some(Bytes::from(buf))
     }
+}
+
+fn str_bytes(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_owned())
+}
+
+/// A standalone commit (no member, generation −1) of `offset` in `topic`'s partition 0.
+pub fn commit(
+    group: &str,
+    topic: &str,
+    offset: i64,
+    metadata: Option<&str>,
+) -> OffsetCommitRequest {
+    OffsetCommitRequest::default()
+        .with_group_id(GroupId(str_bytes(group)))
+        .with_generation_id_or_member_epoch(-1)
+        .with_topics(vec![
+            OffsetCommitRequestTopic::default()
+                .with_name(TopicName(str_bytes(topic)))
+                .with_partitions(vec![
+                    OffsetCommitRequestPartition::default()
+                        .with_partition_index(0)
+                        .with_committed_offset(offset)
+                        .with_committed_metadata(metadata.map(str_bytes)),
+                ]),
+        ])
+}
+
+/// `group`'s committed offset and metadata of `topic`'s partition 0 (OffsetFetch v7): the
+/// partition's error code, or the group's (then −1 and nothing).
+pub async fn fetched(c: &mut Conn, group: &str, topic: &str) -> (i16, i64, String) {
+    let r: OffsetFetchResponse = c
+        .call(
+            ApiKey::OffsetFetch,
+            7,
+            &OffsetFetchRequest::default()
+                .with_group_id(GroupId(str_bytes(group)))
+                .with_topics(Some(vec![
+                    OffsetFetchRequestTopic::default()
+                        .with_name(TopicName(str_bytes(topic)))
+                        .with_partition_indexes(vec![0]),
+                ])),
+        )
+        .await;
+    if r.error_code != 0 {
+        return (r.error_code, -1, String::new());
+    }
+    let p = &r.topics[0].partitions[0];
+    (
+        p.error_code,
+        p.committed_offset,
+        p.metadata
+            .as_ref()
+            .map(|m| m.to_string())
+            .unwrap_or_default(),
+    )
 }

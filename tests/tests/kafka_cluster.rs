@@ -303,3 +303,44 @@ async fn a_consumer_group_carries_on_across_a_coordinator_failover() {
     drop(members);
     c.restart(coordinator).await;
 }
+
+/// A commit's metadata string and a group id that is not a consumer id (librdkafka 0099 and
+/// 0132) are kept in the replicated metadata: the next coordinator answers both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_metadata_and_any_group_id_survive_a_coordinator_failover() {
+    use kafka_protocol::messages::{ApiKey, OffsetCommitResponse};
+    use mmmq_tests::kafka_wire::{Conn, commit, fetched};
+    let mut c = cluster_with("meta", 1).await;
+    let coordinator = c.meta_leader(1).await;
+    let kafka = kafka_addresses(&c).await;
+    let mut conn = Conn::open(&kafka[&coordinator]).await;
+    let r: OffsetCommitResponse = conn
+        .call(
+            ApiKey::OffsetCommit,
+            8,
+            &commit("a,b", "meta", 5, Some("M")),
+        )
+        .await;
+    assert_eq!(r.topics[0].partitions[0].error_code, 0);
+    assert_eq!(fetched(&mut conn, "a,b", "meta").await, (0, 5, "M".into()));
+    drop(conn);
+    c.kill(coordinator);
+    let via = c.running()[0];
+    let next = eventually_async(Duration::from_secs(20), "a new metadata leader", || async {
+        let l = c.meta_leader(via).await;
+        (l != coordinator).then_some(l)
+    })
+    .await;
+    let at = kafka[&next].clone();
+    // The new coordinator answers once it serves the metadata's new term.
+    let read = eventually_async(Duration::from_secs(20), "the next coordinator", || {
+        let at = at.clone();
+        async move {
+            let mut conn = Conn::open(&at).await;
+            let r = fetched(&mut conn, "a,b", "meta").await;
+            (r.0 == 0 && r.1 >= 0).then_some(r)
+        }
+    })
+    .await;
+    assert_eq!(read, (0, 5, "M".into()));
+}

@@ -10,20 +10,16 @@
 use kafka_protocol::messages::describe_groups_request::DescribeGroupsRequest;
 use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
 use kafka_protocol::messages::leave_group_request::MemberIdentity;
-use kafka_protocol::messages::offset_commit_request::{
-    OffsetCommitRequestPartition, OffsetCommitRequestTopic,
-};
-use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
 use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
 use kafka_protocol::messages::{
     ApiKey, DescribeGroupsResponse, GroupId, HeartbeatRequest, HeartbeatResponse, JoinGroupRequest,
     JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest,
-    ListGroupsResponse, OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest,
-    OffsetFetchResponse, SyncGroupRequest, SyncGroupResponse, TopicName,
+    ListGroupsResponse, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse,
+    SyncGroupRequest, SyncGroupResponse,
 };
 use kafka_protocol::protocol::StrBytes;
 use mmmq_tests::Broker;
-use mmmq_tests::kafka_wire::Conn;
+use mmmq_tests::kafka_wire::{Conn, commit, fetched};
 use serde_json::json;
 
 async fn kafka_broker(root: &std::path::Path, kafka: &str) -> Broker {
@@ -40,50 +36,6 @@ async fn started() -> (tempfile::TempDir, String, Broker) {
 
 fn s(v: &str) -> StrBytes {
     StrBytes::from_string(v.to_owned())
-}
-
-/// A standalone commit (no member, generation −1) of `offset` in `topic`'s partition 0.
-fn commit(group: &str, topic: &str, offset: i64, metadata: Option<&str>) -> OffsetCommitRequest {
-    OffsetCommitRequest::default()
-        .with_group_id(GroupId(s(group)))
-        .with_generation_id_or_member_epoch(-1)
-        .with_topics(vec![
-            OffsetCommitRequestTopic::default()
-                .with_name(TopicName(s(topic)))
-                .with_partitions(vec![
-                    OffsetCommitRequestPartition::default()
-                        .with_partition_index(0)
-                        .with_committed_offset(offset)
-                        .with_committed_metadata(metadata.map(s)),
-                ]),
-        ])
-}
-
-/// `group`'s committed offset and metadata of `topic`'s partition 0 (OffsetFetch v7).
-async fn fetched(c: &mut Conn, group: &str, topic: &str) -> (i16, i64, String) {
-    let r: OffsetFetchResponse = c
-        .call(
-            ApiKey::OffsetFetch,
-            7,
-            &OffsetFetchRequest::default()
-                .with_group_id(GroupId(s(group)))
-                .with_topics(Some(vec![
-                    OffsetFetchRequestTopic::default()
-                        .with_name(TopicName(s(topic)))
-                        .with_partition_indexes(vec![0]),
-                ])),
-        )
-        .await;
-    assert_eq!(r.error_code, 0);
-    let p = &r.topics[0].partitions[0];
-    (
-        p.error_code,
-        p.committed_offset,
-        p.metadata
-            .as_ref()
-            .map(|m| m.to_string())
-            .unwrap_or_default(),
-    )
 }
 
 fn commit_code(r: &OffsetCommitResponse) -> i16 {
@@ -218,11 +170,26 @@ async fn a_group_id_is_any_string() {
         .await;
     assert_eq!(r.error_code, 0);
     assert_eq!(r.generation_id, 1);
-    // The empty id is refused, as Kafka refuses it (INVALID_GROUP_ID, 24).
+    // The empty id commits and fetches, as in Kafka, but joins nothing (INVALID_GROUP_ID, 24).
     let r: OffsetCommitResponse = c
         .call(ApiKey::OffsetCommit, 8, &commit("", "ids", 1, None))
         .await;
-    assert_eq!(commit_code(&r), 24);
+    assert_eq!(commit_code(&r), 0);
+    assert_eq!(fetched(&mut c, "", "ids").await, (0, 1, String::new()));
+    let empty = JoinGroupRequest::default()
+        .with_group_id(GroupId(s("")))
+        .with_session_timeout_ms(10_000)
+        .with_protocol_type(s("consumer"));
+    let r: JoinGroupResponse = c.call(ApiKey::JoinGroup, 5, &empty).await;
+    assert_eq!(r.error_code, 24);
+    // An id too long for a checkpoint's file name under its own name (241 characters) is
+    // stored under a mapped one.
+    let long = "l".repeat(241);
+    let r: OffsetCommitResponse = c
+        .call(ApiKey::OffsetCommit, 8, &commit(&long, "ids", 3, Some("m")))
+        .await;
+    assert_eq!(commit_code(&r), 0);
+    assert_eq!(fetched(&mut c, &long, "ids").await, (0, 3, "m".into()));
 }
 
 fn static_join(instance: &str, member: &str) -> JoinGroupRequest {
@@ -323,34 +290,50 @@ async fn a_static_member_restarts_without_a_rebalance() {
         (ra.assignment.as_ref(), rb.assignment.as_ref()),
         (&b"A2"[..], &b"B2"[..])
     );
-    // i2 restarts (a static member's close sends no LeaveGroup): its new instance joins with
-    // no member id and is answered at once, in the same generation, not as the leader.
-    let mut b2 = Conn::open(&kafka).await;
-    let r: JoinGroupResponse = b2.call(ApiKey::JoinGroup, 5, &static_join("i2", "")).await;
+    // i1, the leader, restarts (a static member's close sends no LeaveGroup): its new instance
+    // joins with no member id and is answered at once, in the same generation, with the
+    // leader named as it was (its old id), so it does not assign a stable group.
+    let mut a2 = Conn::open(&kafka).await;
+    let r: JoinGroupResponse = a2.call(ApiKey::JoinGroup, 5, &static_join("i1", "")).await;
     assert_eq!((r.error_code, r.generation_id), (0, 2), "no rebalance");
-    let b2_id = r.member_id.to_string();
-    assert_ne!(b2_id, b_id);
-    assert_eq!(r.leader.as_str(), a_id);
+    let a2_id = r.member_id.to_string();
+    assert_ne!(a2_id, a_id);
+    assert_eq!(r.leader.as_str(), a_id, "the leader as it was");
     assert!(r.members.is_empty());
-    let r: SyncGroupResponse = b2
-        .call(ApiKey::SyncGroup, 3, &sync(&b2_id, 2, "i2", &[]))
+    let r: SyncGroupResponse = a2
+        .call(ApiKey::SyncGroup, 3, &sync(&a2_id, 2, "i1", &[]))
         .await;
     assert_eq!(
         (r.error_code, r.assignment.as_ref()),
-        (0, &b"B2"[..]),
+        (0, &b"A2"[..]),
         "the old assignment"
     );
-    // The leader saw nothing; the old id is fenced (FENCED_INSTANCE_ID, 82).
-    let r: HeartbeatResponse = a
-        .call(ApiKey::Heartbeat, 3, &heartbeat(&a_id, 2, "i1"))
-        .await;
-    assert_eq!(r.error_code, 0);
+    // The other member saw nothing; the old id is fenced (FENCED_INSTANCE_ID, 82) wherever
+    // it goes: heartbeat, sync, commit, join.
     let r: HeartbeatResponse = b
         .call(ApiKey::Heartbeat, 3, &heartbeat(&b_id, 2, "i2"))
         .await;
+    assert_eq!(r.error_code, 0);
+    let r: HeartbeatResponse = a
+        .call(ApiKey::Heartbeat, 3, &heartbeat(&a_id, 2, "i1"))
+        .await;
+    assert_eq!(r.error_code, 82);
+    let r: SyncGroupResponse = a
+        .call(ApiKey::SyncGroup, 3, &sync(&a_id, 2, "i1", &[]))
+        .await;
+    assert_eq!(r.error_code, 82);
+    let fenced_commit = commit("static", "t", 0, None)
+        .with_generation_id_or_member_epoch(2)
+        .with_member_id(s(&a_id))
+        .with_group_instance_id(Some(s("i1")));
+    let r: OffsetCommitResponse = a.call(ApiKey::OffsetCommit, 8, &fenced_commit).await;
+    assert_eq!(commit_code(&r), 82);
+    let r: JoinGroupResponse = a
+        .call(ApiKey::JoinGroup, 5, &static_join("i1", &a_id))
+        .await;
     assert_eq!(r.error_code, 82);
     // DescribeGroups names the instances.
-    let r: DescribeGroupsResponse = a
+    let r: DescribeGroupsResponse = b
         .call(
             ApiKey::DescribeGroups,
             5,
@@ -368,10 +351,11 @@ async fn a_static_member_restarts_without_a_rebalance() {
     described.sort_by(|x, y| x.1.cmp(&y.1));
     assert_eq!(
         described,
-        [(a_id.clone(), "i1".into()), (b2_id, "i2".into())]
+        [(a2_id.clone(), "i1".into()), (b_id.clone(), "i2".into())]
     );
-    // Leaving by instance id alone (an admin's "remove members") rebalances the rest.
-    let r: LeaveGroupResponse = a
+    // Leaving by instance id alone (an admin's "remove members") rebalances the rest; the
+    // new instance of i1, which took the leader's place, leads the next generation.
+    let r: LeaveGroupResponse = b
         .call(
             ApiKey::LeaveGroup,
             4,
@@ -385,8 +369,13 @@ async fn a_static_member_restarts_without_a_rebalance() {
         )
         .await;
     assert_eq!((r.error_code, r.members[0].error_code), (0, 0));
-    let r: HeartbeatResponse = a
-        .call(ApiKey::Heartbeat, 3, &heartbeat(&a_id, 2, "i1"))
+    let r: HeartbeatResponse = a2
+        .call(ApiKey::Heartbeat, 3, &heartbeat(&a2_id, 2, "i1"))
         .await;
     assert_eq!(r.error_code, 27, "REBALANCE_IN_PROGRESS");
+    let r: JoinGroupResponse = a2
+        .call(ApiKey::JoinGroup, 5, &static_join("i1", &a2_id))
+        .await;
+    assert_eq!((r.error_code, r.generation_id), (0, 3));
+    assert_eq!(r.leader.as_str(), a2_id);
 }

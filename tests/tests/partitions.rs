@@ -274,6 +274,7 @@ async fn a_topic_created_by_a_produce_gets_the_default_partitions() {
         .await;
     assert_eq!(status, 200, "{d}");
     assert_eq!(d["partitions"].as_array().unwrap().len(), 1, "{d}");
+    assert_eq!(d["config"]["partitions"], 1, "{d}");
     let (status, e) = broker
         .put("/mmmq/topics/auto", &json!({"partitions": 2}))
         .await;

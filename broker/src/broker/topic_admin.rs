@@ -94,6 +94,14 @@ impl Broker {
             let t = registry
                 .get_or_create_by_api(&topic, next.partitions)
                 .await?;
+            // A produce may have made the topic meanwhile (it takes no administration lock),
+            // with the default partitions: the update applies to what it made, which may not
+            // shrink.
+            let next = if t.partition_count() != next.partitions {
+                update.apply(&registry.config_of(&t))?
+            } else {
+                next
+            };
             registry.set_config(&t, next).await?;
             tracing::info!(topic = %topic, config = ?registry.config_of(&t), "topic configured");
             Ok::<_, BrokerError>(t)

@@ -4,6 +4,7 @@
 //! committed it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -21,7 +22,8 @@ pub struct GroupOffset {
     pub partition: u32,
     /// The next offset to read.
     pub offset: u64,
-    /// A Kafka commit's metadata string (none: a commit without one, as HTTP's).
+    /// A Kafka commit's metadata string (empty: none); `None` for HTTP's commits, which leave
+    /// what a Kafka commit kept (shown only while the offset is the one it came with).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<String>,
 }
@@ -34,9 +36,10 @@ pub struct GroupTopic {
     pub id: String,
     /// The next offset to read, per partition.
     pub offsets: BTreeMap<u32, u64>,
-    /// The metadata string committed with it, per partition that has one (Kafka's).
+    /// Per partition with one, the last Kafka commit's metadata string and the offset it came
+    /// with (shared, not copied, when the state is: it may be 4 KiB).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub metadata: BTreeMap<u32, String>,
+    pub metadata: BTreeMap<u32, (u64, Arc<str>)>,
 }
 
 impl MetaState {
@@ -73,12 +76,13 @@ impl MetaState {
             }
             t.offsets.insert(o.partition, o.offset);
             match o.metadata.as_deref() {
-                Some(m) if !m.is_empty() => {
-                    t.metadata.insert(o.partition, m.to_owned());
-                }
-                _ => {
+                Some("") => {
                     t.metadata.remove(&o.partition);
                 }
+                Some(m) => {
+                    t.metadata.insert(o.partition, (o.offset, Arc::from(m)));
+                }
+                None => {}
             }
         }
         Ok(())
@@ -96,7 +100,8 @@ impl MetaState {
         (t.id == topic_id).then(|| t.offsets.get(&partition).copied())?
     }
 
-    /// The metadata string committed with `group`'s offset of `partition` (empty: none).
+    /// The metadata string committed with `group`'s offset of `partition`: empty when there is
+    /// none, or when the committed offset is no longer the one it came with.
     pub fn committed_metadata(
         &self,
         group: &str,
@@ -106,7 +111,10 @@ impl MetaState {
     ) -> String {
         let t = self.groups.get(group).and_then(|g| g.get(topic));
         t.filter(|t| t.id == topic_id)
-            .and_then(|t| t.metadata.get(&partition).cloned())
+            .and_then(|t| {
+                let (offset, m) = t.metadata.get(&partition)?;
+                (t.offsets.get(&partition) == Some(offset)).then(|| m.to_string())
+            })
             .unwrap_or_default()
     }
 

@@ -6,6 +6,7 @@ use mmmq_core::{ConsumerId, Topic, TopicId};
 
 use super::{GroupError, Groups, Key, key_of, name, store};
 use crate::storage::StorageError;
+use crate::storage::checkpoint::Checkpoints;
 
 impl Groups {
     /// Durably stores the group's next offsets for partitions the member owns. An offset that
@@ -111,15 +112,47 @@ impl Groups {
     }
 }
 
-/// The extension of the file beside a group's checkpoint that holds a Kafka commit's metadata
-/// string: the offset it was committed with (a big-endian u64), then the string's bytes.
+/// The extension of the file beside a group's checkpoint that holds Kafka commits' metadata
+/// strings (docs/storage.md): up to two records, the newest first, each the offset it was
+/// committed with (a big-endian u64), the string's length (a big-endian u32) and its bytes.
+/// The older is the one the checkpoint held when the newer was written: a commit that fails or
+/// is cut by a crash between this file and the checkpoint leaves the acknowledged one showing.
 const METADATA_EXT: &str = "metadata";
+
+/// The records of a metadata file, newest first; none for a file that is not one (logged).
+fn metadata_records(raw: &[u8], group: &ConsumerId) -> Vec<(u64, String)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while out.len() < 2 && at + 12 <= raw.len() {
+        let offset = u64::from_be_bytes(raw[at..at + 8].try_into().expect("8 bytes"));
+        let len = u32::from_be_bytes(raw[at + 8..at + 12].try_into().expect("4 bytes")) as usize;
+        let Some(bytes) = raw.get(at + 12..at + 12 + len) else {
+            tracing::warn!(group = %group, "a commit metadata file cut short: its strings are not shown");
+            return Vec::new();
+        };
+        out.push((offset, String::from_utf8_lossy(bytes).into_owned()));
+        at += 12 + len;
+    }
+    out
+}
+
+/// The metadata records beside `group`'s checkpoint; none (logged) when they cannot be read:
+/// a metadata string is worth less than the offset it rides with.
+fn read_metadata(store: &Checkpoints, group: &ConsumerId) -> Vec<(u64, String)> {
+    match store.read_beside(group, METADATA_EXT) {
+        Ok(Some(raw)) => metadata_records(&raw, group),
+        Ok(None) => Vec::new(),
+        Err(e) => {
+            tracing::warn!(group = %group, error = %e, "a commit metadata file unread: its strings are not shown");
+            Vec::new()
+        }
+    }
+}
 
 /// The committed offset of `group` in `p` and the metadata string committed with it, as a
 /// Kafka consumer group reads them (docs/kafka.md, "One set of topics": the same checkpoint
-/// files as HTTP's groups). The metadata is kept beside the checkpoint and shown while the
-/// checkpoint holds the offset it came with (a later commit without metadata, or one that did
-/// not finish writing both, leaves it unshown). Blocking.
+/// files as HTTP's groups). A string shows while the checkpoint holds the offset it came with.
+/// Blocking.
 pub fn read_committed(
     p: &crate::topics::Partition,
     group: &ConsumerId,
@@ -128,19 +161,19 @@ pub fn read_committed(
     let Some(offset) = store.read(group)? else {
         return Ok(None);
     };
-    let metadata = match store.read_beside(group, METADATA_EXT)? {
-        Some(raw) if raw.len() >= 8 && raw[..8] == offset.to_be_bytes() => {
-            String::from_utf8_lossy(&raw[8..]).into_owned()
-        }
-        _ => String::new(),
-    };
+    let metadata = read_metadata(&store, group)
+        .into_iter()
+        .find(|(o, _)| *o == offset)
+        .map(|(_, m)| m)
+        .unwrap_or_default();
     Ok(Some((offset, metadata)))
 }
 
 /// Durably stores the committed offset of `group` in `p` for a Kafka consumer group, whose
 /// coordinator checked the member (docs/kafka.md), with its metadata string: written first,
-/// beside the checkpoint, and only when there is one to keep or one to replace (a commit
-/// without metadata, the usual, costs what HTTP's does). Blocking.
+/// beside the checkpoint, with the record the checkpoint holds now kept after it; only when
+/// there is a string to keep or one to replace (a commit without one, the usual, costs what
+/// HTTP's does). Blocking.
 pub fn write_committed(
     p: &crate::topics::Partition,
     group: &ConsumerId,
@@ -148,14 +181,18 @@ pub fn write_committed(
     metadata: &str,
 ) -> Result<(), StorageError> {
     let store = super::store(p);
-    // An 8-byte file holds no string: nothing to replace.
-    let stale = store
-        .read_beside(group, METADATA_EXT)?
-        .is_some_and(|raw| raw.len() > 8);
-    if !metadata.is_empty() || stale {
-        let mut raw = Vec::with_capacity(8 + metadata.len());
-        raw.extend_from_slice(&offset.to_be_bytes());
-        raw.extend_from_slice(metadata.as_bytes());
+    let records = read_metadata(&store, group);
+    if !metadata.is_empty() || records.iter().any(|(_, m)| !m.is_empty()) {
+        let current = store.read(group)?;
+        let mut raw = Vec::new();
+        let kept = records
+            .into_iter()
+            .find(|(o, m)| Some(*o) == current && *o != offset && !m.is_empty());
+        for (o, m) in std::iter::once((offset, metadata.to_owned())).chain(kept) {
+            raw.extend_from_slice(&o.to_be_bytes());
+            raw.extend_from_slice(&(m.len() as u32).to_be_bytes());
+            raw.extend_from_slice(m.as_bytes());
+        }
         store.write_beside(group, METADATA_EXT, &raw)?;
     }
     store.write(group, offset)

@@ -5,7 +5,7 @@
 //! request header or longer than the frame limit, an unknown API key, a version not spoken (Kafka
 //! closes there too; ApiVersions alone answers with the versions it speaks, KIP-511), a body that
 //! does not decode. Nothing of such a frame was stored: a request is acted on only once it has
-//! decoded whole. Bytes after a whole body are ignored, as Kafka ignores them.
+//! decoded whole. Bytes after a whole body are ignored, as Kafka ignores them, but for a produce's.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -302,10 +302,18 @@ fn parse_header(frame: &mut Bytes) -> Result<(ApiKey, i16, RequestHeader), Refus
 /// A request's body. Bytes after a body that decoded whole are logged and ignored, as Kafka's
 /// broker ignores them (docs/kafka.md, "Bad input"): librdkafka 2.0.2 — Debian's, under kcat —
 /// leaves some after ListGroups v4 and after OffsetFetch v6+ for all of a group's partitions
-/// (it writes a 4-byte placeholder where a flexible version's array count is one byte).
+/// (it writes a 4-byte placeholder where a flexible version's array count is one byte). Not
+/// after a produce's: what would be stored must be all the frame holds (a batch encoded for
+/// another version than its header says can decode with bytes over).
 fn parse_body(key: ApiKey, version: i16, frame: &mut Bytes) -> Result<RequestKind, Refused> {
     let request = RequestKind::decode(key, frame, version)
         .map_err(|e| Refused::Malformed(key, e.to_string()))?;
+    if key == ApiKey::Produce && frame.has_remaining() {
+        return Err(Refused::Malformed(
+            key,
+            format!("{} bytes after the produce", frame.remaining()),
+        ));
+    }
     if frame.has_remaining() {
         tracing::debug!(
             api = ?key,

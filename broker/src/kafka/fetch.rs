@@ -79,7 +79,8 @@ pub(crate) async fn answer(shared: &Shared, request: FetchRequest, _version: i16
                     continue;
                 }
                 // As Kafka's `max_bytes`: only the first partition with records may go past
-                // it (by its first batch, so that a client can always make progress).
+                // it (by its first record, so that a client can always make progress); a
+                // later one answers what fits in what is left, which may be nothing.
                 let left = budget.saturating_sub(total);
                 if total > 0 && left == 0 {
                     partitions.push(data.with_records(Some(Default::default())));
@@ -87,7 +88,8 @@ pub(crate) async fn answer(shared: &Shared, request: FetchRequest, _version: i16
                 }
                 let cap = (*max).max(0) as usize;
                 let cap = cap.min(left).max(1);
-                match read(p, offset, cap).await {
+                match read(p, offset, cap, total > 0).await {
+                    // The batch's framing may still tip it over.
                     Ok(records) if total > 0 && records.len() > left => {
                         partitions.push(data.with_records(Some(Default::default())));
                     }
@@ -126,11 +128,21 @@ pub(crate) async fn answer(shared: &Shared, request: FetchRequest, _version: i16
     }
 }
 
-/// Reads and encodes one partition's entries from `offset`, up to `max_bytes` of payload.
-async fn read(p: &Arc<Partition>, offset: u64, max_bytes: usize) -> anyhow::Result<bytes::Bytes> {
+/// Reads and encodes one partition's entries from `offset`, up to `max_bytes` of payload: at
+/// least one entry unless `within` (then none larger than `max_bytes`).
+async fn read(
+    p: &Arc<Partition>,
+    offset: u64,
+    max_bytes: usize,
+    within: bool,
+) -> anyhow::Result<bytes::Bytes> {
     let log = p.log.clone();
     tokio::task::spawn_blocking(move || {
-        let entries = log.read_from(offset, MAX_RECORDS, max_bytes)?;
+        let entries = if within {
+            log.read_within(offset, MAX_RECORDS, max_bytes)?
+        } else {
+            log.read_from(offset, MAX_RECORDS, max_bytes)?
+        };
         let entries: Vec<(u64, Vec<u8>)> = entries
             .into_iter()
             .filter_map(|e| e.payload.ok().map(|payload| (e.offset, payload)))

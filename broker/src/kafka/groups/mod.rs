@@ -40,17 +40,17 @@ use state::{Group, Member, PENDING_TTL, Phase, SESSION_CHECK, SESSION_TIMEOUT, j
 pub(crate) use status::Statuses;
 
 /// The name a Kafka group's commits are stored under (docs/kafka.md, "Consumer groups"): a
-/// group id that is a valid consumer id (`[A-Za-z0-9._-]`, at most 243 characters) is its own,
-/// so HTTP's group of that name shares its offsets; any other (Kafka takes any string) is
-/// spelled with `_` for each other character, cut to 200, and `.k` and 16 hex digits of its
-/// SHA-256 appended, so that two ids never share a name by accident. `None` for the empty id,
-/// which Kafka refuses too.
-pub(crate) fn store_id(group: &str) -> Option<ConsumerId> {
-    if group.is_empty() {
-        return None;
-    }
-    if let Ok(id) = ConsumerId::new(group) {
-        return Some(id);
+/// group id that is a valid consumer id (`[A-Za-z0-9._-]`) of at most 240 characters is its
+/// own, so HTTP's group of that name shares its offsets; any other (Kafka takes any string,
+/// the empty one too for commits) is spelled with `_` for each other character, cut to 200,
+/// and `.k` and 16 hex digits of its SHA-256 appended, so that two ids never share a name by
+/// accident. (240: a checkpoint's temporary file, `{name}.checkpoint.tmp`, must still fit
+/// the file system's 255-byte names.)
+pub(crate) fn store_id(group: &str) -> ConsumerId {
+    if group.len() <= MAX_OWN_NAME
+        && let Ok(id) = ConsumerId::new(group)
+    {
+        return id;
     }
     use sha2::Digest;
     let readable: String = group
@@ -66,8 +66,11 @@ pub(crate) fn store_id(group: &str) -> Option<ConsumerId> {
         .collect();
     let digest = sha2::Sha256::digest(group.as_bytes());
     let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    ConsumerId::new(format!("{readable}.k{hex}")).ok()
+    ConsumerId::new(format!("{readable}.k{hex}")).expect("valid characters, 218 at most")
 }
+
+/// The longest group id stored under its own name (see [`store_id`]).
+const MAX_OWN_NAME: usize = 240;
 
 /// Every Kafka consumer group of this broker.
 #[derive(Default)]
@@ -155,7 +158,8 @@ pub(crate) async fn join(
     session: &Session,
 ) -> JoinGroupResponse {
     let group = request.group_id.as_str().to_owned();
-    if store_id(&group).is_none() {
+    // As Kafka: a member needs a group id (commits and fetches take the empty one).
+    if group.is_empty() {
         return join_error(ResponseError::InvalidGroupId);
     }
     if let Err(e) = shared.groups.serving(shared) {
@@ -226,6 +230,12 @@ pub(crate) async fn join(
             m.client_host = format!("/{}", session.peer.ip());
             m.last_seen = Instant::now();
             m.protocols = protocols.clone();
+            m.protocol_type = protocol_type.clone();
+            // The new instance's timeouts, as Kafka takes them.
+            m.session_timeout = Duration::from_millis(request.session_timeout_ms as u64);
+            m.rebalance_timeout = Duration::from_millis(
+                request.rebalance_timeout_ms.max(request.session_timeout_ms) as u64,
+            );
             let keeps_protocol = g
                 .protocol
                 .as_ref()

@@ -38,7 +38,6 @@ pub(crate) async fn commit(
     let refused = serving.or_else(|| {
         let groups = shared.groups.groups.lock();
         match groups.get(&group) {
-            _ if super::store_id(&group).is_none() => Some(ResponseError::InvalidGroupId),
             Some(g) if !g.members.is_empty() || request.generation_id_or_member_epoch >= 0 => {
                 match g.check(
                     request.member_id.as_str(),
@@ -70,10 +69,9 @@ pub(crate) async fn commit(
             .partitions
             .iter()
             .map(|p| {
-                let judged = match (refused, &id) {
-                    (Some(e), _) => Err(e.code()),
-                    (None, None) => Err(ResponseError::InvalidGroupId.code()),
-                    (None, Some(_)) => match partition_of(found.as_ref(), p.partition_index) {
+                let judged = match refused {
+                    Some(e) => Err(e.code()),
+                    None => match partition_of(found.as_ref(), p.partition_index) {
                         None => Err(ResponseError::UnknownTopicOrPartition.code()),
                         Some(_) if p.committed_offset < 0 => {
                             Err(ResponseError::OffsetOutOfRange.code())
@@ -99,9 +97,7 @@ pub(crate) async fn commit(
             .collect();
         answers.push((t.name, parts));
     }
-    if let Some(id) = &id {
-        store(shared, &group, id, &mut answers).await;
-    }
+    store(shared, &group, &id, &mut answers).await;
     let topics = answers
         .into_iter()
         .map(|(name, parts)| {
@@ -145,7 +141,7 @@ async fn store(shared: &Shared, group: &str, id: &ConsumerId, answers: &mut Judg
                         topic_id: p.topic_id.to_string(),
                         partition: p.number,
                         offset: *offset,
-                        metadata: Some(metadata.clone()).filter(|m| !m.is_empty()),
+                        metadata: Some(metadata.clone()),
                     });
                 }
             }
@@ -227,10 +223,7 @@ pub(crate) async fn fetch_offsets(
     request: OffsetFetchRequest,
     version: i16,
 ) -> OffsetFetchResponse {
-    let Some(id) = super::store_id(request.group_id.as_str()) else {
-        return OffsetFetchResponse::default()
-            .with_error_code(ResponseError::InvalidGroupId.code());
-    };
+    let id = super::store_id(request.group_id.as_str());
     // Not the coordinator: said once (v2+), else for every partition asked (v1 has no
     // group-level error).
     let serving = shared.groups.serving(shared);

@@ -17,7 +17,7 @@ pub(super) const SESSION_CHECK: Duration = Duration::from_millis(250);
 /// How long an id handed out with `MEMBER_ID_REQUIRED` waits for its join, and a group
 /// without members stays in memory.
 pub(super) const PENDING_TTL: Duration = Duration::from_secs(300);
-pub(super) const SESSION_TIMEOUT: std::ops::RangeInclusive<i32> = 1_000..=300_000;
+pub(super) const SESSION_TIMEOUT: std::ops::RangeInclusive<i32> = 1_000..=1_800_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Phase {

@@ -86,7 +86,7 @@ async fn status_of(
     topics.sort();
     topics.dedup();
     let mut partitions = Vec::new();
-    let id = super::store_id(&name);
+    let id = Some(super::store_id(&name));
     for m in &members {
         for (topic, p) in &m.3 {
             let found = shared.topic(topic).and_then(|t| t.partition(*p));

@@ -168,6 +168,7 @@ impl Log {
             max_count,
             max_bytes,
             LogIdPart::Keep,
+            true,
         )?;
         Ok(entries
             .into_iter()

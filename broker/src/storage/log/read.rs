@@ -26,15 +26,46 @@ impl Log {
         max_count: usize,
         max_bytes: usize,
     ) -> Result<Vec<Entry>, StorageError> {
+        self.read_visible(offset, max_count, max_bytes, true)
+    }
+
+    /// [`Log::read_from`] that returns nothing rather than an entry larger than `max_bytes`:
+    /// for a reader sharing one budget among several logs, which must not go past it for a
+    /// later one (a Kafka fetch's partitions after the first). Blocking.
+    pub fn read_within(
+        &self,
+        offset: u64,
+        max_count: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Entry>, StorageError> {
+        self.read_visible(offset, max_count, max_bytes, false)
+    }
+
+    fn read_visible(
+        &self,
+        offset: u64,
+        max_count: usize,
+        max_bytes: usize,
+        at_least_one: bool,
+    ) -> Result<Vec<Entry>, StorageError> {
         let log_id = if self.inner.config.raft_header {
             LogIdPart::Strip
         } else {
             LogIdPart::Absent
         };
-        self.read_below(self.next_offset(), offset, max_count, max_bytes, log_id)
+        self.read_below(
+            self.next_offset(),
+            offset,
+            max_count,
+            max_bytes,
+            log_id,
+            at_least_one,
+        )
     }
 
     /// [`Log::read_from`] up to `committed` (the visible end, or a clustered log's durable end).
+    /// `at_least_one`: the first entry is returned even when larger than `max_bytes` (never a
+    /// later one, also across segments).
     pub(super) fn read_below(
         &self,
         committed: u64,
@@ -42,6 +73,7 @@ impl Log {
         max_count: usize,
         max_bytes: usize,
         log_id: LogIdPart,
+        at_least_one: bool,
     ) -> Result<Vec<Entry>, StorageError> {
         let mut out = Vec::new();
         let mut at = offset;
@@ -51,7 +83,8 @@ impl Log {
                 break;
             };
             let want = (max_count - out.len()).min((committed - at) as usize);
-            let got = match segment.read_from(at, want, budget, log_id) {
+            let first = at_least_one && out.is_empty();
+            let got = match segment.read_from(at, want, budget, log_id, first) {
                 Ok(got) => got,
                 // Retention deleted the segment under the read (its files went after it was
                 // found): what was read before it is answered. A read that found nothing yet

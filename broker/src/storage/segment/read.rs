@@ -55,15 +55,16 @@ impl Segment {
     }
 
     /// Reads up to `max_count` committed entries from `offset`, stopping early once `max_bytes` of
-    /// payload are gathered (always returning at least one entry when there is one). One `pread`
-    /// of the data covers the whole run. `log_id` says what becomes of the log id a clustered
-    /// log's payloads start with.
+    /// payload are gathered (with `at_least_one`, always returning at least one entry when there
+    /// is one, however large). One `pread` of the data covers the whole run. `log_id` says what
+    /// becomes of the log id a clustered log's payloads start with.
     pub fn read_from(
         &self,
         offset: u64,
         max_count: usize,
         max_bytes: usize,
         log_id: LogIdPart,
+        at_least_one: bool,
     ) -> Result<Vec<Entry>, StorageError> {
         let Some(i) = offset.checked_sub(self.start()) else {
             return Ok(Vec::new());
@@ -76,7 +77,7 @@ impl Segment {
         for (j, &start) in positions.iter().enumerate() {
             let end = positions.get(j + 1).copied().unwrap_or(end_all);
             let len = end.saturating_sub(start) as usize;
-            if !spans.is_empty() && total + len > max_bytes {
+            if (!spans.is_empty() || !at_least_one) && total + len > max_bytes {
                 break;
             }
             total += len;
