@@ -18,8 +18,10 @@ apt_install() {
 
 # Real Kafka clients for the Kafka-protocol tests (docs/kafka.md): Debian's kcat (librdkafka
 # 2.0.2), and a virtualenv in the target dir (a clean clone reinstalls it) with confluent-kafka
-# (its wheel bundles librdkafka 2.x) and kafka-python. Exports MMMQ_KAFKA_PYTHON, its interpreter.
+# (its wheel bundles librdkafka 2.x) and kafka-python, and kafkajs from npm. Exports
+# MMMQ_KAFKA_PYTHON, the venv's interpreter, and MMMQ_KAFKAJS_NODE_PATH.
 KAFKA_PY_REQS="confluent-kafka==2.16.1 kafka-python==2.3.3"
+KAFKAJS_VERSION="2.2.4"
 need_kafka_clients() {
     command -v kcat >/dev/null || apt_install kcat
     local target="${CARGO_TARGET_DIR:-$PWD/target}"
@@ -39,4 +41,18 @@ need_kafka_clients() {
     fi
     MMMQ_KAFKA_PYTHON="$(cd "$venv/bin" && pwd)/python"
     export MMMQ_KAFKA_PYTHON
+    # kafkajs (npm): a JavaScript client with its own protocol code. Exports
+    # MMMQ_KAFKAJS_NODE_PATH, the node_modules that holds it.
+    local js="$target/kafkajs"
+    if [ "$(cat "$js/.mmmq-stamp" 2>/dev/null)" != "$KAFKAJS_VERSION" ]; then
+        command -v npm >/dev/null || apt_install nodejs npm
+        rm -rf "$js"
+        mkdir -p "$js"
+        # A package of its own, so npm installs here and not in a package.json above it.
+        echo '{"private": true}' > "$js/package.json"
+        (cd "$js" && npm install --silent --no-audit --no-fund "kafkajs@$KAFKAJS_VERSION" >/dev/null)
+        echo "$KAFKAJS_VERSION" > "$js/.mmmq-stamp"
+    fi
+    MMMQ_KAFKAJS_NODE_PATH="$(cd "$js" && pwd)/node_modules"
+    export MMMQ_KAFKAJS_NODE_PATH
 }

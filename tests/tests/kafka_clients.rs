@@ -1,7 +1,9 @@
-//! Kafka clients nobody here wrote, in Python (docs/kafka.md): confluent-kafka (librdkafka 2.x)
-//! and kafka-python, from the venv `./scripts/test` makes (`MMMQ_KAFKA_PYTHON`), driven by
-//! `tests/kafka/clients.py`, against the real binary: an idempotent producer across a SIGKILL
-//! of the broker, a consumer group of three with one killed, kafka-python's own protocol code.
+//! Kafka clients nobody here wrote, in Python and JavaScript (docs/kafka.md): confluent-kafka
+//! (librdkafka 2.x) and kafka-python, from the venv `./scripts/test` makes (`MMMQ_KAFKA_PYTHON`),
+//! driven by `tests/kafka/clients.py`, and kafkajs from npm (`MMMQ_KAFKAJS_NODE_PATH`), driven by
+//! `tests/kafka/kafkajs.js`, against the real binary: an idempotent producer across a SIGKILL
+//! of the broker, a consumer group of three with one killed, kafka-python's and kafkajs's own
+//! protocol code.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -266,4 +268,109 @@ async fn kafka_python_produces_consumes_and_commits() {
     .await;
     assert_eq!(line, "ok 100 100");
     assert_eq!(broker.pull_all("kp").await.len(), 100);
+}
+
+/// kafkajs (JavaScript, its own protocol code): CreateTopics, an idempotent producer with keys
+/// and headers, a consumer group that commits, the commits and the group list read back; the
+/// same records over HTTP at the same offsets, and an HTTP produce with one of the keys lands
+/// in the partition kafkajs's (Java's) partitioner chose for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafkajs_produces_consumes_and_commits() {
+    use base64::Engine;
+    let tmp = tempfile::tempdir().unwrap();
+    let kafka = format!("127.0.0.1:{}", mmmq_tests::free_port());
+    let broker = start(tmp.path(), &kafka).await;
+    let n = 700;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("kafka/kafkajs.js");
+    let out = tokio::process::Command::new("node")
+        .arg(script)
+        .args([&kafka, "kjs", &n.to_string()])
+        .env(
+            "NODE_PATH",
+            std::env::var("MMMQ_KAFKAJS_NODE_PATH").unwrap_or_default(),
+        )
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), out)
+        .await
+        .expect("kafkajs done within 2 minutes")
+        .expect("node runs (./scripts/test installs kafkajs)");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success() && stdout.ends_with("ok\n"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // (partition, offset) -> (key, value, header), as kafkajs consumed them.
+    let mut consumed: BTreeMap<(u64, u64), (String, String, String)> = BTreeMap::new();
+    let mut committed: BTreeMap<u64, u64> = BTreeMap::new();
+    for line in stdout.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        match f[0] {
+            "rec" => {
+                let at = (f[1].parse().unwrap(), f[2].parse().unwrap());
+                let rec = (f[3].to_owned(), f[4].to_owned(), f[5].to_owned());
+                assert!(consumed.insert(at, rec).is_none(), "twice: {line}");
+            }
+            "committed" => {
+                committed.insert(f[1].parse().unwrap(), f[2].parse().unwrap());
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(consumed.len(), n, "each record once");
+    assert!(stdout.contains("group kjs-group\n"), "{stdout}");
+    // Each key in one partition, its values in the order sent; the header with its value.
+    let mut partition_of_key: HashMap<String, u64> = HashMap::new();
+    let mut last_of_key: HashMap<String, u64> = HashMap::new();
+    for ((p, _), (key, value, header)) in &consumed {
+        assert_eq!(
+            *partition_of_key.entry(key.clone()).or_insert(*p),
+            *p,
+            "{key}"
+        );
+        let i: u64 = value[1..].parse().unwrap();
+        assert_eq!(header, &format!("x{i}"));
+        if let Some(before) = last_of_key.insert(key.clone(), i) {
+            assert!(before < i, "{key}: v{i} after v{before}");
+        }
+    }
+    // The group committed each partition's end.
+    let mut ends: BTreeMap<u64, u64> = BTreeMap::new();
+    for (p, offset) in consumed.keys() {
+        let end = ends.entry(*p).or_default();
+        *end = (*end).max(offset + 1);
+    }
+    assert_eq!(committed, ends);
+    // Over HTTP: the same bytes at the same offsets.
+    let engine = base64::engine::general_purpose::STANDARD;
+    let mut over_http = 0;
+    for p in 0..3u64 {
+        let (status, body) = broker
+            .get(&format!(
+                "/mmmq/topics/kjs/messages?partition={p}&from=0&max=1000"
+            ))
+            .await;
+        assert_eq!(status, 200, "{body}");
+        for m in body["messages"].as_array().unwrap() {
+            let offset = m["offset"].as_u64().unwrap();
+            let (key, value, _) = &consumed[&(p, offset)];
+            let stored = engine.decode(m["contentBase64"].as_str().unwrap()).unwrap();
+            assert_eq!(
+                (m["key"].as_str().unwrap(), &stored[..]),
+                (&key[..], value.as_bytes())
+            );
+            over_http += 1;
+        }
+    }
+    assert_eq!(over_http, n);
+    // The key routing is Kafka's on both sides.
+    let r: Value = broker
+        .post(
+            "/mmmq/messages",
+            &json!({"topic": "kjs", "key": "k3", "content": 1}),
+        )
+        .await
+        .1;
+    assert_eq!(r["partition"].as_u64(), Some(partition_of_key["k3"]), "{r}");
 }
