@@ -2,6 +2,7 @@
 //! own tests found missing, each sent exactly as a client sends it.
 //! - Bytes after a request's body are ignored, as Kafka ignores them: librdkafka 2.0.2
 //!   (Debian's, under kcat) leaves some after ListGroups v4 and OffsetFetch for all partitions.
+//!   ListGroups lists a group that only has commits, as Kafka does.
 //! - A commit's metadata string is kept with its offset, across a restart (librdkafka 0099).
 //! - Static members (`group.instance.id`, KIP-345): a restarted instance takes its old place
 //!   without a rebalance, the old member id is fenced (librdkafka 0102).
@@ -72,11 +73,18 @@ async fn bytes_after_a_body_are_ignored_as_librdkafka_2_0_2_sends_them() {
         })
         .collect();
     assert_eq!(committed, [("tail".to_owned(), 0, 1)]);
-    // ListGroups v4 with one byte over, on the same connection: answered.
+    // ListGroups v4 with one byte over, on the same connection: answered, and as Kafka lists
+    // them, the group that only has commits is there, `Empty`.
     let r: ListGroupsResponse = c
         .call_with_tail(ApiKey::ListGroups, 4, &ListGroupsRequest::default(), &[0])
         .await;
     assert_eq!(r.error_code, 0);
+    let listed: Vec<(String, String)> = r
+        .groups
+        .iter()
+        .map(|g| (g.group_id.to_string(), g.group_state.to_string()))
+        .collect();
+    assert_eq!(listed, [("g".to_owned(), "Empty".to_owned())]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

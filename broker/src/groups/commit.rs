@@ -149,6 +149,16 @@ fn read_metadata(store: &Checkpoints, group: &ConsumerId) -> Vec<(u64, String)> 
     }
 }
 
+/// Every group with a committed offset in `p` (HTTP's and Kafka's, by their stored names), for
+/// Kafka's ListGroups (docs/kafka.md, "Consumer groups"). Blocking.
+pub fn committed_groups(p: &crate::topics::Partition) -> Result<Vec<String>, StorageError> {
+    Ok(super::store(p)
+        .list()?
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect())
+}
+
 /// The committed offset of `group` in `p` and the metadata string committed with it, as a
 /// Kafka consumer group reads them (docs/kafka.md, "One set of topics": the same checkpoint
 /// files as HTTP's groups). A string shows while the checkpoint holds the offset it came with.

@@ -269,7 +269,7 @@ async fn handle(
         RequestKind::SyncGroup(r) => ResponseKind::SyncGroup(groups::sync(shared, r).await),
         RequestKind::Heartbeat(r) => ResponseKind::Heartbeat(groups::heartbeat(shared, r)),
         RequestKind::LeaveGroup(r) => ResponseKind::LeaveGroup(groups::leave(shared, r, version)),
-        RequestKind::ListGroups(r) => ResponseKind::ListGroups(groups::list(shared, r)),
+        RequestKind::ListGroups(r) => ResponseKind::ListGroups(groups::list(shared, r).await),
         RequestKind::DescribeGroups(r) => ResponseKind::DescribeGroups(groups::describe(shared, r)),
         RequestKind::InitProducerId(r) => ResponseKind::InitProducerId(shared.producers.init(r)),
         RequestKind::CreateTopics(r) => {

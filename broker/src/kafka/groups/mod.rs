@@ -69,6 +69,15 @@ pub(crate) fn store_id(group: &str) -> ConsumerId {
     ConsumerId::new(format!("{readable}.k{hex}")).expect("valid characters, 218 at most")
 }
 
+/// Whether `name` is one [`store_id`] made from a Kafka id (`….k` and 16 hex digits).
+pub(crate) fn is_mapped(name: &str) -> bool {
+    name.len() > 18
+        && name.as_bytes()[name.len() - 18..name.len() - 16] == *b".k"
+        && name[name.len() - 16..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// The longest group id stored under its own name (see [`store_id`]).
 const MAX_OWN_NAME: usize = 240;
 
@@ -449,22 +458,34 @@ pub(crate) fn leave(
     LeaveGroupResponse::default().with_members(members)
 }
 
-/// ListGroups: the Kafka groups this broker coordinates.
-pub(crate) fn list(shared: &Shared, request: ListGroupsRequest) -> ListGroupsResponse {
+/// ListGroups: the Kafka groups this broker coordinates, and, as Kafka lists them, every group
+/// that only has commits (`Empty`, no protocol type).
+pub(crate) async fn list(shared: &Shared, request: ListGroupsRequest) -> ListGroupsResponse {
     if shared.groups.serving(shared).is_err() {
         // Kafka's admin clients ask every broker and merge: this one coordinates none.
         return ListGroupsResponse::default();
     }
+    let committed = offsets::groups_with_commits(shared).await;
+    let wanted = |state: &str| {
+        request.states_filter.is_empty()
+            || request
+                .states_filter
+                .iter()
+                .any(|s| s.as_str().eq_ignore_ascii_case(state))
+    };
     let groups = shared.groups.groups.lock();
+    let idle = committed
+        .into_iter()
+        .filter(|name| !groups.contains_key(name) && wanted(Phase::Empty.name()))
+        .map(|name| {
+            ListedGroup::default()
+                .with_group_id(GroupId(StrBytes::from_string(name)))
+                .with_protocol_type(StrBytes::default())
+                .with_group_state(StrBytes::from_static_str(Phase::Empty.name()))
+        });
     let listed = groups
         .iter()
-        .filter(|(_, g)| {
-            request.states_filter.is_empty()
-                || request
-                    .states_filter
-                    .iter()
-                    .any(|s| s.as_str().eq_ignore_ascii_case(g.phase.name()))
-        })
+        .filter(|(_, g)| wanted(g.phase.name()))
         .map(|(name, g)| {
             ListedGroup::default()
                 .with_group_id(GroupId(StrBytes::from_string(name.clone())))
@@ -473,6 +494,7 @@ pub(crate) fn list(shared: &Shared, request: ListGroupsRequest) -> ListGroupsRes
                 ))
                 .with_group_state(StrBytes::from_static_str(g.phase.name()))
         })
+        .chain(idle)
         .collect();
     ListGroupsResponse::default().with_groups(listed)
 }

@@ -17,7 +17,7 @@ use mmmq_core::ConsumerId;
 use std::sync::Arc;
 
 use crate::cluster::meta_state::{GroupOffset, MetaCommand, MetaOutcome};
-use crate::groups::commit::{read_committed, write_committed};
+use crate::groups::commit::{committed_groups, read_committed, write_committed};
 use crate::kafka::Shared;
 use crate::kafka::partition_of;
 use crate::topics::Partition;
@@ -190,6 +190,40 @@ async fn store(shared: &Shared, group: &str, id: &ConsumerId, answers: &mut Judg
             });
         }
     }
+}
+
+/// The stored names of every group with a committed offset (HTTP's groups too: they share
+/// them): the checkpoint files of every partition alone, the replicated metadata in a cluster.
+/// Names [`super::store_id`] mapped from a Kafka id are left out: the id is not kept.
+pub(super) async fn groups_with_commits(shared: &Shared) -> Vec<String> {
+    let mut names: Vec<String> = if let Some(cluster) = shared.broker.cluster() {
+        cluster.metadata().groups.keys().cloned().collect()
+    } else {
+        let partitions: Vec<Arc<Partition>> = shared
+            .broker
+            .registry()
+            .all()
+            .into_iter()
+            .flat_map(|t| t.partitions())
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            partitions
+                .iter()
+                .flat_map(|p| {
+                    committed_groups(p).unwrap_or_else(|e| {
+                        tracing::warn!(error = %e, "kafka: a partition's groups unread for ListGroups");
+                        Vec::new()
+                    })
+                })
+                .collect()
+        })
+        .await
+        .expect("group listing task panicked")
+    };
+    names.sort();
+    names.dedup();
+    names.retain(|n| !super::is_mapped(n));
+    names
 }
 
 /// `group`'s committed offset in partition `p` of `topic` and the metadata string committed
