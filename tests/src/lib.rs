@@ -140,13 +140,30 @@ pub async fn connect_from(source: &str, addr: &str) -> tokio::net::TcpStream {
     socket.connect(addr.parse().unwrap()).await.unwrap()
 }
 
-/// A port nothing listens on (yet).
+/// A port nothing listens on (yet), below the kernel's ephemeral range (32768–60999 on
+/// Linux): a port the kernel picked for a port-0 bind could be handed out again to the next
+/// port-0 bind — a broker's HTTP listener took the Kafka port a test had just been given, and
+/// the broker could not start. Each call in a process tries the next port of a sequence that
+/// starts at a place of its own.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 10_000;
+    const SPAN: u32 = 32_768 - LOW;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    if NEXT.load(Ordering::Relaxed) == u32::MAX {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let start = (std::process::id().wrapping_mul(7_919) ^ nanos) % SPAN;
+        let _ = NEXT.compare_exchange(u32::MAX, start, Ordering::Relaxed, Ordering::Relaxed);
+    }
+    for _ in 0..SPAN {
+        let port = (LOW + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port below the ephemeral range")
 }
 
 /// The workspace root.

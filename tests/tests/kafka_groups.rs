@@ -85,6 +85,17 @@ async fn bytes_after_a_body_are_ignored_as_librdkafka_2_0_2_sends_them() {
         .map(|g| (g.group_id.to_string(), g.group_state.to_string()))
         .collect();
     assert_eq!(listed, [("g".to_owned(), "Empty".to_owned())]);
+    // DescribeGroups agrees (Kafka's tools describe what they list); an unknown group is Dead.
+    let r: DescribeGroupsResponse = c
+        .call(
+            ApiKey::DescribeGroups,
+            5,
+            &DescribeGroupsRequest::default()
+                .with_groups(vec![GroupId(s("g")), GroupId(s("nobody"))]),
+        )
+        .await;
+    let states: Vec<String> = r.groups.iter().map(|g| g.group_state.to_string()).collect();
+    assert_eq!(states, ["Empty", "Dead"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

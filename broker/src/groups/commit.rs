@@ -152,11 +152,7 @@ fn read_metadata(store: &Checkpoints, group: &ConsumerId) -> Vec<(u64, String)> 
 /// Every group with a committed offset in `p` (HTTP's and Kafka's, by their stored names), for
 /// Kafka's ListGroups (docs/kafka.md, "Consumer groups"). Blocking.
 pub fn committed_groups(p: &crate::topics::Partition) -> Result<Vec<String>, StorageError> {
-    Ok(super::store(p)
-        .list()?
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect())
+    super::store(p).names()
 }
 
 /// The committed offset of `group` in `p` and the metadata string committed with it, as a

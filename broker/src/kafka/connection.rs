@@ -270,7 +270,9 @@ async fn handle(
         RequestKind::Heartbeat(r) => ResponseKind::Heartbeat(groups::heartbeat(shared, r)),
         RequestKind::LeaveGroup(r) => ResponseKind::LeaveGroup(groups::leave(shared, r, version)),
         RequestKind::ListGroups(r) => ResponseKind::ListGroups(groups::list(shared, r).await),
-        RequestKind::DescribeGroups(r) => ResponseKind::DescribeGroups(groups::describe(shared, r)),
+        RequestKind::DescribeGroups(r) => {
+            ResponseKind::DescribeGroups(groups::describe(shared, r).await)
+        }
         RequestKind::InitProducerId(r) => ResponseKind::InitProducerId(shared.producers.init(r)),
         RequestKind::CreateTopics(r) => {
             ResponseKind::CreateTopics(admin::create_topics(shared, r, version).await)

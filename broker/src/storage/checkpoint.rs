@@ -174,6 +174,22 @@ impl Checkpoints {
         })
     }
 
+    /// The consumer ids with a stored checkpoint, none of the files read (a listing of names,
+    /// such as Kafka's ListGroups). Blocking.
+    pub fn names(&self) -> Result<Vec<String>, StorageError> {
+        if !self.vfs.is_dir(&self.dir) {
+            return Ok(Vec::new());
+        }
+        let suffix = format!(".{CHECKPOINT_EXT}");
+        Ok(self
+            .vfs
+            .read_dir(&self.dir)
+            .at(&self.dir)?
+            .into_iter()
+            .filter_map(|name| name.strip_suffix(&suffix).map(str::to_owned))
+            .collect())
+    }
+
     /// Every stored checkpoint, by consumer id (for status and `mmmq inspect`). Blocking.
     pub fn list(&self) -> Result<Vec<(String, u64)>, StorageError> {
         if !self.vfs.is_dir(&self.dir) {

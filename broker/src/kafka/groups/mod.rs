@@ -71,7 +71,7 @@ pub(crate) fn store_id(group: &str) -> ConsumerId {
 
 /// Whether `name` is one [`store_id`] made from a Kafka id (`….k` and 16 hex digits).
 pub(crate) fn is_mapped(name: &str) -> bool {
-    name.len() > 18
+    name.len() >= 18
         && name.as_bytes()[name.len() - 18..name.len() - 16] == *b".k"
         && name[name.len() - 16..]
             .bytes()
@@ -499,9 +499,22 @@ pub(crate) async fn list(shared: &Shared, request: ListGroupsRequest) -> ListGro
     ListGroupsResponse::default().with_groups(listed)
 }
 
-/// DescribeGroups.
-pub(crate) fn describe(shared: &Shared, request: DescribeGroupsRequest) -> DescribeGroupsResponse {
+/// DescribeGroups: a group in memory as it stands; one that only has commits `Empty`, as
+/// ListGroups lists it (and as Kafka describes it); any other `Dead`.
+pub(crate) async fn describe(
+    shared: &Shared,
+    request: DescribeGroupsRequest,
+) -> DescribeGroupsResponse {
     let serving = shared.groups.serving(shared);
+    let mut with_commits = std::collections::HashSet::new();
+    if serving.is_ok() {
+        for id in &request.groups {
+            let known = shared.groups.groups.lock().contains_key(id.as_str());
+            if !known && offsets::has_commits(shared, &store_id(id.as_str())).await {
+                with_commits.insert(id.as_str().to_owned());
+            }
+        }
+    }
     let groups = shared.groups.groups.lock();
     let described = request
         .groups
@@ -513,9 +526,14 @@ pub(crate) fn describe(shared: &Shared, request: DescribeGroupsRequest) -> Descr
                     .with_error_code(e.code());
             }
             let Some(g) = groups.get(id.as_str()) else {
+                let state = if with_commits.contains(id.as_str()) {
+                    Phase::Empty.name()
+                } else {
+                    "Dead"
+                };
                 return DescribedGroup::default()
                     .with_group_id(id)
-                    .with_group_state(StrBytes::from_static_str("Dead"));
+                    .with_group_state(StrBytes::from_static_str(state));
             };
             let members = g
                 .members

@@ -117,6 +117,18 @@ pub(crate) async fn commit(
     OffsetCommitResponse::default().with_topics(topics)
 }
 
+/// Commits of one group in one partition, one at a time (striped): a commit reads the metadata
+/// file, writes it and then the checkpoint, and two connections' commits must not interleave
+/// those steps (the first's string would be lost though acknowledged).
+static COMMIT_LOCKS: [parking_lot::Mutex<()>; 64] = [const { parking_lot::const_mutex(()) }; 64];
+
+fn commit_lock(group: &ConsumerId, p: &Partition) -> &'static parking_lot::Mutex<()> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (group.as_str(), p.topic_id.to_string(), p.number).hash(&mut h);
+    &COMMIT_LOCKS[(h.finish() % COMMIT_LOCKS.len() as u64) as usize]
+}
+
 /// Kafka's `offset.metadata.max.bytes`: the longest metadata string a commit may carry.
 const MAX_METADATA: usize = 4096;
 
@@ -177,10 +189,12 @@ async fn store(shared: &Shared, group: &str, id: &ConsumerId, answers: &mut Judg
             };
             let (part, offset, id) = (part.clone(), *offset, id.clone());
             let metadata = std::mem::take(metadata);
-            let written =
-                tokio::task::spawn_blocking(move || write_committed(&part, &id, offset, &metadata))
-                    .await
-                    .expect("commit task panicked");
+            let written = tokio::task::spawn_blocking(move || {
+                let _one_at_a_time = commit_lock(&id, &part).lock();
+                write_committed(&part, &id, offset, &metadata)
+            })
+            .await
+            .expect("commit task panicked");
             *judged = Err(match written {
                 Ok(()) => 0,
                 Err(e) => {
@@ -224,6 +238,28 @@ pub(super) async fn groups_with_commits(shared: &Shared) -> Vec<String> {
     names.dedup();
     names.retain(|n| !super::is_mapped(n));
     names
+}
+
+/// Whether `group` (a stored name) has a committed offset in any partition.
+pub(super) async fn has_commits(shared: &Shared, group: &ConsumerId) -> bool {
+    if let Some(cluster) = shared.broker.cluster() {
+        return cluster.metadata().groups.contains_key(group.as_str());
+    }
+    let partitions: Vec<Arc<Partition>> = shared
+        .broker
+        .registry()
+        .all()
+        .into_iter()
+        .flat_map(|t| t.partitions())
+        .collect();
+    let group = group.clone();
+    tokio::task::spawn_blocking(move || {
+        partitions.iter().any(|p| {
+            committed_groups(p).is_ok_and(|names| names.iter().any(|n| n == group.as_str()))
+        })
+    })
+    .await
+    .expect("group lookup task panicked")
 }
 
 /// `group`'s committed offset in partition `p` of `topic` and the metadata string committed
