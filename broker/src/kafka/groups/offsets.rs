@@ -206,6 +206,17 @@ async fn store(shared: &Shared, group: &str, id: &ConsumerId, answers: &mut Judg
     }
 }
 
+/// Every partition of every topic.
+fn every_partition(shared: &Shared) -> Vec<Arc<Partition>> {
+    shared
+        .broker
+        .registry()
+        .all()
+        .into_iter()
+        .flat_map(|t| t.partitions())
+        .collect()
+}
+
 /// The stored names of every group with a committed offset (HTTP's groups too: they share
 /// them): the checkpoint files of every partition alone, the replicated metadata in a cluster.
 /// Names [`super::store_id`] mapped from a Kafka id are left out: the id is not kept.
@@ -213,13 +224,7 @@ pub(super) async fn groups_with_commits(shared: &Shared) -> Vec<String> {
     let mut names: Vec<String> = if let Some(cluster) = shared.broker.cluster() {
         cluster.metadata().groups.keys().cloned().collect()
     } else {
-        let partitions: Vec<Arc<Partition>> = shared
-            .broker
-            .registry()
-            .all()
-            .into_iter()
-            .flat_map(|t| t.partitions())
-            .collect();
+        let partitions = every_partition(shared);
         tokio::task::spawn_blocking(move || {
             partitions
                 .iter()
@@ -245,13 +250,7 @@ pub(super) async fn has_commits(shared: &Shared, group: &ConsumerId) -> bool {
     if let Some(cluster) = shared.broker.cluster() {
         return cluster.metadata().groups.contains_key(group.as_str());
     }
-    let partitions: Vec<Arc<Partition>> = shared
-        .broker
-        .registry()
-        .all()
-        .into_iter()
-        .flat_map(|t| t.partitions())
-        .collect();
+    let partitions = every_partition(shared);
     let group = group.clone();
     tokio::task::spawn_blocking(move || {
         partitions.iter().any(|p| {
