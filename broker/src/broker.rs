@@ -21,6 +21,7 @@ mod cluster_api;
 mod cluster_append;
 mod cluster_config;
 mod cluster_plugins;
+mod cluster_redrive;
 mod cluster_release;
 mod cluster_status;
 mod plugin_admin;
@@ -393,7 +394,10 @@ impl Broker {
         from: Option<u64>,
         to: Option<u64>,
     ) -> Result<mmmq_core::RedriveStatus, crate::dispatch::redrive::RedriveError> {
-        self.dispatch.redrive(consumer_id, from, to).await
+        match self.cluster() {
+            Some(cluster) => self.redrive_clustered(cluster, consumer_id, from, to).await,
+            None => self.dispatch.redrive(consumer_id, from, to).await,
+        }
     }
 
     /// Produces `content` to `topic` from inside the application (the embedded use): checked by

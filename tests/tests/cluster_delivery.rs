@@ -355,3 +355,137 @@ async fn a_nacked_message_is_dead_lettered_into_a_clustered_topic_and_redriven()
     assert_eq!(code, 200, "{run}");
     assert_eq!(run["remaining"], 0, "{run}");
 }
+
+/// Dead letters in the redrive below.
+const DEAD: u64 = 300;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redrive_continues_on_the_new_leader_after_its_dead_letter_leaders_kill() {
+    let mut c = topic_on_three(1).await;
+    // Every message is NACKed (and dead-lettered at once) until `healed`; then each takes 5 ms,
+    // so that the kill lands mid-redrive.
+    let healed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let policy = healed.clone();
+    let consumer = Consumer::start_slow(
+        0,
+        Arc::new(move |_: &Value| {
+            if policy.load(std::sync::atomic::Ordering::Relaxed) {
+                Answer::Ack
+            } else {
+                Answer::Nack
+            }
+        }),
+        Duration::from_millis(5),
+    )
+    .await;
+    let mut d = host_dispatcher("c1", TOPIC, consumer.port);
+    d["maxNackRetries"] = json!(0);
+    d["checkpointIntervalMs"] = json!(INTERVAL_MS);
+    configure(&c, &d).await;
+    produce(&c, 1, 0, DEAD).await;
+    c.broker(1).pull_until("__dlq.c1", DEAD as usize).await;
+    healed.store(true, std::sync::atomic::Ordering::Relaxed);
+    let before = consumer.envelopes().len();
+    let redriven =
+        |consumer: &Consumer| -> Vec<(Instant, u64)> { received(consumer).split_off(before) };
+    // Through a broker that does not lead the dead-letter partition.
+    let dlq_leader = c.leader_of(1, "__dlq.c1", 0).await.expect("a leader");
+    let via = (1..=3).find(|b| *b != dlq_leader).unwrap();
+    let (code, run) = c
+        .broker(via)
+        .post("/mmmq/dispatchers/c1/redrive", &json!({}))
+        .await;
+    assert_eq!(code, 200, "{run}");
+    assert_eq!(run["partitions"][0]["to"], DEAD, "{run}");
+    // One redrive at a time, through any broker.
+    let (code, again) = c
+        .broker(dlq_leader)
+        .post("/mmmq/dispatchers/c1/redrive", &json!({}))
+        .await;
+    assert_eq!(code, 409, "{again}");
+    mmmq_tests::eventually(Duration::from_secs(30), "a third redriven", || {
+        (redriven(&consumer).len() as u64 >= DEAD / 3).then_some(())
+    })
+    .await;
+    c.kill(dlq_leader);
+    let killed = Instant::now();
+    // The new leader continues the redrive from its replicated position, to its end.
+    let all = mmmq_tests::eventually(
+        Duration::from_secs(60),
+        "every dead letter redriven",
+        || {
+            let r = redriven(&consumer);
+            let distinct: std::collections::BTreeSet<u64> = r.iter().map(|(_, i)| *i).collect();
+            (distinct.len() as u64 == DEAD).then_some(r)
+        },
+    )
+    .await;
+    let rewinds = rewinds(&all);
+    assert!(rewinds <= 1, "{rewinds} rewinds for one failover");
+    let mut first_at: BTreeMap<u64, Instant> = BTreeMap::new();
+    let mut repeated = 0;
+    for (at, i) in &all {
+        match first_at.get(i) {
+            Some(first) => {
+                repeated += 1;
+                let before_kill = killed.saturating_duration_since(*first);
+                assert!(
+                    before_kill <= Duration::from_millis(INTERVAL_MS + 400),
+                    "{i} redriven again, though first redriven {before_kill:?} before the kill"
+                );
+            }
+            None => {
+                first_at.insert(*i, *at);
+            }
+        }
+    }
+    eprintln!("redriven again after the failover: {repeated} dead letters");
+    // Every survivor shows it done; the next redrive has nothing left.
+    for via in c.running() {
+        mmmq_tests::eventually_async(Duration::from_secs(10), "the redrive's end", || async {
+            let (_, status) = c.broker(via).get("/mmmq/dispatchers").await;
+            let r = &status[0]["redrive"];
+            (r["running"] == false
+                && r["remaining"] == 0
+                && r["partitions"][0]["next"] == DEAD
+                && status[0]["redriveNext"][0]["next"] == DEAD)
+                .then_some(())
+        })
+        .await;
+    }
+    let survivor = c.running()[0];
+    let (code, run) = c
+        .broker(survivor)
+        .post("/mmmq/dispatchers/c1/redrive", &json!({}))
+        .await;
+    assert_eq!(code, 200, "{run}");
+    assert_eq!(run["remaining"], 0, "{run}");
+    // A range has a position of its own: it covers just that, and the next redrive without
+    // `from` still starts at the end.
+    let count = redriven(&consumer).len();
+    let (code, run) = c
+        .broker(survivor)
+        .post(
+            "/mmmq/dispatchers/c1/redrive",
+            &json!({"from": 10, "to": 20}),
+        )
+        .await;
+    assert_eq!(code, 200, "{run}");
+    let again = consumer
+        .wait_for(before + count + 10, Duration::from_secs(30))
+        .await;
+    let again: Vec<u64> = again[before + count..]
+        .iter()
+        .map(|e| e["content"]["i"].as_u64().unwrap())
+        .collect();
+    assert_eq!(again, (10..20).collect::<Vec<u64>>());
+    mmmq_tests::eventually_async(Duration::from_secs(10), "the range's end", || async {
+        let (_, status) = c.broker(survivor).get("/mmmq/dispatchers").await;
+        let r = &status[0]["redrive"];
+        (r["running"] == false
+            && r["partitions"][0]["next"] == 20
+            && status[0]["redriveNext"][0]["next"] == DEAD)
+            .then_some(())
+    })
+    .await;
+}

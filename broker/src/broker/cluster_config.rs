@@ -253,6 +253,10 @@ pub(super) async fn follow(sync: Arc<ConfigSync>, cluster: Cluster, stop: Cancel
                 }
             }
         }
+        // Every broker runs its part of each redrive: the partition's leader delivers it.
+        if !super::cluster_redrive::follow(&sync.dispatch, &state).await {
+            again = true;
+        }
         let wait = if again {
             let wait = retry;
             retry = (retry * 2).min(Duration::from_secs(10));

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use mmmq_core::{DispatcherStatus, TopicStatus};
+use mmmq_core::{DispatcherStatus, RedriveStatus, TopicStatus};
 
 use super::Broker;
 use crate::cluster::node::Cluster;
@@ -28,9 +28,25 @@ impl Broker {
 
 async fn merged(cluster: &Cluster, mut mine: Vec<DispatcherStatus>) -> Vec<DispatcherStatus> {
     let me = cluster.id();
+    let metadata = cluster.metadata();
+    // A redrive's counters are the brokers' that deliver its dead-letter partitions.
+    let redrivers = |d: &DispatcherStatus| -> BTreeSet<u64> {
+        let dlq = mmmq_core::ConsumerId::new(&d.consumer_id)
+            .map(|id| mmmq_core::Topic::dead_letter(&id).to_string())
+            .unwrap_or_default();
+        match (&d.redrive, metadata.deliveries.get(&dlq)) {
+            (Some(_), Some(parts)) => parts.values().map(|p| p.broker).collect(),
+            _ => BTreeSet::new(),
+        }
+    };
     let others: BTreeSet<u64> = mine
         .iter()
-        .flat_map(|d| d.topics.iter().filter_map(|t| t.delivered_by))
+        .flat_map(|d| {
+            d.topics
+                .iter()
+                .filter_map(|t| t.delivered_by)
+                .chain(redrivers(d))
+        })
         .filter(|b| *b != me)
         .collect();
     let asks = others
@@ -59,8 +75,52 @@ async fn merged(cluster: &Cluster, mut mine: Vec<DispatcherStatus>) -> Vec<Dispa
             }
         }
         summed(d);
+        let by = redrivers(d);
+        if let Some(r) = &mut d.redrive {
+            let started_at = r.started_at;
+            let same = theirs
+                .iter()
+                .filter(|(b, _)| by.contains(b))
+                .flat_map(|(_, all)| all.iter())
+                .filter(|o| o.consumer_id == d.consumer_id)
+                .filter_map(|o| o.redrive.as_ref())
+                .filter(|o| o.started_at == started_at);
+            redrive_merged(r, same);
+        }
     }
     mine
+}
+
+/// A redrive's status with the figures of the other brokers that ran it (the same run: the same
+/// start): counters summed, each partition as far as the furthest saw it.
+fn redrive_merged<'a>(r: &mut RedriveStatus, others: impl Iterator<Item = &'a RedriveStatus>) {
+    for o in others {
+        r.delivered += o.delivered;
+        r.nacked += o.nacked;
+        r.dead_lettered += o.dead_lettered;
+        r.dropped += o.dropped;
+        for p in &mut r.partitions {
+            if let Some(q) = o.partitions.iter().find(|q| q.partition == p.partition) {
+                p.next = p.next.max(q.next);
+            }
+        }
+        let newer = o.last_error.is_some()
+            && (r.last_error.is_none()
+                || (o.last_error_resolved_at.is_none(), o.last_error_at)
+                    > (r.last_error_resolved_at.is_none(), r.last_error_at));
+        if newer {
+            r.last_error.clone_from(&o.last_error);
+            r.last_error_at = o.last_error_at;
+            r.last_error_resolved_at = o.last_error_resolved_at;
+        }
+    }
+    r.redriven = r.delivered + r.dead_lettered + r.dropped;
+    r.remaining = r
+        .partitions
+        .iter()
+        .map(|p| p.to.saturating_sub(p.next))
+        .sum();
+    r.running = r.remaining > 0;
 }
 
 /// The dispatcher's sums and last error again, from its partitions'.

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 pub use super::meta_config::{DispatchersMeta, PluginMeta};
 pub use super::meta_delivery::{PartitionDelivery, PositionWrite, StoredPosition};
 pub use super::meta_groups::{GroupOffset, GroupTopic};
+pub use super::meta_redrive::{RedriveMeta, RedrivePart};
 use super::types::BrokerId;
 
 /// A change to the metadata, as proposed to the metadata group.
@@ -109,6 +110,17 @@ pub enum MetaCommand {
     SetPositions {
         /// The writes, coalesced from one broker's round.
         writes: Vec<PositionWrite>,
+    },
+    /// A dispatcher's dead-letter redrive, which every broker runs and the dead-letter
+    /// partitions' leaders deliver (docs/cluster.md, "Delivery in a cluster"); refused while its
+    /// last one runs.
+    StartRedrive {
+        /// The dispatcher.
+        consumer: String,
+        /// Without `from`: its position is `__redrive`, where the next such redrive starts.
+        continues: bool,
+        /// Its topic, range and start (its `run` and `position` are given on apply).
+        redrive: RedriveMeta,
     },
     /// The cluster's `dispatchers.json` (docs/cluster.md, "Configuration in a cluster").
     SetDispatchers {
@@ -242,6 +254,12 @@ pub struct MetaState {
     /// Deployed plugins, by name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub plugins: BTreeMap<String, PluginMeta>,
+    /// Each dispatcher's last dead-letter redrive, by consumerId.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub redrives: super::meta_redrive::Redrives,
+    /// Counts redrives started, for [`RedriveMeta::run`].
+    #[serde(default)]
+    pub redrive_runs: u64,
 }
 
 /// Replicas per partition when a topic does not say: `min(3, brokers)` (contract §13).
@@ -331,6 +349,7 @@ impl MetaState {
                 Some(_) => {
                     self.forget_group_topic(name);
                     self.forget_deliveries(name);
+                    self.forget_redrives(name);
                     Ok(())
                 }
                 None => Err(format!("no topic {name:?}")),
@@ -354,6 +373,11 @@ impl MetaState {
                 partition,
                 replicas,
             } => self.reassign(topic, *partition, replicas, true),
+            MetaCommand::StartRedrive {
+                consumer,
+                continues,
+                redrive,
+            } => self.start_redrive(consumer, redrive, *continues),
             MetaCommand::SetDispatchers {
                 text,
                 only_if_unset,

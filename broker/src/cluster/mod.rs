@@ -36,6 +36,7 @@ pub mod meta_config;
 pub mod meta_delivery;
 pub mod meta_groups;
 pub mod meta_machine;
+pub mod meta_redrive;
 pub mod meta_state;
 pub mod metrics;
 pub mod network;

@@ -14,8 +14,9 @@
 //!   at-most-once positions made durable before sending, and `at_most_once`: sending each
 //!   message once.
 //! - `lanes`: `maxInFlight` lanes over one partition.
-//! - [`redrive`]: dead letters delivered again to their dispatcher; `redrive_range`: what one
-//!   redrive worker covers (below both `redrive` and `worker`).
+//! - [`redrive`]: dead letters delivered again to their dispatcher; `redrive_cluster`: a
+//!   cluster's redrive, run on every broker; `redrive_range`: what one redrive worker covers
+//!   (below both `redrive` and `worker`).
 //! - this module: [`Dispatch`], which starts and stops workers as dispatchers are configured and
 //!   topics appear; `status`: what it reports of them.
 
@@ -27,6 +28,8 @@ mod lanes;
 mod last_error;
 mod positions;
 pub mod redrive;
+mod redrive_cluster;
+pub use redrive_cluster::ClusterRedrive;
 mod redrive_range;
 mod retries;
 mod status;

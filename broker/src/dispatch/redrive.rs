@@ -65,6 +65,13 @@ pub enum RedriveError {
     /// The broker is stopping.
     #[error("the broker is shutting down")]
     ShuttingDown,
+    /// A cluster's metadata refused it (a redrive started through another broker runs, or the
+    /// dead-letter topic was deleted meanwhile).
+    #[error("{0}")]
+    Refused(String),
+    /// A cluster's metadata could not take it now (no leader, no majority).
+    #[error("{0}")]
+    Unavailable(String),
     /// The position of the last redrive could not be read.
     #[error("cannot read the position of the last redrive: {0}")]
     Storage(#[from] crate::storage::StorageError),
@@ -73,21 +80,54 @@ pub enum RedriveError {
 /// A redrive of one dispatcher, running or done.
 pub(super) struct RedriveRun {
     started_at: u64,
+    /// In a cluster, the metadata's number of the redrive this broker runs its part of.
+    run: Option<u64>,
     cancel: CancellationToken,
     parts: Vec<Part>,
 }
 
 struct Part {
-    partition: u32,
+    partition: Arc<Partition>,
     from: u64,
     to: u64,
+    /// In a cluster, the name of its replicated position.
+    position: Option<ConsumerId>,
     stats: Arc<WorkerStats>,
     join: tokio::task::JoinHandle<()>,
 }
 
+impl Part {
+    /// How far it got: on one broker its worker's count; in a cluster the replicated position
+    /// too (another broker may have delivered it).
+    fn next(&self) -> u64 {
+        let here = self
+            .stats
+            .next_offset
+            .load(Ordering::Relaxed)
+            .max(self.from);
+        let replicated = self.position.as_ref().and_then(|name| {
+            self.partition
+                .delivery
+                .current()?
+                .stored_next(name.as_str())
+        });
+        here.max(replicated.unwrap_or(0)).min(self.to)
+    }
+}
+
 impl RedriveRun {
+    /// On one broker, while its workers run; in a cluster, while a partition is short of its
+    /// end (a worker here waits while another broker delivers its partition).
     fn running(&self) -> bool {
-        self.parts.iter().any(|p| !p.join.is_finished())
+        match self.run {
+            None => self.parts.iter().any(|p| !p.join.is_finished()),
+            Some(_) => self.parts.iter().any(|p| p.next() < p.to),
+        }
+    }
+
+    /// The metadata's number of the redrive, in a cluster.
+    pub(super) fn run(&self) -> Option<u64> {
+        self.run
     }
 
     pub(super) fn status(&self) -> RedriveStatus {
@@ -101,10 +141,10 @@ impl RedriveRun {
             .parts
             .iter()
             .map(|p| RedrivePartition {
-                partition: p.partition,
+                partition: p.partition.number,
                 from: p.from,
                 to: p.to,
-                next: p.stats.next_offset.load(Ordering::Relaxed).max(p.from),
+                next: p.next(),
             })
             .collect();
         let remaining = partitions.iter().map(|p| p.to.saturating_sub(p.next)).sum();
@@ -205,6 +245,29 @@ pub(super) fn starts(
         .collect()
 }
 
+/// What a redrive covers, decided where it is asked for: a range per partition of the
+/// dead-letter topic.
+#[derive(Debug, Clone)]
+pub struct RedrivePlan {
+    /// The dead-letter topic.
+    pub topic: Topic,
+    /// Without `from`: it continues the last redrive, and the next continues it.
+    pub continues: bool,
+    /// Per partition, `from`…`to`−1.
+    pub parts: Vec<PlannedPart>,
+}
+
+/// One partition of a [`RedrivePlan`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlannedPart {
+    /// The partition.
+    pub partition: u32,
+    /// Where it starts.
+    pub from: u64,
+    /// Where it ends (exclusive).
+    pub to: u64,
+}
+
 impl Dispatch {
     /// Starts redriving `consumer_id`'s dead letters, offsets `from`…`to`−1 of each partition of
     /// its dead-letter topic (default: from where the last redrive stopped to the end).
@@ -214,6 +277,34 @@ impl Dispatch {
         from: Option<u64>,
         to: Option<u64>,
     ) -> Result<RedriveStatus, RedriveError> {
+        let plan = self.redrive_plan(consumer_id, from, to).await?;
+        let id = ConsumerId::new(consumer_id).expect("checked by the plan");
+        let mark = ConsumerId::new(REDRIVE_CHECKPOINT).expect("a valid name");
+        let mut running = self.running.lock();
+        if self.shutdown.is_cancelled() {
+            return Err(RedriveError::ShuttingDown);
+        }
+        let r: &mut Running = running
+            .get_mut(&id)
+            .ok_or_else(|| RedriveError::UnknownDispatcher(consumer_id.to_owned()))?;
+        if r.redrive.as_ref().is_some_and(RedriveRun::running) {
+            return Err(RedriveError::AlreadyRunning(consumer_id.to_owned()));
+        }
+        let checkpoint_id = plan.continues.then_some(mark);
+        let run = self.start_run(r, &plan, checkpoint_id, None, now_ms());
+        let status = run.status();
+        r.redrive = Some(run);
+        Ok(status)
+    }
+
+    /// Checks a redrive of `consumer_id` and decides its range in each partition: from `from`,
+    /// or where the last redrive without `from` stopped; to `to`, or the end of the partition.
+    pub async fn redrive_plan(
+        &self,
+        consumer_id: &str,
+        from: Option<u64>,
+        to: Option<u64>,
+    ) -> Result<RedrivePlan, RedriveError> {
         if let (Some(from), Some(to)) = (from, to)
             && from > to
         {
@@ -225,12 +316,7 @@ impl Dispatch {
             return Err(unknown());
         }
         let dlq = Topic::dead_letter(&id);
-        let mark = ConsumerId::new(REDRIVE_CHECKPOINT).expect("a valid name");
-        let partitions = self
-            .registry
-            .get(&dlq)
-            .map(|t| t.partitions())
-            .unwrap_or_default();
+        let partitions = self.partitions_of(&dlq);
         // A range past the end is `400` (docs/delivery.md, "Dead-letter redrive"): what the client asked
         // for is not there. (The starts and ends below are clamped to what exists as well, so
         // that a redrive never reaches the dead letters it writes itself.)
@@ -253,46 +339,90 @@ impl Dispatch {
         let starts = tokio::task::spawn_blocking(move || starts(&read, from))
             .await
             .expect("checkpoint read panicked")?;
-        let mut running = self.running.lock();
-        if self.shutdown.is_cancelled() {
-            return Err(RedriveError::ShuttingDown);
-        }
-        let r: &mut Running = running.get_mut(&id).ok_or_else(unknown)?;
-        if r.redrive.as_ref().is_some_and(RedriveRun::running) {
-            return Err(RedriveError::AlreadyRunning(consumer_id.to_owned()));
-        }
-        let cancel = r.cancel.child_token();
         let parts = partitions
-            .into_iter()
+            .iter()
             .zip(starts)
             .map(|(p, start)| {
                 let end = p.log.next_offset();
-                let to = to.map_or(end, |t| t.min(end)).max(start);
-                let range = Range {
-                    from: Some(start),
-                    to,
-                };
-                let checkpoint_id = from.is_none().then(|| mark.clone());
-                let worker = self.worker(r, (&dlq, &p), &cancel, checkpoint_id, Some(range));
-                let stats = worker.stats.clone();
-                stats.next_offset.store(start, Ordering::Relaxed);
-                tracing::info!(consumer_id = %id, partition = p.number, from = start, to, "redrive started");
-                Part {
+                PlannedPart {
                     partition: p.number,
                     from: start,
-                    to,
-                    stats,
-                    join: tokio::spawn(worker.run()),
+                    to: to.map_or(end, |t| t.min(end)).max(start),
                 }
             })
             .collect();
-        let run = RedriveRun {
-            started_at: now_ms(),
+        Ok(RedrivePlan {
+            topic: dlq,
+            continues: from.is_none(),
+            parts,
+        })
+    }
+
+    /// The partitions of `topic` open here (none if it is not).
+    pub(super) fn partitions_of(&self, topic: &Topic) -> Vec<Arc<Partition>> {
+        self.registry
+            .get(topic)
+            .map(|t| t.partitions())
+            .unwrap_or_default()
+    }
+
+    /// The status of `consumer_id`'s last redrive, if it has one here.
+    pub fn redrive_status(&self, consumer_id: &str) -> Option<RedriveStatus> {
+        let id = ConsumerId::new(consumer_id).ok()?;
+        self.running
+            .lock()
+            .get(&id)?
+            .redrive
+            .as_ref()
+            .map(RedriveRun::status)
+    }
+
+    /// Starts a worker per partition of `plan` for dispatcher `r`, its position kept under
+    /// `checkpoint_id` (none: in memory only).
+    pub(super) fn start_run(
+        &self,
+        r: &Running,
+        plan: &RedrivePlan,
+        checkpoint_id: Option<ConsumerId>,
+        run: Option<u64>,
+        started_at: u64,
+    ) -> RedriveRun {
+        let cancel = r.cancel.child_token();
+        let partitions = self.partitions_of(&plan.topic);
+        let parts = plan
+            .parts
+            .iter()
+            .filter_map(|part| {
+                let p = partitions.iter().find(|p| p.number == part.partition)?;
+                let range = Range {
+                    from: Some(part.from),
+                    to: part.to,
+                };
+                let worker = self.worker(
+                    r,
+                    (&plan.topic, p),
+                    &cancel,
+                    checkpoint_id.clone(),
+                    Some(range),
+                );
+                let stats = worker.stats.clone();
+                stats.next_offset.store(part.from, Ordering::Relaxed);
+                tracing::info!(consumer_id = %r.spec.consumer_id, partition = p.number, from = part.from, to = part.to, "redrive started");
+                Some(Part {
+                    partition: p.clone(),
+                    from: part.from,
+                    to: part.to,
+                    position: run.and(checkpoint_id.clone()),
+                    stats,
+                    join: tokio::spawn(worker.run()),
+                })
+            })
+            .collect();
+        RedriveRun {
+            started_at,
+            run,
             cancel,
             parts,
-        };
-        let status = run.status();
-        r.redrive = Some(run);
-        Ok(status)
+        }
     }
 }

@@ -147,11 +147,10 @@ impl Worker {
             .drain()
             .await;
             link.abort();
-            // Stopped, or done (a redrive's range): over. Only a term that ended goes on — but
-            // not a redrive, whose range was fixed when it started: it ends with the term
-            // (docs/cluster.md, "Delivery in a cluster"), and the next one continues from the
-            // replicated `__redrive` position.
-            if self.cancel.is_cancelled() || !term_over.is_cancelled() || self.redrive.is_some() {
+            // Stopped, or done (a redrive's range): over. Only a term that ended goes on — a
+            // redrive's too: the next term's leader continues it from its replicated position
+            // (docs/cluster.md, "Delivery in a cluster").
+            if self.cancel.is_cancelled() || !term_over.is_cancelled() {
                 return;
             }
             tracing::info!(term, "not delivering: the term ended here");
@@ -315,12 +314,18 @@ impl Worker {
             .await
     }
 
-    /// The checkpoint, or 0 (a redrive: its `from`); clamped into the log's range.
+    /// The checkpoint, else 0 (a redrive: its `from`); clamped into the log's range. A redrive
+    /// with a checkpoint reads it first: in a cluster, a new leader continues the redrive where
+    /// the last one stopped.
     async fn start_position(&self) -> Option<Position> {
         let from = self.redrive.as_ref().and_then(|r| r.from);
-        let stored = match (from, &self.checkpoint_id) {
-            (Some(from), _) => Ok(Some(Position::at(from))),
-            (None, Some(id)) => self.positions().read(id).await,
+        let stored = match (&self.checkpoint_id, from) {
+            (Some(id), from) => self
+                .positions()
+                .read(id)
+                .await
+                .map(|p| p.or(from.map(Position::at))),
+            (None, Some(from)) => Ok(Some(Position::at(from))),
             (None, None) => Ok(None),
         };
         let mut stored = match stored {

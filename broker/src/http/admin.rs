@@ -109,7 +109,13 @@ pub(super) async fn redrive(
         Err(e @ (RedriveError::BadRange { .. } | RedriveError::PastEnd { .. })) => {
             Err(ApiError::BadRequest(e.to_string()))
         }
-        Err(e @ RedriveError::AlreadyRunning(_)) => Err(ApiError::Conflict(e.to_string())),
+        Err(e @ (RedriveError::AlreadyRunning(_) | RedriveError::Refused(_))) => {
+            Err(ApiError::Conflict(e.to_string()))
+        }
+        Err(RedriveError::Unavailable(error)) => Err(ApiError::NoLeader {
+            error,
+            leader: None,
+        }),
         Err(RedriveError::ShuttingDown) => Err(ApiError::Starting),
         Err(RedriveError::Storage(e)) => Err(BrokerError::from(e).into()),
     }
