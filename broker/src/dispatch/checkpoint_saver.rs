@@ -165,6 +165,7 @@ impl CheckpointSaver {
                             }
                             break;
                         }
+                        let started = tokio::time::Instant::now();
                         let r = positions.write(&id, &value).await;
                         failed = r.is_err();
                         match r {
@@ -176,11 +177,14 @@ impl CheckpointSaver {
                         if failed || closed {
                             break;
                         }
-                        // Let positions accumulate; a stop ends the wait so that the final
-                        // position is written at once.
+                        // Let positions accumulate until an interval after this write
+                        // started (not after it ended: a write that takes long, a cluster's
+                        // metadata commit on busy cores, would add its time to what a crash
+                        // redelivers); a stop ends the wait so that the final position is
+                        // written at once.
                         if !spec.checkpoint_interval.is_zero() {
                             tokio::select! {
-                                _ = tokio::time::sleep(spec.checkpoint_interval) => {}
+                                _ = tokio::time::sleep_until(started + spec.checkpoint_interval) => {}
                                 _ = stopping.cancelled() => closed = true,
                             }
                         }
