@@ -403,12 +403,37 @@ async fn a_redrive_continues_on_the_new_leader_after_its_dead_letter_leaders_kil
         .post("/mmmq/dispatchers/c1/redrive", &json!({}))
         .await;
     assert_eq!(code, 409, "{again}");
+    // A reload that restarts the dispatcher (its settings changed) does not end the redrive in a
+    // cluster: it goes on from where the dispatcher's clean stop left it.
+    mmmq_tests::eventually(Duration::from_secs(30), "a sixth redriven", || {
+        (redriven(&consumer).len() as u64 >= DEAD / 6).then_some(())
+    })
+    .await;
+    d["maxNackRetries"] = json!(1);
+    configure(&c, &d).await;
     mmmq_tests::eventually(Duration::from_secs(30), "a third redriven", || {
         (redriven(&consumer).len() as u64 >= DEAD / 3).then_some(())
     })
     .await;
     c.kill(dlq_leader);
     let killed = Instant::now();
+    let at_kill = redriven(&consumer).len() as u64;
+    assert!(at_kill < DEAD, "the redrive ended before the kill");
+    // One at a time across the failover, decided by the metadata: a redrive asked of the new
+    // leader while it continues this one is refused.
+    let survivor = c.running()[0];
+    mmmq_tests::eventually_async(Duration::from_secs(20), "a new leader answers", || async {
+        let (code, again) = c
+            .broker(survivor)
+            .post("/mmmq/dispatchers/c1/redrive", &json!({}))
+            .await;
+        match code {
+            503 => None,
+            409 => Some(()),
+            other => panic!("a redrive during the redrive: HTTP {other} {again}"),
+        }
+    })
+    .await;
     // The new leader continues the redrive from its replicated position, to its end.
     let all = mmmq_tests::eventually(
         Duration::from_secs(60),
@@ -421,7 +446,10 @@ async fn a_redrive_continues_on_the_new_leader_after_its_dead_letter_leaders_kil
     )
     .await;
     let rewinds = rewinds(&all);
-    assert!(rewinds <= 1, "{rewinds} rewinds for one failover");
+    assert!(
+        rewinds <= 1,
+        "{rewinds} rewinds for one failover and a reload"
+    );
     let mut first_at: BTreeMap<u64, Instant> = BTreeMap::new();
     let mut repeated = 0;
     for (at, i) in &all {
@@ -453,7 +481,6 @@ async fn a_redrive_continues_on_the_new_leader_after_its_dead_letter_leaders_kil
         })
         .await;
     }
-    let survivor = c.running()[0];
     let (code, run) = c
         .broker(survivor)
         .post("/mmmq/dispatchers/c1/redrive", &json!({}))

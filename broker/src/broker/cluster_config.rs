@@ -254,7 +254,7 @@ pub(super) async fn follow(sync: Arc<ConfigSync>, cluster: Cluster, stop: Cancel
             }
         }
         // Every broker runs its part of each redrive: the partition's leader delivers it.
-        if !super::cluster_redrive::follow(&sync.dispatch, &state).await {
+        if !super::cluster_redrive::follow(&sync.dispatch, &cluster).await {
             again = true;
         }
         let wait = if again {

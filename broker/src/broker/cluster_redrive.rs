@@ -96,28 +96,32 @@ impl Broker {
                 APPLY_WAIT.as_secs()
             )));
         };
-        self.dispatch.follow_redrive(consumer_id, &redrive).await;
+        self.dispatch.follow_redrive(consumer_id, &redrive);
         self.dispatch
             .redrive_status(consumer_id)
             .ok_or_else(|| RedriveError::UnknownDispatcher(consumer_id.to_owned()))
     }
 }
 
-/// Runs this broker's part of every redrive in `state` (the metadata's newest): `false` if one
-/// could not start yet (its dead-letter topic is not open here yet), to be tried again.
-pub(super) async fn follow(dispatch: &Dispatch, state: &MetaState) -> bool {
-    let mut all = true;
-    for consumer in state.redrives.keys() {
-        if let Some(r) = state.redrive(consumer) {
-            all &= dispatch.follow_redrive(consumer, &cluster_redrive(r)).await;
-        }
-    }
-    all
+/// Runs this broker's part of every redrive in the metadata (read now, not the follow loop's
+/// snapshot, which may be seconds old): `false` if one could not start yet (its dead-letter
+/// topic is not open here yet), to be tried again.
+pub(super) async fn follow(dispatch: &Dispatch, cluster: &Cluster) -> bool {
+    let state = cluster.metadata();
+    let redrives = state
+        .redrives
+        .keys()
+        .filter_map(|consumer| Some((consumer.clone(), cluster_redrive(state.redrive(consumer)?))))
+        .collect();
+    dispatch
+        .follow_redrives(&redrives, state.redrive_runs)
+        .await
 }
 
 fn cluster_redrive(r: &RedriveMeta) -> ClusterRedrive {
     ClusterRedrive {
         run: r.run,
+        topic_id: r.topic_id.clone(),
         started_at: r.started_at,
         position: r.position.clone(),
         parts: r

@@ -120,7 +120,8 @@ fn redrive_merged<'a>(r: &mut RedriveStatus, others: impl Iterator<Item = &'a Re
         .iter()
         .map(|p| p.to.saturating_sub(p.next))
         .sum();
-    r.running = r.remaining > 0;
+    // `running` stays this broker's: until the metadata holds the redrive's end (what decides
+    // whether another may start), wherever the deliverer got to.
 }
 
 /// The dispatcher's sums and last error again, from its partitions'.

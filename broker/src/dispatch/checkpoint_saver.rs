@@ -65,7 +65,7 @@ struct Claims {
 impl CheckpointSaver {
     /// Chooses the way of saving from the dispatcher's `delivery`; positions are stored under
     /// `id` in the partition's checkpoints, or kept in memory only when `id` is `None` (a
-    /// redrive of an explicit range, which nothing resumes).
+    /// redrive of an explicit range on one broker, which nothing resumes).
     pub(super) fn new(
         positions: Positions,
         spec: Arc<DispatcherSpec>,

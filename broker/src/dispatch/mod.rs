@@ -120,6 +120,9 @@ pub struct Dispatch {
     configured: Mutex<BTreeMap<ConsumerId, Vec<mmmq_core::TopicPattern>>>,
     reloading: tokio::sync::Mutex<()>,
     shutdown: CancellationToken,
+    /// In a cluster, the newest redrive run followed per dispatcher: a run is never followed
+    /// after a newer one (a metadata snapshot read before the newer one was applied).
+    followed: Mutex<BTreeMap<ConsumerId, u64>>,
 }
 
 impl Dispatch {
@@ -139,6 +142,7 @@ impl Dispatch {
             configured: Mutex::new(BTreeMap::new()),
             reloading: tokio::sync::Mutex::new(()),
             shutdown: CancellationToken::new(),
+            followed: Mutex::new(BTreeMap::new()),
         });
         let weak = Arc::downgrade(&this);
         let mut created = this.registry.subscribe_created();

@@ -7,7 +7,8 @@
 //! failures before it (`history`), so the next redrive can take it. Other dispatchers never see
 //! a redrive: it goes to this dispatcher's target only. Without `from` a redrive continues where
 //! the last one stopped (its position is a checkpoint named `__redrive` of the dead-letter
-//! partition); with `from` it covers that range and remembers nothing.
+//! partition); with `from` it covers that range and remembers nothing on one broker (in a
+//! cluster its position is replicated as `__redrive.{run}`: `redrive_cluster`).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -100,18 +101,20 @@ impl Part {
     /// How far it got: on one broker its worker's count; in a cluster the replicated position
     /// too (another broker may have delivered it).
     fn next(&self) -> u64 {
-        let here = self
-            .stats
-            .next_offset
-            .load(Ordering::Relaxed)
-            .max(self.from);
-        let replicated = self.position.as_ref().and_then(|name| {
+        let here = self.stats.next_offset.load(Ordering::Relaxed);
+        here.max(self.replicated()).min(self.to)
+    }
+
+    /// In a cluster, its replicated position: what a new leader continues from, and what the
+    /// metadata counts as done (its `from` until a leader wrote one); `from` on one broker.
+    fn replicated(&self) -> u64 {
+        let stored = self.position.as_ref().and_then(|name| {
             self.partition
                 .delivery
                 .current()?
                 .stored_next(name.as_str())
         });
-        here.max(replicated.unwrap_or(0)).min(self.to)
+        stored.unwrap_or(0).max(self.from)
     }
 }
 
@@ -121,7 +124,7 @@ impl RedriveRun {
     fn running(&self) -> bool {
         match self.run {
             None => self.parts.iter().any(|p| !p.join.is_finished()),
-            Some(_) => self.parts.iter().any(|p| p.next() < p.to),
+            Some(_) => self.parts.iter().any(|p| p.replicated() < p.to),
         }
     }
 
@@ -171,11 +174,19 @@ impl RedriveRun {
     }
 
     /// Stops it (its dispatcher stops, or the dead-letter topic is deleted) and waits.
-    pub(super) async fn stop(self) {
+    pub(super) async fn stop(mut self) {
         self.cancel.cancel();
-        for p in self.parts {
+        for p in std::mem::take(&mut self.parts) {
             let _ = p.join.await;
         }
+    }
+}
+
+/// A run replaced without [`RedriveRun::stop`] (a new redrive over a finished one, whose workers
+/// may still wait for their partition's leadership in a cluster) stops its workers all the same.
+impl Drop for RedriveRun {
+    fn drop(&mut self) {
+        self.cancel.cancel();
     }
 }
 

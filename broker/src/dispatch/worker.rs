@@ -31,6 +31,9 @@ use crate::topics::delivery::DeliveryGrant;
 use crate::topics::{Partition, Registry};
 
 pub(super) const READ_BATCH: usize = 256;
+/// How long a cluster's redrive worker that reached its end waits before it checks again that
+/// its end was replicated.
+const REDRIVE_RECHECK: Duration = Duration::from_millis(200);
 /// Messages handed at once to a target that answers per message (plugins, in-process handlers):
 /// for a plugin this amortises the hop to a blocking thread (two wake-ups, tens of microseconds)
 /// over sub-microsecond calls, and the sync of a run's emits (one commit per destination) over
@@ -79,7 +82,8 @@ pub(super) struct Worker {
     pub registry: Arc<Registry>,
     pub metrics: Arc<Metrics>,
     /// Where its position is stored in the partition's checkpoints: the consumerId, `__redrive`
-    /// for a redrive that continues the last one, none for a redrive of an explicit range.
+    /// for a redrive that continues the last one, none for a redrive of an explicit range (in a
+    /// cluster, `__redrive.{run}`: a new leader continues it).
     pub checkpoint_id: Option<ConsumerId>,
     /// Set when this worker redrives a dead-letter partition (docs/delivery.md, "Dead-letter redrive").
     pub redrive: Option<super::redrive_range::Range>,
@@ -150,8 +154,24 @@ impl Worker {
             // Stopped, or done (a redrive's range): over. Only a term that ended goes on — a
             // redrive's too: the next term's leader continues it from its replicated position
             // (docs/cluster.md, "Delivery in a cluster").
-            if self.cancel.is_cancelled() || !term_over.is_cancelled() {
+            if self.cancel.is_cancelled() {
                 return;
+            }
+            if !term_over.is_cancelled() {
+                // A redrive that reached its end here is over once its end is replicated; if
+                // its last write failed (the metadata did not answer in time), it goes round
+                // again from what was replicated, rather than leave it short for good.
+                let short = self
+                    .redrive
+                    .zip(self.checkpoint_id.as_ref())
+                    .is_some_and(|(r, id)| {
+                        let stored = control.stored_next(id.as_str()).unwrap_or(0);
+                        stored.max(r.from.unwrap_or(0)) < r.to
+                    });
+                if !short || self.sleep(REDRIVE_RECHECK).await.is_err() {
+                    return;
+                }
+                continue;
             }
             tracing::info!(term, "not delivering: the term ended here");
         }
@@ -208,6 +228,13 @@ impl Worker {
                 r = committed.wait_for(|&n| n > next) => if r.is_err() { break },
             }
             self.skip_deleted(&mut next, saver);
+            // Retention may have moved `next` on: a redrive still ends at its `to`, never
+            // reaching the dead letters it wrote itself.
+            let max = match &self.redrive {
+                Some(r) if next >= r.to => break,
+                Some(r) => max.min((r.to - next) as usize),
+                None => max,
+            };
             // The read made while the last batch was being delivered, if it starts here.
             let ahead = match prefetch.take() {
                 Some((at, read)) if at == next => read.await.expect("read task panicked").ok(),
