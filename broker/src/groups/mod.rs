@@ -29,6 +29,8 @@ use crate::topics::{Partition, Registry};
 
 mod cluster;
 pub mod commit;
+#[cfg(test)]
+mod commit_tests;
 mod read;
 mod status;
 
