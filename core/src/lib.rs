@@ -44,7 +44,7 @@ pub use status::{
     ReloadReport, ShadowStatus, TargetStatus, TopicConfig, TopicDetail, TopicInfo, TopicPartition,
     TopicStatus,
 };
-pub use topic::{ConsumerId, NameError, Topic};
+pub use topic::{ConsumerId, MAX_CONSUMER_ID_LEN, NameError, Topic};
 pub use topic_id::{BadTopicId, TopicId};
 
 /// An error and its causes on one line ("error sending request: connection refused …"): an HTTP

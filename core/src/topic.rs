@@ -110,7 +110,7 @@ impl Topic {
 
     /// The dead-letter topic of a consumer: `__dlq.<consumerId>`.
     pub fn dead_letter(consumer: &ConsumerId) -> Self {
-        // A consumer id is at most MAX_TOPIC_LEN - 6 characters, so this is always a valid name.
+        // A consumer id is at most 240 characters, so this is always a valid name.
         Self(format!("{INTERNAL_PREFIX}dlq.{}", consumer.as_str()))
     }
 }
@@ -122,8 +122,11 @@ impl Topic {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ConsumerId(String);
 
-/// The longest consumer id: the dead-letter topic `__dlq.<id>` must fit in a topic name.
-pub const MAX_CONSUMER_ID_LEN: usize = MAX_TOPIC_LEN - "__dlq.".len();
+/// The longest consumer id (a dispatcher's or a group's): its checkpoint's temporary file,
+/// `{id}.checkpoint.tmp`, must fit the file system's 255-byte names, and its dead-letter and
+/// log topics (`__dlq.<id>`, `__logs.<id>`) in a topic name. (243, the dead-letter topic's
+/// bound alone, let ids of 241–243 characters in whose every checkpoint write failed.)
+pub const MAX_CONSUMER_ID_LEN: usize = 255 - ".checkpoint.tmp".len();
 
 impl ConsumerId {
     /// Validates `id` as a consumer id.
@@ -233,6 +236,8 @@ mod tests {
         assert!(!Topic::new("_single").unwrap().is_internal());
         let longest = ConsumerId::new("c".repeat(MAX_CONSUMER_ID_LEN)).unwrap();
         assert!(Topic::new(Topic::dead_letter(&longest).as_str()).is_ok());
+        assert!(Topic::new(format!("__logs.{longest}")).is_ok());
+        assert_eq!(MAX_CONSUMER_ID_LEN, 240);
         assert!(ConsumerId::new("c".repeat(MAX_CONSUMER_ID_LEN + 1)).is_err());
     }
 

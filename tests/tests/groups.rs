@@ -299,3 +299,48 @@ async fn a_poll_fills_max_from_the_partitions_that_have_messages() {
     assert_eq!(body["messages"].as_array().unwrap().len(), 10, "{body}");
     assert_eq!(body["messages"][0]["offset"], 20, "{body}");
 }
+
+/// A group name as long as a consumer id may be (240) commits, and its commit is there after a
+/// restart; one character more is refused up front (before the cap was 240, names of 241–243
+/// characters were taken and every commit of theirs failed: `{name}.checkpoint.tmp` is over the
+/// file system's 255 bytes).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_longest_group_name_commits_and_a_longer_one_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let broker = Broker::start(tmp.path()).await;
+    let (status, _) = broker
+        .post("/mmmq/messages", &json!({"topic": "long", "content": 1}))
+        .await;
+    assert_eq!(status, 200);
+    let too_long = "g".repeat(241);
+    let (status, e) = broker
+        .get(&format!(
+            "/mmmq/groups/{too_long}/messages?member=a&pattern=long"
+        ))
+        .await;
+    assert_eq!(status, 400, "{e}");
+    assert!(e["error"].as_str().unwrap().contains("consumerId"), "{e}");
+    let longest = "g".repeat(240);
+    let (status, body) = broker
+        .get(&format!(
+            "/mmmq/groups/{longest}/messages?member=a&pattern=long"
+        ))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, e) = broker
+        .post(
+            &format!("/mmmq/groups/{longest}/commit"),
+            &json!({"member": "a", "offsets": [{"topic": "long", "partition": 0, "offset": 1}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{e}");
+    broker.kill();
+    let broker = Broker::start(tmp.path()).await;
+    let (status, body) = broker
+        .get(&format!(
+            "/mmmq/groups/{longest}/messages?member=a&pattern=long"
+        ))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["messages"], json!([]), "resumed at its commit: {body}");
+}

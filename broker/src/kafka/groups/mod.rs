@@ -78,8 +78,8 @@ pub(crate) fn is_mapped(name: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-/// The longest group id stored under its own name (see [`store_id`]).
-const MAX_OWN_NAME: usize = 240;
+/// The longest group id stored under its own name (see [`store_id`]): a consumer id's.
+const MAX_OWN_NAME: usize = mmmq_core::MAX_CONSUMER_ID_LEN;
 
 /// Every Kafka consumer group of this broker.
 #[derive(Default)]
