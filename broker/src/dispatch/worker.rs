@@ -31,8 +31,8 @@ use crate::topics::delivery::DeliveryGrant;
 use crate::topics::{Partition, Registry};
 
 pub(super) const READ_BATCH: usize = 256;
-/// How long a cluster's redrive worker that reached its end waits before it checks again that
-/// its end was replicated.
+/// How long a cluster's redrive worker that reached its end waits before it writes its end
+/// again when the last write did not get in.
 const REDRIVE_RECHECK: Duration = Duration::from_millis(200);
 /// Messages handed at once to a target that answers per message (plugins, in-process handlers):
 /// for a plugin this amortises the hop to a blocking thread (two wake-ups, tens of microseconds)
@@ -135,6 +135,7 @@ impl Worker {
                 lost.cancelled().await;
                 ends.cancel();
             });
+            let held = grant.clone();
             Worker {
                 cancel,
                 grant: Some(grant),
@@ -158,22 +159,46 @@ impl Worker {
                 return;
             }
             if !term_over.is_cancelled() {
-                // A redrive that reached its end here is over once its end is replicated; if
-                // its last write failed (the metadata did not answer in time), it goes round
-                // again from what was replicated, rather than leave it short for good.
-                let short = self
-                    .redrive
-                    .zip(self.checkpoint_id.as_ref())
-                    .is_some_and(|(r, id)| {
-                        let stored = control.stored_next(id.as_str()).unwrap_or(0);
-                        stored.max(r.from.unwrap_or(0)) < r.to
-                    });
-                if !short || self.sleep(REDRIVE_RECHECK).await.is_err() {
+                if self.end_replicated(&*held).await.is_err() {
                     return;
                 }
-                continue;
+                if !held.lost().is_cancelled() {
+                    return;
+                }
             }
             tracing::info!(term, "not delivering: the term ended here");
+        }
+    }
+
+    /// A redrive that delivered to its end in this term is over once its end is replicated.
+    /// Its last write may have failed (the metadata did not answer in time): it is written
+    /// again — after the target settled, as the saver writes — until it gets in or the term
+    /// ends (the next leader then continues from what was replicated), never by delivering the
+    /// range again. `Err` when stopped.
+    async fn end_replicated(&self, grant: &dyn DeliveryGrant) -> Result<(), Stopped> {
+        let (Some(r), Some(id)) = (self.redrive, &self.checkpoint_id) else {
+            return Ok(());
+        };
+        let reached = self.stats.next_offset.load(Ordering::Relaxed);
+        if reached < r.to {
+            return Ok(());
+        }
+        let end = Position::at(reached);
+        loop {
+            if grant.read(id.as_str()).is_some_and(|p| p.next >= r.to)
+                || grant.lost().is_cancelled()
+            {
+                return Ok(());
+            }
+            if self
+                .target
+                .settled(&self.topic, self.partition.number)
+                .await
+                && grant.write(id.as_str(), &end).await.is_ok()
+            {
+                return Ok(());
+            }
+            self.sleep(REDRIVE_RECHECK).await?;
         }
     }
 

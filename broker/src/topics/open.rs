@@ -77,9 +77,14 @@ pub(super) fn move_to_trash(vfs: &dyn Vfs, dir: &Path, trash: &Path) -> Result<(
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    let name = dir
+    // The topic's name, cut so that the suffix still fits a 255-byte file name (a topic name is
+    // up to 249 ASCII characters: a whole one with its suffix did not, and its delete failed).
+    let name: String = dir
         .file_name()
-        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+        .chars()
+        .take(200)
+        .collect();
     let target = trash.join(format!("{name}.{nanos}"));
     vfs.rename(dir, &target)
         .map_err(|e| StorageError::io(dir, e))?;
