@@ -108,6 +108,9 @@ impl ConfigSync {
     async fn seed(&self, cluster: &Cluster) -> Result<(), BrokerError> {
         let (text, specs) = read_own(&self.root).await?;
         if specs == 0 {
+            // The cluster names no dispatchers and this broker proposes none: there are none
+            // whose positions retention must hold (until a reload or another broker's seed).
+            self.dispatch.configuration_is_known();
             return Ok(());
         }
         let seed = MetaCommand::SetDispatchers {

@@ -163,6 +163,11 @@ pub(super) fn spawn_retention(
                 // Ids past their window leave the budget, also in a topic nobody produces to.
                 t.dedup.expire(now_ms(), config.dedup_window_ms);
                 for p in t.partitions() {
+                    // A cluster member that has not applied the cluster's dispatchers yet does
+                    // not know whose positions to hold: it keeps the topic whole for now.
+                    if config.keep_undelivered && !dispatch.configuration_known() {
+                        continue;
+                    }
                     let floor = if config.keep_undelivered {
                         let mut held = dispatch.protected_positions(&t.topic, &p).await;
                         held.extend(groups.protected_positions(&t.topic, &p).await);

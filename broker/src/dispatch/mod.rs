@@ -123,6 +123,10 @@ pub struct Dispatch {
     /// In a cluster, the newest redrive run followed per dispatcher: a run is never followed
     /// after a newer one (a metadata snapshot read before the newer one was applied).
     followed: Mutex<BTreeMap<ConsumerId, u64>>,
+    /// Whether `configured` holds the broker's configuration: on a cluster member it is empty
+    /// until the cluster's `dispatchers.json` is applied, and retention must not take it for
+    /// "no dispatcher holds anything" ([`Dispatch::configuration_known`]).
+    known: std::sync::atomic::AtomicBool,
 }
 
 impl Dispatch {
@@ -143,6 +147,7 @@ impl Dispatch {
             reloading: tokio::sync::Mutex::new(()),
             shutdown: CancellationToken::new(),
             followed: Mutex::new(BTreeMap::new()),
+            known: std::sync::atomic::AtomicBool::new(false),
         });
         let weak = Arc::downgrade(&this);
         let mut created = this.registry.subscribe_created();
@@ -165,6 +170,19 @@ impl Dispatch {
             }
         });
         this
+    }
+
+    /// Whether the dispatchers whose positions `keepUndelivered` protects are known here: after
+    /// the first reload on one broker (at boot); on a cluster member once the cluster's
+    /// `dispatchers.json` is applied, or found to name none. Until then retention keeps every
+    /// `keepUndelivered` topic whole (docs/cluster.md, "Retention in a cluster").
+    pub fn configuration_known(&self) -> bool {
+        self.known.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The configuration is known (see [`Dispatch::configuration_known`]).
+    pub fn configuration_is_known(&self) {
+        self.known.store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Subscribes every dispatcher whose pattern matches to `topics` (idempotent).
@@ -336,6 +354,7 @@ impl Dispatch {
                 }
             }
         }
+        self.configuration_is_known();
         let stopping: Vec<Running> = {
             let mut running = self.running.lock();
             let leaving = report.removed.iter().chain(&report.changed);
