@@ -379,6 +379,12 @@ impl Cluster {
         }
     }
 
+    /// SIGTERMs broker `id` and waits for its clean stop.
+    pub fn terminate(&mut self, id: u64) -> std::process::ExitStatus {
+        let b = self.brokers[(id - 1) as usize].take().expect("running");
+        b.terminate()
+    }
+
     /// Starts broker `id` again on its root dir (it must be down).
     pub async fn restart(&mut self, id: u64) {
         assert!(

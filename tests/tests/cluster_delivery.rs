@@ -614,3 +614,40 @@ async fn a_fleet_with_lanes_keeps_each_keys_order_across_the_leaders_kill() {
     }
     eprintln!("delivered again after the failover: {repeated} messages");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_clean_stop_of_the_leader_hands_over_without_a_repeat() {
+    // A rolling restart: the partition's leader (also the metadata group's, as broker 1 usually
+    // is) stopped with SIGTERM mid-stream writes its final position before its groups stop, so
+    // the next leader repeats nothing.
+    let (mut c, consumer) = cluster_with(|port| {
+        let mut d = host_dispatcher("c1", TOPIC, port);
+        d["checkpointIntervalMs"] = json!(INTERVAL_MS);
+        d
+    })
+    .await;
+    produce(&c, 1, 0, BEFORE).await;
+    let leader = c.leader_of(1, TOPIC, 0).await.expect("a leader");
+    mmmq_tests::eventually(Duration::from_secs(30), "a third delivered", || {
+        (received(&consumer).len() as u64 >= BEFORE / 3).then_some(())
+    })
+    .await;
+    let status = c.terminate(leader);
+    assert!(status.success(), "a clean stop: {status:?}");
+    let via = (1..=3).find(|b| *b != leader).unwrap();
+    produce(&c, via, BEFORE, AFTER).await;
+    let all = mmmq_tests::eventually(Duration::from_secs(60), "every message delivered", || {
+        let r = received(&consumer);
+        let distinct: std::collections::BTreeSet<u64> = r.iter().map(|(_, i)| *i).collect();
+        (distinct.len() as u64 == BEFORE + AFTER).then_some(r)
+    })
+    .await;
+    assert_eq!(rewinds(&all), 0, "a clean stop repeated messages");
+    assert_eq!(all.len() as u64, BEFORE + AFTER);
+    // It comes back as a follower and the cluster goes on.
+    c.restart(leader).await;
+    produce(&c, leader, BEFORE + AFTER, 100).await;
+    consumer
+        .wait_for((BEFORE + AFTER + 100) as usize, Duration::from_secs(30))
+        .await;
+}
