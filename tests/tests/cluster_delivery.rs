@@ -73,6 +73,23 @@ async fn produce(c: &Cluster, via: u64, from: u64, n: u64) {
     }
 }
 
+/// The dispatcher `c1` to the consumer on `port`, its checkpoint every [`INTERVAL_MS`].
+fn checkpointed(port: u16) -> Value {
+    let mut d = host_dispatcher("c1", TOPIC, port);
+    d["checkpointIntervalMs"] = json!(INTERVAL_MS);
+    d
+}
+
+/// What the consumer received once it holds every message of the scenario.
+async fn every_delivered(consumer: &Consumer) -> Vec<(Instant, u64)> {
+    mmmq_tests::eventually(Duration::from_secs(60), "every message delivered", || {
+        let r = received(consumer);
+        let distinct: std::collections::BTreeSet<u64> = r.iter().map(|(_, i)| *i).collect();
+        (distinct.len() as u64 == BEFORE + AFTER).then_some(r)
+    })
+    .await
+}
+
 /// The content's `i` of every envelope received, with when it arrived, in order.
 fn received(consumer: &Consumer) -> Vec<(Instant, u64)> {
     consumer
@@ -108,19 +125,9 @@ async fn failover(c: &mut Cluster, consumer: &Consumer) -> (Vec<(Instant, u64)>,
 
 #[tokio::test(flavor = "multi_thread")]
 async fn at_least_once_continues_from_the_replicated_checkpoint_after_the_leaders_kill() {
-    let (mut c, consumer) = cluster_with(|port| {
-        let mut d = host_dispatcher("c1", TOPIC, port);
-        d["checkpointIntervalMs"] = json!(INTERVAL_MS);
-        d
-    })
-    .await;
+    let (mut c, consumer) = cluster_with(checkpointed).await;
     let (_, killed) = failover(&mut c, &consumer).await;
-    let all = mmmq_tests::eventually(Duration::from_secs(60), "every message delivered", || {
-        let r = received(&consumer);
-        let distinct: std::collections::BTreeSet<u64> = r.iter().map(|(_, i)| *i).collect();
-        (distinct.len() as u64 == BEFORE + AFTER).then_some(r)
-    })
-    .await;
+    let all = every_delivered(&consumer).await;
     // In order, but for one rewind (the new leader's start at the replicated checkpoint), which
     // repeats a suffix of what was delivered: never a reorder, never a gap.
     let rewinds = rewinds(&all);
@@ -212,12 +219,7 @@ async fn a_leader_stopped_past_its_lease_never_delivers_again() {
     c.broker(leader).signal(libc::SIGCONT);
     let via = (1..=3).find(|b| *b != leader).unwrap();
     produce(&c, via, BEFORE, AFTER).await;
-    let all = mmmq_tests::eventually(Duration::from_secs(60), "every message delivered", || {
-        let r = received(&consumer);
-        let distinct: std::collections::BTreeSet<u64> = r.iter().map(|(_, i)| *i).collect();
-        (distinct.len() as u64 == BEFORE + AFTER).then_some(r)
-    })
-    .await;
+    let all = every_delivered(&consumer).await;
     mmmq_tests::eventually_async(
         Duration::from_secs(20),
         "the old leader deposed",
@@ -620,12 +622,7 @@ async fn a_clean_stop_of_the_leader_hands_over_without_a_repeat() {
     // A rolling restart: the partition's leader (also the metadata group's, as broker 1 usually
     // is) stopped with SIGTERM mid-stream writes its final position before its groups stop, so
     // the next leader repeats nothing.
-    let (mut c, consumer) = cluster_with(|port| {
-        let mut d = host_dispatcher("c1", TOPIC, port);
-        d["checkpointIntervalMs"] = json!(INTERVAL_MS);
-        d
-    })
-    .await;
+    let (mut c, consumer) = cluster_with(checkpointed).await;
     produce(&c, 1, 0, BEFORE).await;
     let leader = c.leader_of(1, TOPIC, 0).await.expect("a leader");
     mmmq_tests::eventually(Duration::from_secs(30), "a third delivered", || {
@@ -636,12 +633,7 @@ async fn a_clean_stop_of_the_leader_hands_over_without_a_repeat() {
     assert!(status.success(), "a clean stop: {status:?}");
     let via = (1..=3).find(|b| *b != leader).unwrap();
     produce(&c, via, BEFORE, AFTER).await;
-    let all = mmmq_tests::eventually(Duration::from_secs(60), "every message delivered", || {
-        let r = received(&consumer);
-        let distinct: std::collections::BTreeSet<u64> = r.iter().map(|(_, i)| *i).collect();
-        (distinct.len() as u64 == BEFORE + AFTER).then_some(r)
-    })
-    .await;
+    let all = every_delivered(&consumer).await;
     assert_eq!(rewinds(&all), 0, "a clean stop repeated messages");
     assert_eq!(all.len() as u64, BEFORE + AFTER);
     // It comes back as a follower and the cluster goes on.
