@@ -180,6 +180,29 @@ async fn at_least_once_continues_from_the_replicated_checkpoint_after_the_leader
     }
 }
 
+/// How many deliveries in `all` repeat an earlier one; panics unless each repeated message was
+/// first delivered within the checkpoint interval (and its commit) before `killed`.
+fn repeated_only_before(all: &[(Instant, u64)], killed: Instant) -> usize {
+    let mut first_at: BTreeMap<u64, Instant> = BTreeMap::new();
+    let mut repeated = 0;
+    for (at, i) in all {
+        match first_at.get(i) {
+            Some(first) => {
+                repeated += 1;
+                let before_kill = killed.saturating_duration_since(*first);
+                assert!(
+                    before_kill <= Duration::from_millis(INTERVAL_MS + 400),
+                    "{i} delivered again, though first delivered {before_kill:?} before the kill"
+                );
+            }
+            None => {
+                first_at.insert(*i, *at);
+            }
+        }
+    }
+    repeated
+}
+
 /// How many times delivery went back to an earlier message; panics on a gap or a reorder.
 fn rewinds(all: &[(Instant, u64)]) -> usize {
     let mut rewinds = 0;
@@ -452,23 +475,7 @@ async fn a_redrive_continues_on_the_new_leader_after_its_dead_letter_leaders_kil
         rewinds <= 1,
         "{rewinds} rewinds for one failover and a reload"
     );
-    let mut first_at: BTreeMap<u64, Instant> = BTreeMap::new();
-    let mut repeated = 0;
-    for (at, i) in &all {
-        match first_at.get(i) {
-            Some(first) => {
-                repeated += 1;
-                let before_kill = killed.saturating_duration_since(*first);
-                assert!(
-                    before_kill <= Duration::from_millis(INTERVAL_MS + 400),
-                    "{i} redriven again, though first redriven {before_kill:?} before the kill"
-                );
-            }
-            None => {
-                first_at.insert(*i, *at);
-            }
-        }
-    }
+    let repeated = repeated_only_before(&all, killed);
     eprintln!("redriven again after the failover: {repeated} dead letters");
     // Every survivor shows it done; the next redrive has nothing left.
     for via in c.running() {
@@ -585,8 +592,6 @@ async fn a_fleet_with_lanes_keeps_each_keys_order_across_the_leaders_kill() {
     // Per key, in order but for one rewind (the new leader's start from the replicated
     // checkpoint and its lanes' done ranges), repeating only what was first delivered within the
     // checkpoint interval before the kill.
-    let mut first_at: BTreeMap<u64, Instant> = BTreeMap::new();
-    let mut repeated = 0;
     for key in 0..KEYS {
         let of_key: Vec<(Instant, u64)> = all
             .iter()
@@ -599,21 +604,7 @@ async fn a_fleet_with_lanes_keeps_each_keys_order_across_the_leaders_kill() {
             "key k{key}: {rewinds} rewinds for one failover"
         );
     }
-    for (at, i) in &all {
-        match first_at.get(i) {
-            Some(first) => {
-                repeated += 1;
-                let before_kill = killed.saturating_duration_since(*first);
-                assert!(
-                    before_kill <= Duration::from_millis(INTERVAL_MS + 400),
-                    "{i} delivered again, though first delivered {before_kill:?} before the kill"
-                );
-            }
-            None => {
-                first_at.insert(*i, *at);
-            }
-        }
-    }
+    let repeated = repeated_only_before(&all, killed);
     eprintln!("delivered again after the failover: {repeated} messages");
 }
 
@@ -642,4 +633,62 @@ async fn a_clean_stop_of_the_leader_hands_over_without_a_repeat() {
     consumer
         .wait_for((BEFORE + AFTER + 100) as usize, Duration::from_secs(30))
         .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_consumer_down_across_the_leaders_kill_gets_everything_in_order_once_up() {
+    // The consumer answers 500 (a communication failure: retried with backoff, never dead-lettered)
+    // while `down`; the leader is killed during the outage; the new leader backs off as well, and
+    // delivers everything once the consumer is up.
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let acked: Arc<parking_lot::Mutex<Vec<(Instant, u64)>>> = Arc::default();
+    let (policy_down, policy_acked) = (down.clone(), acked.clone());
+    let mut c = topic_on_three(1).await;
+    let consumer = Consumer::start_slow(
+        0,
+        Arc::new(move |e: &Value| {
+            if policy_down.load(std::sync::atomic::Ordering::Relaxed) {
+                return Answer::Error;
+            }
+            let i = e["content"]["i"].as_u64().expect("an i");
+            policy_acked.lock().push((Instant::now(), i));
+            Answer::Ack
+        }),
+        Duration::from_millis(4),
+    )
+    .await;
+    configure(&c, &checkpointed(consumer.port)).await;
+    produce(&c, 1, 0, BEFORE).await;
+    let leader = c.leader_of(1, TOPIC, 0).await.expect("a leader");
+    mmmq_tests::eventually(Duration::from_secs(30), "a third delivered", || {
+        (acked.lock().len() as u64 >= BEFORE / 3).then_some(())
+    })
+    .await;
+    down.store(true, std::sync::atomic::Ordering::Relaxed);
+    c.kill(leader);
+    let killed = Instant::now();
+    let via = (1..=3).find(|b| *b != leader).unwrap();
+    produce(&c, via, BEFORE, AFTER).await;
+    // The new leader retries while the consumer is down, and any broker shows it.
+    mmmq_tests::eventually_async(
+        Duration::from_secs(30),
+        "retries on the new leader",
+        || async {
+            let (_, status) = c.broker(via).get("/mmmq/dispatchers").await;
+            let t = &status[0]["topics"][0];
+            (t["deliveredBy"] != leader && t["retries"].as_u64().unwrap_or(0) > 0).then_some(())
+        },
+    )
+    .await;
+    down.store(false, std::sync::atomic::Ordering::Relaxed);
+    let all = mmmq_tests::eventually(Duration::from_secs(60), "every message ACKed", || {
+        let r = acked.lock().clone();
+        let distinct: std::collections::BTreeSet<u64> = r.iter().map(|(_, i)| *i).collect();
+        (distinct.len() as u64 == BEFORE + AFTER).then_some(r)
+    })
+    .await;
+    assert!(rewinds(&all) <= 1, "more than one rewind for one failover");
+    repeated_only_before(&all, killed);
+    let (_, status) = c.broker(via).get("/mmmq/dispatchers").await;
+    assert_eq!(status[0]["deadLettered"], 0, "{status}");
 }
