@@ -741,3 +741,65 @@ async fn partitions_led_apart_continue_when_a_broker_that_is_not_the_metadata_le
     let repeated = repeated_only_before(&all, killed);
     eprintln!("delivered again after the failover: {repeated} messages");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_cut_off_from_the_others_stops_and_the_new_one_continues() {
+    // The partition's leader (and the metadata's) loses every link to the other brokers but
+    // still reaches the consumer: it stops once its lease lapses, the majority elects another,
+    // which continues from the replicated position.
+    let c = Cluster::start(3, &["--fault-injection"]).await;
+    c.meta_leader(1).await;
+    let (code, created) = c
+        .broker(1)
+        .put(&format!("/mmmq/topics/{TOPIC}"), &json!({"partitions": 1}))
+        .await;
+    assert_eq!(code, 200, "{created}");
+    let consumer =
+        Consumer::start_slow(0, Arc::new(|_| Answer::Ack), Duration::from_millis(4)).await;
+    configure(&c, &checkpointed(consumer.port)).await;
+    produce(&c, 1, 0, BEFORE).await;
+    let leader = c.leader_of(1, TOPIC, 0).await.expect("a leader");
+    mmmq_tests::eventually(Duration::from_secs(30), "a third delivered", || {
+        (received(&consumer).len() as u64 >= BEFORE / 3).then_some(())
+    })
+    .await;
+    c.isolate(leader).await;
+    let cut = Instant::now();
+    let via = (1..=3).find(|b| *b != leader).unwrap();
+    produce(&c, via, BEFORE, AFTER).await;
+    let all = every_delivered(&consumer).await;
+    c.heal().await;
+    assert!(rewinds(&all) <= 1, "more than one rewind for one failover");
+    // What the old leader delivered after its last replicated checkpoint comes again: what it
+    // ACKed in the checkpoint interval before the cut, and what it delivered in the rest of its
+    // lease after it (its positions could no longer be written; the lease is 80 % of a 500 ms
+    // election timeout).
+    let mut first_at: BTreeMap<u64, Instant> = BTreeMap::new();
+    let (mut before_cut, mut after_cut) = (0, 0);
+    for (at, i) in &all {
+        match first_at.get(i) {
+            Some(first) if *first <= cut => {
+                before_cut += 1;
+                let before = cut.duration_since(*first);
+                assert!(
+                    before <= Duration::from_millis(INTERVAL_MS + 400),
+                    "{i} delivered again, though first delivered {before:?} before the cut"
+                );
+            }
+            Some(first) => {
+                after_cut += 1;
+                let after = first.duration_since(cut);
+                assert!(
+                    after <= Duration::from_millis(400 + 300),
+                    "{i} first delivered {after:?} after the cut: past the old leader's lease"
+                );
+            }
+            None => {
+                first_at.insert(*i, *at);
+            }
+        }
+    }
+    eprintln!(
+        "delivered again after the cut: {before_cut} first delivered before it, {after_cut} in the old leader's lease after it"
+    );
+}
