@@ -3,6 +3,7 @@
 //! Raft purge, the tail and what follows stay the same on every replica, a replica that was down
 //! catches up from the snapshot, and a cluster killed after a purge opens again.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use mmmq_tests::checker::{Ack, MsgId, Replica};
@@ -272,4 +273,72 @@ async fn a_follower_down_during_the_purge_catches_up_from_the_snapshot() {
     c.caught_up(via).await;
     every_replica(&c, "every replica holds 320", |_, (_, next, _)| next == 320).await;
     stop_and_check(c, &acks, 320).await;
+}
+
+/// `keepUndelivered` in a cluster: while the dispatcher's consumer is down, no replica's
+/// retention deletes what it has not delivered — also on a broker restarted meanwhile, which
+/// holds everything until it has applied the cluster's dispatchers — and once the consumer is
+/// up every message arrives, none skipped; then retention goes on past what was delivered.
+#[tokio::test(flavor = "multi_thread")]
+async fn keep_undelivered_holds_what_the_dispatcher_has_not_delivered_on_every_replica() {
+    let mut c = Cluster::start(3, &ARGS).await;
+    c.meta_leader(1).await;
+    let up = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let acked: Arc<parking_lot::Mutex<std::collections::BTreeSet<u64>>> = Arc::default();
+    let (answer, record) = (up.clone(), acked.clone());
+    let consumer = mmmq_tests::Consumer::start_on(
+        0,
+        Arc::new(move |e: &Value| {
+            if !answer.load(std::sync::atomic::Ordering::Relaxed) {
+                return mmmq_tests::Answer::Error;
+            }
+            record
+                .lock()
+                .insert(e["offset"].as_u64().expect("an offset"));
+            mmmq_tests::Answer::Ack
+        }),
+    )
+    .await;
+    configure(
+        &c,
+        1,
+        json!({"retentionBytes": 2048, "retentionMs": null, "keepUndelivered": true}),
+    )
+    .await;
+    for id in 1..=3 {
+        mmmq_tests::write_dispatchers(
+            c.root(id),
+            &json!([mmmq_tests::host_dispatcher("c1", "orders", consumer.port)]),
+        );
+    }
+    let (code, report) = c.broker(1).post("/mmmq/admin/reload", &json!({})).await;
+    assert_eq!(code, 200, "{report}");
+    let acks = produce(&c, 1, "orders", 1, 0..100).await;
+    c.caught_up(1).await;
+    // A broker restarted while the consumer is down, then passes of every broker's retention.
+    c.kill(3);
+    c.restart(3).await;
+    for id in 1..=3 {
+        let before = c.broker(id).metric("mmmq_retention_passes_total").await;
+        mmmq_tests::eventually_async(Duration::from_secs(20), "retention passes", || async {
+            (c.broker(id).metric("mmmq_retention_passes_total").await >= before + 3.0).then_some(())
+        })
+        .await;
+    }
+    for id in 1..=3 {
+        let dir = partition_dir(c.root(id), "orders", 0);
+        let first = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter_map(|n| n.strip_suffix(".mmm")?.parse::<u64>().ok())
+            .min();
+        assert_eq!(first, Some(0), "broker {id} deleted undelivered messages");
+    }
+    up.store(true, std::sync::atomic::Ordering::Relaxed);
+    mmmq_tests::eventually(Duration::from_secs(60), "every message delivered", || {
+        (acked.lock().len() == acks.len()).then_some(())
+    })
+    .await;
+    let (_, status) = c.broker(1).get("/mmmq/dispatchers").await;
+    assert_eq!(status[0]["topics"][0]["skipped"], 0, "{status}");
 }
