@@ -803,3 +803,24 @@ async fn a_leader_cut_off_from_the_others_stops_and_the_new_one_continues() {
         "delivered again after the cut: {before_cut} first delivered before it, {after_cut} in the old leader's lease after it"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn batches_continue_from_the_replicated_checkpoint_after_the_leaders_kill() {
+    // `batchMaxMessages` 20: the new leader resumes at a batch's edge as recorded, in order, and
+    // repeats only what was ACKed within the interval before the kill.
+    let (mut c, consumer) = cluster_with(|port| {
+        let mut d = checkpointed(port);
+        d["batchMaxMessages"] = json!(20);
+        d
+    })
+    .await;
+    let (_, killed) = failover(&mut c, &consumer).await;
+    let all = every_delivered(&consumer).await;
+    assert!(rewinds(&all) <= 1, "more than one rewind for one failover");
+    let repeated = repeated_only_before(&all, killed);
+    eprintln!("delivered again after the failover: {repeated} messages");
+    assert!(
+        consumer.requests().iter().any(Value::is_array),
+        "delivered in batches"
+    );
+}
