@@ -7,6 +7,7 @@ mod broker;
 pub mod browser;
 pub mod checker;
 pub mod cluster;
+pub mod cluster_delivery;
 mod consumer;
 pub mod doc_run;
 pub mod kafka;
