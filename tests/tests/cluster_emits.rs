@@ -80,10 +80,11 @@ async fn routed(c: &Cluster, via: u64) -> Option<BTreeMap<u64, Vec<String>>> {
     Some(seen)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_plugins_emits_are_stored_once_across_the_leaders_kill() {
+/// Three brokers, `orders` on all three and the router plugin dispatching it, its checkpoint
+/// every 20 s.
+async fn router_cluster() -> Cluster {
     let wasm = plugin_wasm("router", None);
-    let mut c = Cluster::start(3, &[]).await;
+    let c = Cluster::start(3, &[]).await;
     c.meta_leader(1).await;
     let (code, created) = c
         .broker(1)
@@ -102,7 +103,12 @@ async fn a_plugins_emits_are_stored_once_across_the_leaders_kill() {
     write_dispatchers(c.root(1), &json!([dispatcher]));
     let (code, report) = c.broker(1).post("/mmmq/admin/reload", &json!({})).await;
     assert_eq!(code, 200, "{report}");
+    c
+}
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plugins_emits_are_stored_once_across_the_leaders_kill() {
+    let mut c = router_cluster().await;
     produce(&c, 2, 0, BEFORE).await;
     let leader = c.leader_of(1, "orders", 0).await.expect("a leader");
     let via = (1..=3).find(|b| *b != leader).unwrap();
@@ -134,4 +140,40 @@ async fn a_plugins_emits_are_stored_once_across_the_leaders_kill() {
         delivered > BEFORE + AFTER - before,
         "the new leader handled {delivered} inputs, {before} were routed before the kill: no input ran twice"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn emits_are_stored_once_when_a_destinations_leader_dies() {
+    // The broker killed leads a destination (`routed.*`) partition but neither the source
+    // partition nor the metadata group: the router's emits to that destination go through its
+    // new leader (any under way at the kill are sent again under their produce ids), and each
+    // input is routed exactly once.
+    let mut c = router_cluster().await;
+    produce(&c, 2, 0, BEFORE).await;
+    let meta = c.meta_leader(1).await;
+    let source = c.leader_of(meta, "orders", 0).await.expect("a leader");
+    let leaders = mmmq_tests::eventually_async(Duration::from_secs(30), "destinations", || async {
+        let mut leaders = Vec::new();
+        for t in TYPES {
+            leaders.push(c.leader_of(meta, &format!("routed.{t}"), 0).await?);
+        }
+        Some(leaders)
+    })
+    .await;
+    let Some(victim) = leaders.iter().copied().find(|b| *b != meta && *b != source) else {
+        eprintln!("every destination is led by the source's or the metadata's leader: {leaders:?}");
+        return;
+    };
+    eprintln!("destination leaders {leaders:?}: killing {victim}");
+    c.kill(victim);
+    let via = (1..=3).find(|b| *b != victim).unwrap();
+    produce(&c, via, BEFORE, BEFORE + AFTER).await;
+    let seen =
+        mmmq_tests::eventually_async(Duration::from_secs(60), "every input routed", || async {
+            let seen = routed(&c, via).await?;
+            (seen.len() as u64 == BEFORE + AFTER).then_some(seen)
+        })
+        .await;
+    let twice: Vec<_> = seen.iter().filter(|(_, t)| t.len() > 1).collect();
+    assert!(twice.is_empty(), "emitted twice: {twice:?}");
 }
