@@ -80,6 +80,18 @@ async fn routed(c: &Cluster, via: u64) -> Option<BTreeMap<u64, Vec<String>>> {
     Some(seen)
 }
 
+/// Waits until every input is routed (read through `via`), and checks none is there twice.
+async fn routed_once(c: &Cluster, via: u64) {
+    let seen =
+        mmmq_tests::eventually_async(Duration::from_secs(60), "every input routed", || async {
+            let seen = routed(c, via).await?;
+            (seen.len() as u64 == BEFORE + AFTER).then_some(seen)
+        })
+        .await;
+    let twice: Vec<_> = seen.iter().filter(|(_, t)| t.len() > 1).collect();
+    assert!(twice.is_empty(), "emitted twice: {twice:?}");
+}
+
 /// Three brokers, `orders` on all three and the router plugin dispatching it, its checkpoint
 /// every 20 s.
 async fn router_cluster() -> Cluster {
@@ -123,14 +135,7 @@ async fn a_plugins_emits_are_stored_once_across_the_leaders_kill() {
     .await;
     c.kill(leader);
     produce(&c, via, BEFORE, BEFORE + AFTER).await;
-    let seen =
-        mmmq_tests::eventually_async(Duration::from_secs(60), "every input routed", || async {
-            let seen = routed(&c, via).await?;
-            (seen.len() as u64 == BEFORE + AFTER).then_some(seen)
-        })
-        .await;
-    let twice: Vec<_> = seen.iter().filter(|(_, t)| t.len() > 1).collect();
-    assert!(twice.is_empty(), "emitted twice: {twice:?}");
+    routed_once(&c, via).await;
     // The new leader ran again messages whose emits were stored before the kill (its
     // checkpoint lagged): the dedupe was exercised, not just the happy path.
     let new_leader = c.leader_of(via, "orders", 0).await.expect("a new leader");
@@ -168,12 +173,5 @@ async fn emits_are_stored_once_when_a_destinations_leader_dies() {
     c.kill(victim);
     let via = (1..=3).find(|b| *b != victim).unwrap();
     produce(&c, via, BEFORE, BEFORE + AFTER).await;
-    let seen =
-        mmmq_tests::eventually_async(Duration::from_secs(60), "every input routed", || async {
-            let seen = routed(&c, via).await?;
-            (seen.len() as u64 == BEFORE + AFTER).then_some(seen)
-        })
-        .await;
-    let twice: Vec<_> = seen.iter().filter(|(_, t)| t.len() > 1).collect();
-    assert!(twice.is_empty(), "emitted twice: {twice:?}");
+    routed_once(&c, via).await;
 }
