@@ -10,7 +10,9 @@ use std::time::Duration;
 use mmmq_core::{RedriveStatus, now_ms};
 
 use super::Broker;
-use crate::cluster::meta_state::{MetaCommand, MetaOutcome, MetaState, RedriveMeta, RedrivePart};
+use crate::cluster::meta_state::{
+    MetaCommand, MetaOutcome, MetaState, RedriveAsked, RedriveMeta, RedrivePart,
+};
 use crate::cluster::node::{Cluster, ClusterError};
 use crate::dispatch::redrive::{PlannedPart, RedriveError};
 use crate::dispatch::{ClusterRedrive, Dispatch};
@@ -52,12 +54,10 @@ impl Broker {
         let start = MetaCommand::StartRedrive {
             consumer: consumer_id.to_owned(),
             continues: plan.continues,
-            redrive: RedriveMeta {
-                run: 0,
+            redrive: RedriveAsked {
                 topic: plan.topic.to_string(),
                 topic_id: topic_id.clone(),
                 started_at,
-                position: String::new(),
                 parts: plan
                     .parts
                     .iter()
@@ -81,7 +81,11 @@ impl Broker {
         // The record, once this broker applied it: the first run past `after` with this start.
         let ours = |m: &MetaState| {
             m.redrive(consumer_id)
-                .filter(|r| r.run > after && r.started_at == started_at && r.topic_id == topic_id)
+                .filter(|r| {
+                    r.run > after
+                        && r.asked.started_at == started_at
+                        && r.asked.topic_id == topic_id
+                })
                 .map(cluster_redrive)
         };
         let mut watch = cluster.watch_metadata();
@@ -121,10 +125,11 @@ pub(super) async fn follow(dispatch: &Dispatch, cluster: &Cluster) -> bool {
 fn cluster_redrive(r: &RedriveMeta) -> ClusterRedrive {
     ClusterRedrive {
         run: r.run,
-        topic_id: r.topic_id.clone(),
-        started_at: r.started_at,
+        topic_id: r.asked.topic_id.clone(),
+        started_at: r.asked.started_at,
         position: r.position.clone(),
         parts: r
+            .asked
             .parts
             .iter()
             .map(|p| PlannedPart {

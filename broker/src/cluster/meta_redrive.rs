@@ -35,22 +35,32 @@ pub struct RedrivePart {
     pub to: u64,
 }
 
-/// A dispatcher's last redrive, as every broker runs it.
+/// A redrive as it is asked for: what the broker asked decided (`StartRedrive` carries it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct RedriveMeta {
-    /// Its number, unique in the cluster: a broker runs a record once.
-    pub run: u64,
+pub struct RedriveAsked {
     /// The dead-letter topic.
     pub topic: String,
     /// The dead-letter topic's id (the incarnation it redrives).
     pub topic_id: String,
     /// When it was asked for (milliseconds since the Unix epoch).
     pub started_at: u64,
-    /// The name its position is replicated under.
-    pub position: String,
     /// Its range per partition.
     pub parts: Vec<RedrivePart>,
+}
+
+/// A dispatcher's last redrive, as every broker runs it: what was asked, with what applying it
+/// gave it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RedriveMeta {
+    /// Its number, unique in the cluster: a broker runs a record once.
+    pub run: u64,
+    /// The name its position is replicated under.
+    pub position: String,
+    /// What was asked.
+    #[serde(flatten)]
+    pub asked: RedriveAsked,
 }
 
 impl MetaState {
@@ -59,7 +69,7 @@ impl MetaState {
     pub(super) fn start_redrive(
         &mut self,
         consumer: &str,
-        request: &RedriveMeta,
+        request: &RedriveAsked,
         continues: bool,
     ) -> Result<(), String> {
         let topic = request.topic.as_str();
@@ -91,10 +101,10 @@ impl MetaState {
             format!("{CONTINUED}.{run}")
         };
         // The last explicit range's position is of no use any more.
+        let explicit = format!("{CONTINUED}.");
         if let Some(partitions) = self.deliveries.get_mut(topic) {
             for d in partitions.values_mut() {
-                d.positions
-                    .retain(|name, _| !name.starts_with(&format!("{CONTINUED}.")));
+                d.positions.retain(|name, _| !name.starts_with(&explicit));
             }
         }
         self.redrives.insert(
@@ -102,7 +112,7 @@ impl MetaState {
             RedriveMeta {
                 run,
                 position,
-                ..request.clone()
+                asked: request.clone(),
             },
         );
         Ok(())
@@ -112,14 +122,14 @@ impl MetaState {
     /// redrives.
     pub fn redrive(&self, consumer: &str) -> Option<&RedriveMeta> {
         let r = self.redrives.get(consumer)?;
-        let t = self.topics.get(&r.topic)?;
-        (t.id == r.topic_id).then_some(r)
+        let t = self.topics.get(&r.asked.topic)?;
+        (t.id == r.asked.topic_id).then_some(r)
     }
 
     /// Where `part` of the redrive `r` got to, as replicated (its `from` until a leader wrote
     /// a position).
     pub fn redrive_next(&self, r: &RedriveMeta, part: &RedrivePart) -> u64 {
-        self.delivery(&r.topic, &r.topic_id, part.partition)
+        self.delivery(&r.asked.topic, &r.asked.topic_id, part.partition)
             .and_then(|d| d.positions.get(&r.position))
             .map_or(part.from, |p| p.next)
             .max(part.from)
@@ -128,12 +138,12 @@ impl MetaState {
     /// Whether `consumer`'s last redrive has a partition short of its end.
     pub fn redrive_running(&self, consumer: &str) -> bool {
         self.redrive(consumer)
-            .is_some_and(|r| r.parts.iter().any(|p| self.redrive_next(r, p) < p.to))
+            .is_some_and(|r| r.asked.parts.iter().any(|p| self.redrive_next(r, p) < p.to))
     }
 
     /// A deleted dead-letter topic takes its dispatcher's redrive with it.
     pub(super) fn forget_redrives(&mut self, topic: &str) {
-        self.redrives.retain(|_, r| r.topic != topic);
+        self.redrives.retain(|_, r| r.asked.topic != topic);
     }
 }
 
@@ -166,12 +176,10 @@ mod tests {
         s.apply(&MetaCommand::StartRedrive {
             consumer: "c".into(),
             continues: from.is_none(),
-            redrive: RedriveMeta {
-                run: 0,
+            redrive: RedriveAsked {
                 topic: DLQ.into(),
                 topic_id: "id1".into(),
                 started_at: 7,
-                position: String::new(),
                 parts: vec![RedrivePart {
                     partition: 0,
                     from: from.unwrap_or(0),
@@ -222,7 +230,7 @@ mod tests {
         assert_eq!(start(&mut s, Some(2), 4), MetaOutcome::Done);
         let r = s.redrive("c").unwrap().clone();
         assert_eq!((r.run, r.position.as_str()), (2, "__redrive.2"));
-        assert_eq!(s.redrive_next(&r, &r.parts[0]), 2);
+        assert_eq!(s.redrive_next(&r, &r.asked.parts[0]), 2);
         reach(&mut s, "__redrive.2", 2, 4);
         assert!(!s.redrive_running("c"));
         assert_eq!(start(&mut s, None, 12), MetaOutcome::Done);
@@ -230,7 +238,7 @@ mod tests {
         assert_eq!(positions.keys().collect::<Vec<_>>(), ["__redrive"]);
         // It continues where the last redrive without `from` stopped.
         let r = &s.redrives["c"];
-        assert_eq!(s.redrive_next(r, &r.parts[0]), 10);
+        assert_eq!(s.redrive_next(r, &r.asked.parts[0]), 10);
     }
 
     #[test]

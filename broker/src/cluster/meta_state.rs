@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 pub use super::meta_config::{DispatchersMeta, PluginMeta};
 pub use super::meta_delivery::{PartitionDelivery, PositionWrite, StoredPosition};
 pub use super::meta_groups::{GroupOffset, GroupTopic};
-pub use super::meta_redrive::{RedriveMeta, RedrivePart};
+pub use super::meta_redrive::{RedriveAsked, RedriveMeta, RedrivePart};
 use super::types::BrokerId;
 
 /// A change to the metadata, as proposed to the metadata group.
@@ -120,7 +120,7 @@ pub enum MetaCommand {
         /// Without `from`: its position is `__redrive`, where the next such redrive starts.
         continues: bool,
         /// Its topic, range and start (its `run` and `position` are given on apply).
-        redrive: RedriveMeta,
+        redrive: RedriveAsked,
     },
     /// The cluster's `dispatchers.json` (docs/cluster.md, "Configuration in a cluster").
     SetDispatchers {

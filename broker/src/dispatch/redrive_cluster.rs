@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use mmmq_core::{ConsumerId, Topic};
 
-use super::Dispatch;
 use super::redrive::{PlannedPart, RedrivePlan, RedriveRun};
+use super::{Dispatch, Running};
 
 /// A redrive as a cluster's metadata records it (docs/cluster.md, "Delivery in a cluster"):
 /// every broker runs it, the dead-letter partitions' leaders deliver it.
@@ -74,6 +74,11 @@ impl Dispatch {
             tracing::error!(consumer_id, position = %redrive.position, "a redrive's position is not a valid name");
             return true;
         };
+        // Called at every change of the metadata: a run this broker runs already (or an older
+        // one) costs a look under the lock and nothing more.
+        if self.follows(&id, redrive.run) != Some(true) {
+            return true;
+        }
         let dlq = Topic::dead_letter(&id);
         let Some(topic) = self.registry.get(&dlq) else {
             return false;
@@ -102,8 +107,7 @@ impl Dispatch {
         {
             let mut followed = self.followed.lock();
             let newest = followed.entry(id.clone()).or_default();
-            let runs_it = r.redrive.as_ref().and_then(RedriveRun::run) == Some(redrive.run);
-            if *newest > redrive.run || runs_it {
+            if !wanted(r, *newest, redrive.run) {
                 return true;
             }
             *newest = redrive.run;
@@ -125,4 +129,18 @@ impl Dispatch {
         r.redrive = Some(run);
         true
     }
+
+    /// Whether run `run` of `id` is to be started here: `None` when the dispatcher does not
+    /// run here.
+    fn follows(&self, id: &ConsumerId, run: u64) -> Option<bool> {
+        let running = self.running.lock();
+        let r = running.get(id)?;
+        let newest = self.followed.lock().get(id).copied().unwrap_or(0);
+        Some(wanted(r, newest, run))
+    }
+}
+
+/// Whether `run` is newer than what `r` runs and than the newest followed.
+fn wanted(r: &Running, newest: u64, run: u64) -> bool {
+    newest <= run && r.redrive.as_ref().and_then(RedriveRun::run) != Some(run)
 }
