@@ -14,6 +14,7 @@ use crate::dispatch::{
 };
 use crate::metrics::Metrics;
 pub use crate::produce::{ProduceError, ProduceItem};
+use crate::storage::lock::RootLock;
 use crate::storage::{FileCache, OsFs, StorageError, Vfs, clean};
 use crate::topics::Registry;
 
@@ -124,6 +125,8 @@ pub const MAX_PULL_BYTES: usize = 8 << 20;
 
 /// A running broker.
 pub struct Broker {
+    /// The root dir's one-process lock (contract §1), released when the broker is dropped.
+    root_lock: std::sync::Mutex<Option<RootLock>>,
     config: ServeConfig,
     vfs: Arc<dyn Vfs>,
     /// The segment-file cache every log shares.
@@ -166,6 +169,23 @@ impl Broker {
         vfs: Arc<dyn Vfs>,
         factory: Arc<dyn TargetFactory>,
         interrupt: CancellationToken,
+    ) -> Result<Self, BrokerError> {
+        config.validate()?;
+        let lock = vfs
+            .lock_root(&config.root_dir)
+            .map_err(StorageError::from)?;
+        Self::open_locked(config, vfs, factory, interrupt, lock).await
+    }
+
+    /// As [`Broker::open_until`], on a root dir whose lock the caller already holds (`mmmq
+    /// serve` takes it before a cluster member's Raft logs are opened); the broker keeps it
+    /// until it is dropped.
+    pub async fn open_locked(
+        config: ServeConfig,
+        vfs: Arc<dyn Vfs>,
+        factory: Arc<dyn TargetFactory>,
+        interrupt: CancellationToken,
+        root_lock: Option<RootLock>,
     ) -> Result<Self, BrokerError> {
         config.validate()?;
         if config.cluster.is_none() && vfs.is_dir(&config.root_dir.join("cluster")) {
@@ -256,6 +276,7 @@ impl Broker {
             "broker ready"
         );
         Ok(Self {
+            root_lock: std::sync::Mutex::new(root_lock),
             config,
             vfs,
             files,
@@ -541,5 +562,8 @@ impl Broker {
         if let Err(e) = marked {
             tracing::warn!(error = %e, "cannot leave the clean-shutdown marker; the next boot checks every tail segment");
         }
+        // Every log is closed: the root dir is free for the next broker, even while this
+        // value lives on (an embedding application that reopens it in the same process).
+        drop(self.root_lock.lock().expect("root lock poisoned").take());
     }
 }

@@ -60,6 +60,14 @@ pub async fn run_on(
     // SIGINT) registers its handlers when first polled, which is now, not after a long recovery.
     let hup = hangup_signal();
     let mut shutdown = std::pin::pin!(shutdown);
+    // One process per root dir (contract §1): decided before anything in it is touched.
+    let root_lock = {
+        let (vfs, root) = (vfs.clone(), config.root_dir.clone());
+        tokio::task::spawn_blocking(move || vfs.lock_root(&root))
+            .await
+            .expect("lock task panicked")
+            .map_err(|e| ServeError::Boot(BrokerError::Storage(e.into())))?
+    };
     // Under --fault-injection the storage runs on a file system that tests can make refuse
     // writes (docs/cluster.md, "Testing faults"); otherwise on `vfs` itself, at no cost.
     let (vfs, faults) = match &config.cluster {
@@ -110,7 +118,13 @@ pub async fn run_on(
     // Health answers 503 until this is done. A shutdown requested meanwhile stops recovery
     // between two topics and ends the process cleanly.
     let interrupt = CancellationToken::new();
-    let boot = Broker::open_until(config, vfs, Arc::new(Targets::default()), interrupt.clone());
+    let boot = Broker::open_locked(
+        config,
+        vfs,
+        Arc::new(Targets::default()),
+        interrupt.clone(),
+        root_lock,
+    );
     let mut boot = std::pin::pin!(boot);
     let opened = tokio::select! {
         opened = &mut boot => opened,

@@ -536,3 +536,109 @@ async fn serve_takes_its_settings_from_the_environment_and_pull_clamps_its_limit
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     assert!(child.wait().unwrap().success(), "SIGINT exits 0 too");
 }
+
+/// Every file under `dir` with its bytes: what "touches nothing" is checked against.
+fn tree(dir: &std::path::Path) -> std::collections::BTreeMap<std::path::PathBuf, Vec<u8>> {
+    let mut files = std::collections::BTreeMap::new();
+    let mut todo = vec![dir.to_owned()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let path = e.unwrap().path();
+            if path.is_dir() {
+                files.insert(path.strip_prefix(dir).unwrap().to_owned(), Vec::new());
+                todo.push(path);
+            } else {
+                let bytes = std::fs::read(&path).unwrap();
+                files.insert(path.strip_prefix(dir).unwrap().to_owned(), bytes);
+            }
+        }
+    }
+    files
+}
+
+/// Runs `mmmq serve` on `root` with `args` and waits at most 20 s for it to exit.
+fn serve_expecting_exit(root: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let listen = if args.contains(&"--listen") {
+        &[][..]
+    } else {
+        &["--listen", "127.0.0.1:0"][..]
+    };
+    let mut child = Command::new(mmmq_bin())
+        .args(["serve", "--root-dir"])
+        .arg(root)
+        .args(listen)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("a second serve on a held root dir kept running");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    (status.success(), stderr)
+}
+
+/// Contract §1: a second `serve` on a root dir in use exits non-zero at once, naming the root dir
+/// and the holder's PID, and touches nothing; a SIGKILL of the holder frees the root dir. Before
+/// the lock, the second broker acknowledged a message at offset 0 again, over the first's.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_serve_on_a_root_dir_in_use_exits_at_once_and_touches_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let first = Broker::start(tmp.path()).await;
+    let (status, ack) = first
+        .post(
+            "/mmmq/messages",
+            &json!({"topic": "t", "content": "first's"}),
+        )
+        .await;
+    assert_eq!((status, ack["offset"].clone()), (200, json!(0)), "{ack}");
+    let before = tree(tmp.path());
+    // Alone, and as a would-be cluster member (whose Raft logs would be opened before topics).
+    let port = mmmq_tests::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let peers = format!("1={addr}");
+    let member = ["--listen", &addr, "--node-id", "1", "--peers", &peers].map(String::from);
+    let member: Vec<&str> = member.iter().map(String::as_str).collect();
+    for args in [&[][..], &member[..]] {
+        let (ok, stderr) = serve_expecting_exit(tmp.path(), args);
+        assert!(!ok, "{args:?}: the second serve exited 0:\n{stderr}");
+        assert!(
+            stderr.contains(&tmp.path().display().to_string())
+                && stderr.contains(&format!("PID {}", first.pid())),
+            "{args:?}: names the root dir and the holder: {stderr}"
+        );
+        assert_eq!(
+            tree(tmp.path()),
+            before,
+            "{args:?}: the root dir was touched"
+        );
+    }
+    let (status, ack) = first
+        .post(
+            "/mmmq/messages",
+            &json!({"topic": "t", "content": "second"}),
+        )
+        .await;
+    assert_eq!((status, ack["offset"].clone()), (200, json!(1)), "{ack}");
+    first.kill();
+    // The kernel released the lock with the process: no stale lock file to remove by hand.
+    let again = Broker::start(tmp.path()).await;
+    let contents: Vec<Value> = again
+        .pull_all("t")
+        .await
+        .iter()
+        .map(|m| m["content"].clone())
+        .collect();
+    assert_eq!(contents, vec![json!("first's"), json!("second")]);
+}

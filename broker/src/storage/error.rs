@@ -98,6 +98,9 @@ pub enum StorageError {
     /// The log was closed while the operation waited.
     #[error("log closed")]
     Closed,
+    /// Another process holds the root dir ([`super::lock`]); nothing in it was touched.
+    #[error(transparent)]
+    Locked(#[from] super::lock::LockError),
     /// Recovery at boot was told to stop (a shutdown signal) before it was done.
     #[error("recovery interrupted after {done} of {total} topics")]
     Interrupted {

@@ -14,6 +14,7 @@
 //!   their own, and what a clustered partition's log does besides (docs/cluster.md, "Clustered
 //!   partitions on disk").
 //! - [`checkpoint`]: per-consumer next offsets, replaced atomically.
+//! - [`lock`]: the OS lock that keeps a second process off a root dir.
 //! - [`clean`]: the clean-shutdown marker that spares the next boot a full check of the tails.
 //! - [`error`]: [`StorageError`], and [`CorruptEntry`] for isolated, skippable corruption.
 //!
@@ -31,6 +32,7 @@ pub mod error;
 pub mod files;
 pub mod frame;
 pub mod index;
+pub mod lock;
 pub mod log;
 pub mod repair;
 pub mod scan;

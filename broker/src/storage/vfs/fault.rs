@@ -122,6 +122,12 @@ impl Vfs for FaultyFs {
             inner: self.inner.open(path, mode)?,
         }))
     }
+    fn lock_root(
+        &self,
+        root: &Path,
+    ) -> Result<Option<crate::storage::lock::RootLock>, crate::storage::lock::LockError> {
+        self.inner.lock_root(root)
+    }
     fn read_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
         self.inner.read_dir(dir)
     }

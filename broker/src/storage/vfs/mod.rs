@@ -15,6 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::error::{IoContext, StorageError};
+use super::lock::{LockError, RootLock};
 
 /// How to open a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +34,11 @@ pub enum OpenMode {
 pub trait Vfs: Send + Sync + fmt::Debug + 'static {
     /// Opens `path`.
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn VfsFile>>;
+    /// Takes the one-process lock on a root dir ([`RootLock`]). `None` where there is no other
+    /// process to keep out: a simulated disk lives in one test's memory.
+    fn lock_root(&self, _root: &Path) -> Result<Option<RootLock>, LockError> {
+        Ok(None)
+    }
     /// Names of the entries in `dir` (files and directories), in no particular order.
     fn read_dir(&self, dir: &Path) -> io::Result<Vec<String>>;
     /// Whether `path` names a directory.
@@ -84,6 +90,10 @@ impl Vfs for OsFs {
             OpenMode::CreateTruncate => o.read(true).write(true).create(true).truncate(true),
         };
         Ok(Arc::new(OsFile(o.open(path)?)))
+    }
+
+    fn lock_root(&self, root: &Path) -> Result<Option<RootLock>, LockError> {
+        RootLock::acquire(root).map(Some)
     }
 
     fn read_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
