@@ -26,6 +26,7 @@
 //! - [`config`]: `serve` settings with their defaults and validation, and the strict
 //!   `dispatchers.json` loader.
 //! - [`metrics`]: Prometheus metrics.
+//! - [`listen`]: what every listener holds its clients to (connections per address).
 //! - [`inspect`]: `mmmq inspect`, an offline reader of a topic directory for when a disk misbehaves.
 //! - [`storage`]: the segment store: framing, the index, segments, the group-commit log,
 //!   recovery and repair, checkpoints, and the file abstraction under all of it.
@@ -66,6 +67,7 @@ pub mod handled;
 pub mod http;
 pub mod inspect;
 pub mod kafka;
+pub mod listen;
 pub mod metrics;
 pub mod plugin;
 pub mod produce;

@@ -82,6 +82,13 @@ pub async fn run_on(
     };
     let stopping = CancellationToken::new();
     let loopback = listener.local_addr()?.ip().is_loopback();
+    if !loopback && config.auth_token.is_none() {
+        tracing::warn!(
+            addr = %listener.local_addr()?,
+            "listening beyond loopback without --auth-token: anyone who can reach this port can \
+             produce, read and change the broker's configuration"
+        );
+    }
     let http_metrics = Arc::new(HttpMetrics::new(config.http.max_inflight_body_bytes));
     let state = AppState::new(&config, loopback, http_metrics.clone(), stopping.clone());
     // A cluster member joins its metadata group before it recovers its topics: Raft's traffic
@@ -98,6 +105,13 @@ pub async fn run_on(
             })?;
             let addr = listener.local_addr()?;
             tracing::info!(%addr, "kafka listening");
+            if !addr.ip().is_loopback() && config.auth_token.is_none() {
+                tracing::warn!(
+                    %addr,
+                    "the Kafka listener is reachable beyond loopback without --auth-token: \
+                     any client can produce, read and delete topics"
+                );
+            }
             Some((listener, settings.clone()))
         }
         None => None,
@@ -108,6 +122,11 @@ pub async fn run_on(
             .saturating_mul(crate::config::BATCH_BODY_FACTOR),
         max_connections: config.http.max_connections,
         max_record: config.max_body_bytes,
+        max_connections_per_ip: config.http.max_connections_per_ip,
+        first_byte: config.http.first_byte_timeout,
+        login: config.http.header_read_timeout,
+        stall: config.http.header_read_timeout,
+        max_inflight_bytes: config.http.max_inflight_body_bytes,
     };
     let app = router_with(state.clone(), cluster.as_ref().map(Cluster::routes));
     let limits = config.http.clone();

@@ -424,8 +424,45 @@ impl Cluster {
     /// Sets broker `id`'s outgoing Raft fault rules (`--fault-injection`): peer id → `"drop"` or
     /// `{"delayMs": n}`; `{}` heals.
     pub async fn faults(&self, id: u64, rules: &Value) {
-        let (code, body) = self.broker(id).put("/mmmq/internal/faults", rules).await;
-        assert_eq!(code, 200, "{body}");
+        // An internal route: a member's only, by the members' secret the broker keeps in its
+        // root dir once its cluster drew one (until then it takes any).
+        let body = rules.to_string();
+        for _ in 0..100 {
+            let secret = self.member_secret(id);
+            let cluster = std::fs::read_to_string(self.root(id).join("cluster").join("id"))
+                .map(|s| s.trim().to_owned());
+            let mut headers = vec![];
+            if let Some(secret) = &secret {
+                headers.push(("x-mmmq-member", secret.as_str()));
+            }
+            if let Ok(cluster) = &cluster {
+                headers.push(("x-mmmq-cluster", cluster.as_str()));
+            }
+            let (code, _, answer) = self
+                .broker(id)
+                .send(
+                    "PUT",
+                    "/mmmq/internal/faults",
+                    &headers,
+                    Some((&body, Some("application/json"))),
+                )
+                .await;
+            // 403: the id or the secret arrived between the reads and the request.
+            if code == 403 && (secret.is_none() || cluster.is_err()) {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                continue;
+            }
+            assert_eq!(code, 200, "{answer}");
+            return;
+        }
+        panic!("broker {id} refused the fault rules");
+    }
+
+    /// The members' secret broker `id` keeps, once its cluster drew one.
+    pub fn member_secret(&self, id: u64) -> Option<String> {
+        std::fs::read_to_string(self.root(id).join("cluster").join("secret"))
+            .ok()
+            .map(|s| s.trim().to_owned())
     }
 
     /// Makes broker `id`'s disk refuse every write and fsync of its storage with `error`

@@ -68,6 +68,19 @@ impl Conn {
         Resp::decode(&mut answer, version).unwrap()
     }
 
+    /// A SaslHandshake for PLAIN at `version`, which must be taken.
+    pub async fn sasl_handshake(&mut self, version: i16) {
+        use kafka_protocol::messages::{SaslHandshakeRequest, SaslHandshakeResponse};
+        let h: SaslHandshakeResponse = self
+            .call(
+                ApiKey::SaslHandshake,
+                version,
+                &SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN")),
+            )
+            .await;
+        assert_eq!(h.error_code, 0);
+    }
+
     pub async fn send_raw(&mut self, frame: &[u8]) {
         let mut out = BytesMut::with_capacity(frame.len() + 4);
         out.put_i32(frame.len() as i32);
@@ -85,6 +98,38 @@ impl Conn {
         self.stream.read_exact(&mut buf).await.ok()?;
         Some(Bytes::from(buf))
     }
+}
+
+/// `body` as `key` at `version` with its request header: a frame without its size, for tests
+/// that send it as they like (raw, cut, late).
+pub fn request_frame<Req: Encodable>(key: ApiKey, version: i16, body: &Req) -> BytesMut {
+    let mut frame = BytesMut::new();
+    RequestHeader::default()
+        .with_request_api_key(key as i16)
+        .with_request_api_version(version)
+        .with_correlation_id(1)
+        .encode(&mut frame, key.request_header_version(version))
+        .unwrap();
+    body.encode(&mut frame, version).unwrap();
+    frame
+}
+
+/// Connects to `addr` and logs in with SASL/PLAIN (SaslHandshake v1, SaslAuthenticate v2) with
+/// `password`: the connection, SaslAuthenticate's error code, and how long its answer took.
+pub async fn sasl_plain(addr: &str, password: &str) -> (Conn, i16, std::time::Duration) {
+    use kafka_protocol::messages::{SaslAuthenticateRequest, SaslAuthenticateResponse};
+    let mut c = Conn::open(addr).await;
+    c.sasl_handshake(1).await;
+    let started = std::time::Instant::now();
+    let a: SaslAuthenticateResponse = c
+        .call(
+            ApiKey::SaslAuthenticate,
+            2,
+            &SaslAuthenticateRequest::default()
+                .with_auth_bytes(Bytes::from(format!("\0user\0{password}"))),
+        )
+        .await;
+    (c, a.error_code, started.elapsed())
 }
 
 fn str_bytes(v: &str) -> StrBytes {

@@ -192,3 +192,43 @@ async fn a_token_guards_every_endpoint_but_health_and_the_dashboard_page() {
         "{seen:?}"
     );
 }
+
+/// A broker that listens beyond loopback without a token says so when it starts, for HTTP and
+/// for Kafka; with the token, or on loopback, it does not.
+#[tokio::test(flavor = "multi_thread")]
+async fn serving_beyond_loopback_without_a_token_warns() {
+    const HTTP: &str = "listening beyond loopback without --auth-token";
+    const KAFKA: &str = "the Kafka listener is reachable beyond loopback without --auth-token";
+    let cases: [(&[&str], bool); 3] = [
+        (
+            &["--listen", "0.0.0.0:0", "--kafka-listen", "0.0.0.0:0"],
+            true,
+        ),
+        (
+            &[
+                "--listen",
+                "0.0.0.0:0",
+                "--kafka-listen",
+                "0.0.0.0:0",
+                "--auth-token",
+                "t",
+            ],
+            false,
+        ),
+        (&["--kafka-listen", "127.0.0.1:0"], false),
+    ];
+    for (args, warns) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let (mut child, addr, log) = mmmq_tests::spawn_serve(tmp.path(), args);
+        assert!(addr.is_some(), "{args:?}: {}", log.lock());
+        mmmq_tests::eventually(Duration::from_secs(30), "kafka listening", || {
+            log.lock().contains("kafka listening").then_some(())
+        })
+        .await;
+        let text = log.lock().clone();
+        assert_eq!(text.contains(HTTP), warns, "{args:?}: {text}");
+        assert_eq!(text.contains(KAFKA), warns, "{args:?}: {text}");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}

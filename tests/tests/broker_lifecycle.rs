@@ -235,7 +235,7 @@ async fn malformed_requests_get_4xx_and_change_nothing() {
     entries.sort();
     assert_eq!(
         entries,
-        vec!["dispatchers.json", "topics"],
+        vec![".lock", "dispatchers.json", "topics"],
         "nothing created outside topics/"
     );
     let topics: Vec<String> = std::fs::read_dir(tmp.path().join("topics"))

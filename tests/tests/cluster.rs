@@ -377,10 +377,7 @@ async fn a_partitioned_leader_never_acknowledges_and_the_majority_goes_on() {
     let (_, view) = c.broker(1).get("/mmmq/cluster").await;
     let leader = view["partitions"][0]["leader"].as_u64().expect("a leader");
     let others: Vec<u64> = (1..=3).filter(|b| *b != leader).collect();
-    let cut = |b: u64, rules: Value| async move {
-        let (code, body) = c.broker(b).put("/mmmq/internal/faults", &rules).await;
-        assert_eq!(code, 200, "{body}");
-    };
+    let cut = |b: u64, rules: Value| async move { c.faults(b, &rules).await };
     cut(
         leader,
         json!({ others[0].to_string(): "drop", others[1].to_string(): "drop" }),
@@ -431,4 +428,131 @@ async fn a_partitioned_leader_never_acknowledges_and_the_majority_goes_on() {
     }
     let report = check_orders(replicas, &acks, &sent);
     assert!(report.clean() && report.duplicates == 0, "{report}");
+}
+
+/// docs/cluster.md, "Who may speak for the cluster": once a cluster formed, its members hold the
+/// secret it drew, and `/mmmq/internal/*` answers `403` to anything else, the client token (which
+/// every producer has) and the cluster's id (which `GET /mmmq/cluster` shows) included: no vote,
+/// no change of members, no write into the metadata moves a group. A forwarded request that is
+/// not a member's is refused too. Before, each was taken with the token.
+#[tokio::test(flavor = "multi_thread")]
+async fn internal_routes_refuse_a_client_with_the_token() {
+    const TOKEN: &str = "every-producer-has-this";
+    let c = Cluster::start(3, &["--auth-token", TOKEN, "--fault-injection"]).await;
+    let http = reqwest::Client::new();
+    let get_view = |id: u64| {
+        let (http, url) = (http.clone(), c.url(id));
+        async move {
+            let r = http
+                .get(format!("{url}/mmmq/cluster"))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .unwrap();
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    // Formed, named, each member holding the secret, and a partition with its leader.
+    let mut view = Value::Null;
+    for _ in 0..600 {
+        let (status, _, _) = c
+            .broker(1)
+            .send(
+                "POST",
+                "/mmmq/messages",
+                &[("authorization", &format!("Bearer {TOKEN}"))],
+                Some((r#"{"topic": "t", "content": 1}"#, Some("application/json"))),
+            )
+            .await;
+        view = get_view(1).await;
+        let ready = status == 200
+            && (1..=3).all(|id| c.member_secret(id).is_some())
+            && view["partitions"][0]["leader"].is_u64()
+            && view["clusterId"].is_string();
+        if ready {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let secret = c
+        .member_secret(1)
+        .expect("the cluster drew a members' secret");
+    assert_eq!(secret.len(), 64, "256 bits in hex");
+    for id in 2..=3 {
+        assert_eq!(c.member_secret(id), Some(secret.clone()), "broker {id}");
+    }
+    let id = view["clusterId"].as_str().expect("named").to_owned();
+    let moves = |v: &Value| {
+        (
+            v["meta"]["term"].clone(),
+            v["meta"]["voters"].clone(),
+            v["partitions"][0]["term"].clone(),
+            v["partitions"][0]["replicas"].clone(),
+        )
+    };
+    let before = moves(&view);
+    let auth = format!("Bearer {TOKEN}");
+    let client: &[(&str, &str)] = &[("authorization", &auth), ("x-mmmq-cluster", &id)];
+    let guessed: &[(&str, &str)] = &[
+        ("authorization", &auth),
+        ("x-mmmq-cluster", &id),
+        (
+            "x-mmmq-member",
+            "0000000000000000000000000000000000000000000000000000000000000000",
+        ),
+    ];
+    let binary = Some(("\u{0}\u{1}not postcard", Some("application/octet-stream")));
+    let json_body = Some(("{}", Some("application/json")));
+    for b in 1..=3 {
+        for headers in [client, guessed] {
+            for rpc in [
+                "append",
+                "vote",
+                "pre-vote",
+                "snapshot",
+                "transfer-leader",
+                "write",
+                "members",
+                "ping",
+                "no-such-rpc",
+            ] {
+                let path = format!("/mmmq/internal/raft/{rpc}");
+                let (code, _, body) = c.broker(b).send("POST", &path, headers, binary).await;
+                assert_eq!(code, 403, "broker {b} {path}: {body}");
+            }
+            let (code, _, body) = c
+                .broker(b)
+                .send("PUT", "/mmmq/internal/faults", headers, json_body)
+                .await;
+            assert_eq!(code, 403, "broker {b} faults: {body}");
+            let (code, _, body) = c
+                .broker(b)
+                .send("GET", "/mmmq/internal/plugins/p/0123", headers, None)
+                .await;
+            assert_eq!(code, 403, "broker {b} plugin bytes: {body}");
+            // A client that says it is a broker forwarding is not answered as one.
+            let mut forged = headers.to_vec();
+            forged.push(("x-mmmq-forwarded-by", "2"));
+            let (code, _, body) = c
+                .broker(b)
+                .send("GET", "/mmmq/topics/t/messages?from=0", &forged, None)
+                .await;
+            assert_eq!(code, 403, "broker {b} forged forward: {body}");
+        }
+    }
+    // Nothing moved, and the cluster still takes produces through every broker.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for b in 1..=3 {
+        assert_eq!(moves(&get_view(b).await), before, "broker {b}");
+        let (code, _, body) = c
+            .broker(b)
+            .send(
+                "POST",
+                "/mmmq/messages",
+                &[("authorization", &auth)],
+                Some((r#"{"topic": "t", "content": 2}"#, Some("application/json"))),
+            )
+            .await;
+        assert_eq!(code, 200, "broker {b}: {body}");
+    }
 }

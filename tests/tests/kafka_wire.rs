@@ -367,10 +367,7 @@ async fn acks_zero_holds_nothing_back_and_time_is_the_brokers() {
 /// SASL_AUTHENTICATION_FAILED (58) and the connection closed; the right one opens the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sasl_plain_with_the_auth_token_comes_first() {
-    use kafka_protocol::messages::{
-        MetadataRequest, MetadataResponse, SaslAuthenticateRequest, SaslAuthenticateResponse,
-        SaslHandshakeRequest, SaslHandshakeResponse,
-    };
+    use kafka_protocol::messages::{MetadataRequest, MetadataResponse};
     let tmp = tempfile::tempdir().unwrap();
     let kafka = format!("127.0.0.1:{}", mmmq_tests::free_port());
     let _broker = Broker::start_with(
@@ -378,29 +375,11 @@ async fn sasl_plain_with_the_auth_token_comes_first() {
         &["--kafka-listen", &kafka, "--auth-token", "s3cret"],
     )
     .await;
-    let addr = kafka.clone();
-    let login = move |password: &'static str| {
-        let addr = addr.clone();
+    let login = |password: &'static str| {
+        let kafka = kafka.clone();
         async move {
-            let mut c = Conn::open(&addr).await;
-            let h: SaslHandshakeResponse = c
-                .call(
-                    ApiKey::SaslHandshake,
-                    1,
-                    &SaslHandshakeRequest::default()
-                        .with_mechanism(StrBytes::from_static_str("PLAIN")),
-                )
-                .await;
-            assert_eq!(h.error_code, 0);
-            let token = format!("\0user\0{password}");
-            let a: SaslAuthenticateResponse = c
-                .call(
-                    ApiKey::SaslAuthenticate,
-                    2,
-                    &SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token)),
-                )
-                .await;
-            (c, a.error_code)
+            let (c, code, _) = mmmq_tests::kafka_wire::sasl_plain(&kafka, password).await;
+            (c, code)
         }
     };
     // Nothing else before the login.
@@ -454,14 +433,7 @@ async fn sasl_plain_with_the_auth_token_comes_first() {
     // when it is right; a wrong one closes the connection.
     for (password, ok) in [("s3cret", true), ("wrong", false)] {
         let mut c = Conn::open(&kafka).await;
-        let h: SaslHandshakeResponse = c
-            .call(
-                ApiKey::SaslHandshake,
-                0,
-                &SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN")),
-            )
-            .await;
-        assert_eq!(h.error_code, 0);
+        c.sasl_handshake(0).await;
         c.send_raw(format!("\0user\0{password}").as_bytes()).await;
         let answer = c.read_frame().await;
         if !ok {
@@ -646,42 +618,6 @@ async fn a_requests_compressed_batches_share_one_budget() {
     // The connection serves on: the next request's budget is whole again.
     let r: ProduceResponse = c.call(ApiKey::Produce, 9, &produce("bombs", bomb)).await;
     assert_eq!(outcome(&r), (0, 18));
-}
-
-/// A connection without a whole request for `--kafka-idle-ms` is closed, as Kafka closes it
-/// (`connections.max.idle.ms`): one that never sends, and one that starts a frame and stalls;
-/// one that keeps asking stays open however long it lives.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn idle_and_stalled_connections_are_closed() {
-    let tmp = tempfile::tempdir().unwrap();
-    let kafka = format!("127.0.0.1:{}", mmmq_tests::free_port());
-    let _broker = Broker::start_with(
-        tmp.path(),
-        &["--kafka-listen", &kafka, "--kafka-idle-ms", "400"],
-    )
-    .await;
-    let started = std::time::Instant::now();
-    let mut silent = Conn::open(&kafka).await;
-    let mut stalled = Conn::open(&kafka).await;
-    stalled
-        .stream
-        .write_all(&100i32.to_be_bytes())
-        .await
-        .unwrap();
-    stalled.stream.write_all(&[0u8; 10]).await.unwrap();
-    let mut busy = Conn::open(&kafka).await;
-    // Busy for three idle limits: a request every 100 ms keeps it open.
-    while started.elapsed() < Duration::from_millis(1200) {
-        let _: ApiVersionsResponse = busy
-            .call(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default())
-            .await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(silent.read_frame().await.is_none(), "a silent connection");
-    assert!(stalled.read_frame().await.is_none(), "a stalled frame");
-    let _: ApiVersionsResponse = busy
-        .call(ApiKey::ApiVersions, 3, &ApiVersionsRequest::default())
-        .await;
 }
 
 /// A fetch's `max_bytes` bounds the whole answer, as Kafka's: only the first partition with

@@ -24,6 +24,7 @@ use parking_lot::{Mutex, RwLock};
 
 use super::meta_state::{MetaCommand, MetaOutcome};
 use super::node::{Cluster, ClusterError};
+use super::secret::MemberSecret;
 use crate::storage::vfs::{OsFs, replace_durably};
 
 /// The header every internal message carries, once its sender knows its cluster's id; a
@@ -69,19 +70,29 @@ impl From<IdentityError> for io::Error {
     }
 }
 
-/// A message refused because it is another cluster's.
+/// Why an internal message is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("this broker belongs to cluster {mine}, the message to cluster {theirs}")]
-pub struct Refusal {
-    /// The refusing broker's cluster.
-    pub mine: String,
-    /// The cluster the message named.
-    pub theirs: String,
+pub enum Refusal {
+    /// It names another cluster than this broker's (`409`, this broker's id in
+    /// [`CLUSTER_HEADER`]).
+    #[error("this broker belongs to cluster {mine}, the message to cluster {theirs}")]
+    OtherCluster {
+        /// The refusing broker's cluster.
+        mine: String,
+        /// The cluster the message named.
+        theirs: String,
+    },
+    /// It is not a member's (`403`): without the members' secret, or naming no cluster where
+    /// this broker knows its own (docs/cluster.md, "Who may speak for the cluster").
+    #[error("internal traffic is for members of this cluster only: {0}")]
+    NotMember(&'static str),
 }
 
 /// This broker's cluster id, as far as it knows it.
 pub struct Identity {
     path: PathBuf,
+    /// The members' secret (`super::secret`).
+    secret: MemberSecret,
     known: RwLock<Option<String>>,
     /// The other clusters whose messages were refused and logged here.
     logged: Mutex<HashSet<String>>,
@@ -90,28 +101,18 @@ pub struct Identity {
 impl Identity {
     /// Reads the id kept in `dir` (`{root}/cluster`), if any. Blocking.
     pub fn open(dir: &Path) -> Result<Self, IdentityError> {
+        Self::open_with(dir, None)
+    }
+
+    /// As [`Identity::open`], with the members' secret given by the operator
+    /// (`--cluster-secret-file`) rather than the one the metadata brings.
+    pub fn open_with(dir: &Path, secret: Option<&str>) -> Result<Self, IdentityError> {
+        let secret = MemberSecret::open(dir, secret)?;
         let path = dir.join(ID_FILE);
-        let known = match std::fs::read_to_string(&path) {
-            Ok(text) => {
-                let id = text.trim();
-                if !valid(id) {
-                    return Err(IdentityError::Storage {
-                        path,
-                        reason: format!("not a cluster id: {id:?}"),
-                    });
-                }
-                Some(id.to_owned())
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => {
-                return Err(IdentityError::Storage {
-                    path,
-                    reason: e.to_string(),
-                });
-            }
-        };
+        let known = read_kept(&path, valid, |id| format!("not a cluster id: {id:?}"))?;
         Ok(Self {
             path,
+            secret,
             known: RwLock::new(known),
             logged: Mutex::new(HashSet::new()),
         })
@@ -157,45 +158,68 @@ impl Identity {
         Ok(())
     }
 
-    /// Whether a message naming `theirs` (its header, if any) is taken: refused only when this
-    /// broker knows its id and the message names another.
+    /// The members' secret.
+    pub fn secret(&self) -> &MemberSecret {
+        &self.secret
+    }
+
+    /// Whether a message naming `theirs` (its header, if any) is taken: refused when this
+    /// broker knows its id and the message names another, or none (a broker that knows none
+    /// yet, a cluster forming or a broker just added, takes any).
     pub fn check(&self, theirs: Option<&str>) -> Result<(), Refusal> {
         match (self.known.read().as_deref(), theirs) {
-            (Some(mine), Some(theirs)) if mine != theirs => Err(Refusal {
+            (Some(mine), Some(theirs)) if mine != theirs => Err(Refusal::OtherCluster {
                 mine: mine.to_owned(),
                 theirs: theirs.to_owned(),
             }),
+            (Some(_), None) => Err(Refusal::NotMember("the message names no cluster")),
             _ => Ok(()),
         }
     }
 
-    /// [`Identity::check`] on a request's headers: a header that is not text names no cluster
-    /// this broker could belong to.
-    fn screen(&self, headers: &HeaderMap) -> Result<(), Refusal> {
+    /// Whether an internal request with `headers` is a member's of this cluster: the cluster's
+    /// id first (another cluster's broker is told so, and the id is no secret: `GET
+    /// /mmmq/cluster` shows it), then the members' secret (a client's token never passes). A
+    /// header that is not text names no cluster this broker could belong to.
+    pub fn admit(&self, headers: &HeaderMap) -> Result<(), Refusal> {
         let theirs = headers
             .get(CLUSTER_HEADER)
             .map(|v| v.to_str().unwrap_or("(not text)"));
-        self.check(theirs)
+        self.check(theirs)?;
+        if !self.secret.admits(headers) {
+            return Err(Refusal::NotMember("without the members' secret"));
+        }
+        Ok(())
     }
 
-    /// Logs a refusal once per other cluster (its sender retries every few hundred ms).
+    /// Logs a refusal of another cluster once per cluster (its sender retries every few
+    /// hundred ms); a non-member's at debug level (counted by the guard's answer, not logged
+    /// at every probe).
     fn log_once(&self, refusal: &Refusal) {
-        let mut logged = self.logged.lock();
-        if logged.len() < LOGGED_FOREIGN && logged.insert(refusal.theirs.clone()) {
-            tracing::warn!(
-                mine = %refusal.mine,
-                theirs = %refusal.theirs,
-                "refusing the Raft messages of another cluster: {refusal}"
-            );
+        match refusal {
+            Refusal::OtherCluster { mine, theirs } => {
+                let mut logged = self.logged.lock();
+                if logged.len() < LOGGED_FOREIGN && logged.insert(theirs.clone()) {
+                    tracing::warn!(
+                        %mine,
+                        %theirs,
+                        "refusing the Raft messages of another cluster: {refusal}"
+                    );
+                }
+            }
+            Refusal::NotMember(_) => tracing::debug!("{refusal}"),
         }
     }
 }
 
 impl Identity {
     /// [`Identity::open`] off the executor, for [`Cluster::start`].
-    pub(super) async fn load(dir: &Path) -> Result<Arc<Self>, ClusterError> {
+    pub(super) async fn load(
+        dir: &Path,
+        secret: Option<String>,
+    ) -> Result<Arc<Self>, ClusterError> {
         let dir = dir.to_owned();
-        tokio::task::spawn_blocking(move || Identity::open(&dir))
+        tokio::task::spawn_blocking(move || Identity::open_with(&dir, secret.as_deref()))
             .await
             .map_err(|e| ClusterError::Failed(e.to_string()))?
             .map(Arc::new)
@@ -219,6 +243,48 @@ impl Cluster {
             }
         }
     }
+
+    /// Proposes the members' secret (docs/cluster.md, "Who may speak for the cluster"): this
+    /// broker's if it has one (`--cluster-secret-file`, or the metadata was lost), else a new
+    /// one; the first applied stays. A cluster formed before there were secrets gets one too.
+    pub(super) async fn give_secret(&self) -> Result<(), ClusterError> {
+        let secret = match self.inner.router.identity().secret().known() {
+            Some(secret) => secret,
+            None => new_secret().map_err(|e| ClusterError::Failed(e.to_string()))?,
+        };
+        let secret = super::secret::SecretText(secret);
+        match self
+            .propose(MetaCommand::SetMemberSecret { secret })
+            .await?
+        {
+            MetaOutcome::Done | MetaOutcome::Refused(_) => Ok(()),
+            MetaOutcome::TopicExists | MetaOutcome::Each(_) => {
+                unreachable!("not a topic or positions command")
+            }
+        }
+    }
+}
+
+/// What a file of `{root}/cluster/` keeps (the id, the members' secret): its first line, trimmed,
+/// `None` when there is no file, an error naming the file when it holds something `valid`
+/// refuses (`why` says what, without echoing a secret).
+pub(super) fn read_kept(
+    path: &Path,
+    valid: fn(&str) -> bool,
+    why: impl FnOnce(&str) -> String,
+) -> Result<Option<String>, IdentityError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) if valid(text.trim()) => Ok(Some(text.trim().to_owned())),
+        Ok(text) => Err(IdentityError::Storage {
+            path: path.to_owned(),
+            reason: why(text.trim()),
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(IdentityError::Storage {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        }),
+    }
 }
 
 /// A new cluster's id: 128 random bits, in hex.
@@ -228,29 +294,42 @@ pub fn new_id() -> io::Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// A new members' secret: 256 random bits, in hex.
+pub fn new_secret() -> io::Result<String> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| io::Error::other(format!("no randomness: {e}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 /// An id goes in a header and a file: a few printable characters, no spaces.
 fn valid(id: &str) -> bool {
     !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
-/// The guard of `/mmmq/internal/raft/*`: a message naming another cluster than this broker's is
-/// answered `409` with why, and the refusing broker's id in [`CLUSTER_HEADER`] (which tells its
-/// sender this is a refusal of its cluster, not another conflict).
+/// The guard of `/mmmq/internal/*`: a request that is not a member's is answered `403`; one
+/// naming another cluster than this broker's `409` with why, and the refusing broker's id in
+/// [`CLUSTER_HEADER`] (which tells its sender this is a refusal of its cluster, not another
+/// conflict).
 pub async fn guard(
     State(identity): State<Arc<Identity>>,
     request: Request,
     next: Next,
 ) -> Response {
-    match identity.screen(request.headers()) {
+    match identity.admit(request.headers()) {
         Ok(()) => next.run(request).await,
         Err(refusal) => {
             identity.log_once(&refusal);
-            (
-                StatusCode::CONFLICT,
-                [(CLUSTER_HEADER, refusal.mine.clone())],
-                refusal.to_string(),
-            )
-                .into_response()
+            match &refusal {
+                Refusal::OtherCluster { mine, .. } => (
+                    StatusCode::CONFLICT,
+                    [(CLUSTER_HEADER, mine.clone())],
+                    refusal.to_string(),
+                )
+                    .into_response(),
+                Refusal::NotMember(_) => {
+                    (StatusCode::FORBIDDEN, refusal.to_string()).into_response()
+                }
+            }
         }
     }
 }

@@ -33,8 +33,8 @@ fn only_a_broker_that_knows_its_id_refuses_and_only_another_id() {
     );
     assert_eq!(
         known.check(None),
-        Ok(()),
-        "a new broker's message names none"
+        Err(Refusal::NotMember("the message names no cluster")),
+        "a broker that knows its id takes only messages that name it"
     );
     assert_eq!(known.check(Some("aaaa")), Ok(()));
     let refusal = known.check(Some("bbbb")).unwrap_err();
@@ -128,6 +128,50 @@ async fn a_message_of_another_cluster_is_refused_and_the_sender_hears_why() {
     assert_eq!(served.load(Ordering::SeqCst), 0, "the handler never ran");
 
     assert!(ping(Some("aaaa"), "same").await.is_ok());
-    assert!(ping(None, "new").await.is_ok(), "a new broker names none");
-    assert_eq!(served.load(Ordering::SeqCst), 2);
+    match ping(None, "new").await {
+        Err(SendError::Status(1, status, why)) => {
+            assert_eq!(status, 403);
+            assert!(why.contains("names no cluster"), "{why}");
+        }
+        other => panic!("a message naming no cluster is refused once the id is known: {other:?}"),
+    }
+    assert_eq!(served.load(Ordering::SeqCst), 1);
+}
+
+/// docs/cluster.md, "Who may speak for the cluster": once a broker holds the members' secret,
+/// a message without it (a client's token is not it) is `403` and never reaches a handler; the
+/// sender that holds it goes through.
+#[tokio::test]
+async fn a_message_without_the_members_secret_is_refused_before_it_is_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let served = Arc::new(AtomicUsize::new(0));
+    let receiver = knowing(&tmp.path().join("r"), Some("aaaa"));
+    receiver.secret().adopt("the-members-secret").unwrap();
+    let addr = serve(Arc::new(receiver), served.clone()).await;
+    let peers = HashMap::from([(1, addr)]);
+    let ping = |secret: Option<&'static str>, dir: &'static str| {
+        let identity = Arc::new(knowing(&tmp.path().join(dir), Some("aaaa")));
+        if let Some(secret) = secret {
+            identity.secret().adopt(secret).unwrap();
+        }
+        let router = Router::new(
+            &peers,
+            Some("client-token".into()),
+            Faults::default(),
+            identity,
+        );
+        async move { router.ping(1, 2, Duration::from_secs(5)).await }
+    };
+    for (secret, dir) in [(None, "token-only"), (Some("a-guess"), "guess")] {
+        match ping(secret, dir).await {
+            Err(SendError::Status(1, status, why)) => {
+                assert_eq!(status, 403, "{why}");
+                assert!(why.contains("without the members' secret"), "{why}");
+            }
+            other => panic!("{secret:?}: {other:?}"),
+        }
+    }
+    assert_eq!(served.load(Ordering::SeqCst), 0, "the handler never ran");
+    assert!(ping(Some("the-members-secret"), "member").await.is_ok());
+    assert_eq!(served.load(Ordering::SeqCst), 1);
 }

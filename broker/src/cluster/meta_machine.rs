@@ -80,6 +80,9 @@ impl MetaMachine {
         if let Some(id) = &state.cluster_id {
             identity.adopt(id)?;
         }
+        if let Some(secret) = &state.member_secret {
+            identity.secret().adopt(&secret.0)?;
+        }
         let (published, _) = watch::channel(Arc::new(state.clone()));
         Ok(Self {
             inner: Arc::new(tokio::sync::Mutex::new(Inner {
@@ -131,6 +134,20 @@ impl MetaMachine {
             tracing::error!(error = %e, "the metadata names another cluster; the metadata group stops");
             e.into()
         })
+    }
+
+    /// Takes the members' secret the metadata gives. Never fatal: a secret that cannot be kept
+    /// on disk is logged, and this broker goes on taking any internal request until it is.
+    async fn adopt_secret(&self, secret: &str) -> io::Result<()> {
+        let identity = self.identity.clone();
+        let secret = secret.to_owned();
+        let adopted = tokio::task::spawn_blocking(move || identity.secret().adopt(&secret))
+            .await
+            .map_err(io::Error::other)?;
+        if let Err(e) = adopted {
+            tracing::error!(error = %e, "cannot keep the members' secret");
+        }
+        Ok(())
     }
 }
 
@@ -185,6 +202,11 @@ impl RaftStateMachine<Raft> for MetaMachine {
             {
                 self.adopt(id).await?;
             }
+            if let Some(Ok(MetaCommand::SetMemberSecret { secret })) = &command
+                && inner.state.member_secret.is_none()
+            {
+                self.adopt_secret(&secret.0).await?;
+            }
             inner.applied = Some(entry.log_id);
             let answer = match &entry.payload {
                 EntryPayload::Normal(Command::Meta(_)) => {
@@ -229,6 +251,9 @@ impl RaftStateMachine<Raft> for MetaMachine {
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         if let Some(id) = &stored.state.cluster_id {
             self.adopt(id).await?;
+        }
+        if let Some(secret) = &stored.state.member_secret {
+            self.adopt_secret(&secret.0).await?;
         }
         let bytes = self.store(meta, &stored.state).await?;
         let mut inner = self.inner.lock().await;

@@ -23,6 +23,13 @@ pub enum MetaCommand {
         /// 128 random bits, in hex.
         id: String,
     },
+    /// Gives the cluster its members' secret (docs/cluster.md, "Who may speak for the
+    /// cluster"): proposed with the id, by a broker that finds the metadata without one. The
+    /// first applied stays.
+    SetMemberSecret {
+        /// What members present on every internal request.
+        secret: super::secret::SecretText,
+    },
     /// A broker joins (or, known already, announces a new address).
     AddBroker {
         /// Its id (never one that was removed).
@@ -234,6 +241,9 @@ pub struct MetaState {
     /// The cluster's id, once one was proposed (docs/cluster.md, "The cluster's id").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_id: Option<String>,
+    /// The members' secret, once one was proposed. Never in any answer to a client.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_secret: Option<super::secret::SecretText>,
     /// The brokers of the cluster.
     pub brokers: BTreeMap<BrokerId, BrokerMeta>,
     /// Ids of brokers removed: never given out again.
@@ -302,6 +312,13 @@ impl MetaState {
                     Ok(())
                 }
             },
+            MetaCommand::SetMemberSecret { secret } => {
+                if self.member_secret.is_none() {
+                    self.member_secret = Some(secret.clone());
+                }
+                // A second one is not an error worth telling: its proposer adopts the first.
+                Ok(())
+            }
             MetaCommand::AddBroker { id, addr } => {
                 if self.retired.contains(id) {
                     return Err(format!("broker id {id} was removed and is never reused"));

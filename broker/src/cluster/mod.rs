@@ -8,7 +8,9 @@
 //! - `meta_state`, `meta_groups`, `meta_config`, `meta_machine`: the metadata (pull groups'
 //!   commits, `dispatchers.json` and plugin versions too) and the metadata group's state machine.
 //! - `network`, `rpc`, `faults`: Raft's traffic between brokers, both ends, and a fault switch;
-//!   `identity`: the cluster's id every message carries, and the guard that checks it.
+//!   `identity`: the cluster's id every message carries, and the guard that checks it;
+//!   `secret`: the members' secret that makes an internal request a member's; `screen`: what
+//!   the receiving end refuses before a group sees it (wrong kinds of entries, wild terms).
 //! - `coordinator`: the pull groups' coordinator (the metadata group's leader).
 //! - `node`: a broker's part of the cluster, the metadata group's start; `forward`: writes
 //!   through a group's leader; `status`: `GET /mmmq/cluster`.
@@ -44,6 +46,8 @@ pub mod node;
 pub mod partitions;
 pub mod retention;
 pub mod rpc;
+mod screen;
+pub mod secret;
 pub mod status;
 pub mod supervise;
 pub mod types;

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::faults::Faults;
 use super::identity::{CLUSTER_HEADER, Identity};
+use super::secret::MEMBER_HEADER;
 use super::types::{BrokerId, Raft};
 
 /// The path prefix of Raft's traffic on a broker's HTTP listener.
@@ -176,8 +177,8 @@ impl Router {
         &self.inner.http
     }
 
-    /// A `POST /mmmq/internal/raft/{rpc}` to peer `to` with a postcard `body`, the token
-    /// presented and the cluster named; `None` when no address of `to` is known.
+    /// A `POST /mmmq/internal/raft/{rpc}` to peer `to` with a postcard `body`, as a member of
+    /// the cluster it names; `None` when no address of `to` is known.
     pub fn internal_post(
         &self,
         to: BrokerId,
@@ -197,9 +198,16 @@ impl Router {
     }
 
     /// The token and the cluster's id, on a request to a peer.
-    fn credentials(&self, mut request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    /// The members' secret and the cluster's id, once known, on a request to a peer: what
+    /// makes it a member's (docs/cluster.md, "Who may speak for the cluster"). The token is
+    /// presented too, since every route of a broker with `--auth-token` asks for it; it admits
+    /// nobody to `/mmmq/internal/*` on its own.
+    pub fn credentials(&self, mut request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         if let Some(token) = &self.inner.token {
             request = request.bearer_auth(token);
+        }
+        if let Some(secret) = self.inner.identity.secret().known() {
+            request = request.header(MEMBER_HEADER, secret);
         }
         if let Some(id) = self.inner.identity.known() {
             request = request.header(CLUSTER_HEADER, id);

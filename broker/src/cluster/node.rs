@@ -35,8 +35,10 @@ pub struct ClusterConfig {
     pub peers: BTreeMap<BrokerId, String>,
     /// `{root}/cluster`.
     pub dir: PathBuf,
-    /// The token peers present (`--auth-token`).
+    /// The token peers present (`--auth-token`) on the client routes they forward to.
     pub token: Option<String>,
+    /// The members' secret given by `--cluster-secret-file` (else the metadata's).
+    pub secret: Option<String>,
     /// Raft's timing: heartbeats, and the election timeout's range (ms).
     pub heartbeat_ms: u64,
     /// The election timeout's lower bound (ms); the upper is twice it.
@@ -58,6 +60,7 @@ impl ClusterConfig {
             peers: settings.peers.clone(),
             dir: root.join("cluster"),
             token,
+            secret: settings.secret.clone(),
             heartbeat_ms: settings.heartbeat_ms,
             election_ms: settings.election_ms,
             fault_injection: settings.fault_injection,
@@ -243,7 +246,7 @@ impl Cluster {
     where
         LS: RaftLogStorage<Raft>,
     {
-        let identity = Identity::load(&config.dir).await?;
+        let identity = Identity::load(&config.dir, config.secret.clone()).await?;
         let peers: HashMap<_, _> = config.peers.clone().into_iter().collect();
         let router = Router::new(&peers, config.token.clone(), faults, identity.clone());
         let meta_dir = config.dir.join("meta");
@@ -354,48 +357,49 @@ impl Cluster {
     }
 
     /// The routes of Raft's traffic, to merge into the broker's HTTP router (behind its guard).
+    /// Every one of them is a member's only (docs/cluster.md, "Who may speak for the cluster").
     pub fn routes(&self) -> axum::Router {
         let groups: Arc<Inner> = self.inner.clone();
-        let raft = axum::Router::new()
+        let mut internal = axum::Router::new()
             .route(
                 &format!("{RAFT_PATH}/{{rpc}}"),
                 axum::routing::post(super::rpc::handle::<Inner>),
             )
-            .with_state(groups)
-            // Another cluster's messages are refused before they are read (docs/cluster.md,
-            // "The cluster's id").
+            .with_state(groups);
+        if self.inner.config.fault_injection {
+            let faults = self.inner.router.faults().clone();
+            internal = internal.route(
+                "/mmmq/internal/faults",
+                axum::routing::put(
+                    move |axum::Json(rules): axum::Json<super::faults::FaultRules>| {
+                        let faults = faults.clone();
+                        async move {
+                            tracing::warn!(?rules, "fault injection: rules set");
+                            match faults.apply(rules) {
+                                Ok(()) => (
+                                    axum::http::StatusCode::OK,
+                                    axum::Json(serde_json::json!({"ok": true})),
+                                ),
+                                Err(error) => (
+                                    axum::http::StatusCode::BAD_REQUEST,
+                                    axum::Json(serde_json::json!({"error": error})),
+                                ),
+                            }
+                        }
+                    },
+                ),
+            );
+        }
+        internal
+            // A non-member's or another cluster's messages are refused before they are read
+            // (docs/cluster.md, "The cluster's id").
             .layer(axum::middleware::from_fn_with_state(
                 self.inner.router.identity().clone(),
                 super::identity::guard,
             ))
             // An append carries up to openraft's batch of entries, a forwarded write a whole
             // produce batch (32 × --max-body-bytes): axum's 2 MiB default would stall both.
-            .layer(axum::extract::DefaultBodyLimit::max(RAFT_BODY_LIMIT));
-        if !self.inner.config.fault_injection {
-            return raft;
-        }
-        let faults = self.inner.router.faults().clone();
-        raft.route(
-            "/mmmq/internal/faults",
-            axum::routing::put(
-                move |axum::Json(rules): axum::Json<super::faults::FaultRules>| {
-                    let faults = faults.clone();
-                    async move {
-                        tracing::warn!(?rules, "fault injection: rules set");
-                        match faults.apply(rules) {
-                            Ok(()) => (
-                                axum::http::StatusCode::OK,
-                                axum::Json(serde_json::json!({"ok": true})),
-                            ),
-                            Err(error) => (
-                                axum::http::StatusCode::BAD_REQUEST,
-                                axum::Json(serde_json::json!({"error": error})),
-                            ),
-                        }
-                    }
-                },
-            ),
-        )
+            .layer(axum::extract::DefaultBodyLimit::max(RAFT_BODY_LIMIT))
     }
 
     /// Keeps this broker named at its address in the metadata: proposed once the group has a
@@ -438,9 +442,16 @@ impl Cluster {
                     }
                 }
             }
-            if metadata.borrow().cluster_id.is_none()
-                && let Err(e) = self.name_cluster().await
-            {
+            let (unnamed, no_secret) = {
+                let m = metadata.borrow();
+                (m.cluster_id.is_none(), m.member_secret.is_none())
+            };
+            let named = match (unnamed, no_secret) {
+                (true, _) => self.name_cluster().await,
+                (false, true) => self.give_secret().await,
+                (false, false) => Ok(()),
+            };
+            if let Err(e) = named {
                 tracing::debug!(node = me, error = %e, "naming the cluster, retrying");
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(200)) => continue,

@@ -196,17 +196,14 @@ impl Cluster {
         }
     }
 
-    /// Whether a request another broker forwarded here (it names its cluster's id, if it knows
-    /// it) may be answered: refused, with why, when it names another cluster than this one.
-    pub fn accepts_forwarded(&self, headers: &axum::http::HeaderMap) -> Result<(), String> {
-        let theirs = headers
-            .get(super::identity::CLUSTER_HEADER)
-            .map(|v| v.to_str().unwrap_or("(not text)"));
-        self.inner
-            .router
-            .identity()
-            .check(theirs)
-            .map_err(|refusal| refusal.to_string())
+    /// Whether a request another broker forwarded here may be answered as a member's: refused,
+    /// with why, when it is not a member's (without the members' secret) or names another
+    /// cluster than this one.
+    pub fn accepts_forwarded(
+        &self,
+        headers: &axum::http::HeaderMap,
+    ) -> Result<(), super::identity::Refusal> {
+        self.inner.router.identity().admit(headers)
     }
 
     /// Sends an HTTP request to another broker (one hop) and answers what it answered.
@@ -227,13 +224,8 @@ impl Cluster {
             .request(method, format!("{base}{path_and_query}"))
             .header(FORWARDED, self.id().to_string())
             .timeout(timeout);
-        if let Some(token) = router.token() {
-            request = request.bearer_auth(token);
-        }
         // Checked by the broker it reaches, as Raft's messages are (`super::identity`).
-        if let Some(id) = router.identity().known() {
-            request = request.header(super::identity::CLUSTER_HEADER, id);
-        }
+        request = router.credentials(request);
         if let Some(body) = body {
             request = request
                 .header("content-type", "application/json")

@@ -21,6 +21,7 @@ use serde::de::DeserializeOwned;
 
 use super::membership::MembersChange;
 use super::network::{GroupId, SnapshotBytes};
+use super::screen::{check_append, check_kinds, check_term, refused};
 use super::types::{Applied, BrokerId, Command, Raft};
 
 type SnapshotMeta = openraft::alias::SnapshotMetaOf<Raft>;
@@ -368,11 +369,18 @@ pub async fn handle<G: Groups>(
     body: Bytes,
 ) -> Response {
     macro_rules! serve {
-        ($req:ty, $resp:ty, |$ep:ident, $r:ident| $call:expr) => {{
+        ($req:ty, $resp:ty, |$ep:ident, $r:ident| $call:expr) => {
+            serve!($req, $resp, |_g, _r| Ok(()), |$ep, $r| $call)
+        };
+        ($req:ty, $resp:ty, |$g:ident, $c:ident| $check:expr, |$ep:ident, $r:ident| $call:expr) => {{
             let (group, $r) = match decode::<$req>(&body) {
                 Ok(x) => x,
                 Err(refusal) => return refusal.into_response(),
             };
+            let check = |$g: &GroupId, $c: &$req| -> Result<(), String> { $check };
+            if let Err(why) = check(&group, &$r) {
+                return refused(why);
+            }
             match groups.endpoint(&group) {
                 Some($ep) => encode::<$resp>(&$call.await),
                 None => absent::<$resp>(),
@@ -383,14 +391,25 @@ pub async fn handle<G: Groups>(
         "append" => serve!(
             AppendEntriesRequest<Raft>,
             AppendEntriesResponse<Raft>,
+            |g, r| check_append(g, r),
             |ep, r| ep.append(r)
         ),
-        "vote" => serve!(VoteRequest<Raft>, VoteResponse<Raft>, |ep, r| ep.vote(r)),
-        "pre-vote" => serve!(VoteRequest<Raft>, VoteResponse<Raft>, |ep, r| ep
-            .pre_vote(r)),
+        "vote" => serve!(
+            VoteRequest<Raft>,
+            VoteResponse<Raft>,
+            |_g, r| check_term(r.vote.leader_id.term),
+            |ep, r| ep.vote(r)
+        ),
+        "pre-vote" => serve!(
+            VoteRequest<Raft>,
+            VoteResponse<Raft>,
+            |_g, r| check_term(r.vote.leader_id.term),
+            |ep, r| ep.pre_vote(r)
+        ),
         "snapshot" => serve!(
             (Vote, SnapshotMeta, SnapshotBytes),
             SnapshotResponse<Raft>,
+            |_g, r| check_term(r.0.leader_id.term),
             |ep, r| ep.snapshot(r.0, r.1, r.2)
         ),
         "transfer-leader" => serve!(
@@ -403,6 +422,9 @@ pub async fn handle<G: Groups>(
                 Ok(x) => x,
                 Err(refusal) => return refusal.into_response(),
             };
+            if let Err(why) = check_kinds(&group, &commands) {
+                return refused(why);
+            }
             match groups.endpoint(&group) {
                 Some(ep) => {
                     let answer = ep.write(commands).await;

@@ -96,14 +96,11 @@ impl Cluster {
     ) -> Option<T> {
         let router = &self.inner.router;
         let base = router.peer(broker)?;
-        let mut request = router
+        let request = router
             .http()
             .get(format!("{base}{path}"))
             .timeout(Duration::from_millis(500));
-        if let Some(token) = router.token() {
-            request = request.bearer_auth(token);
-        }
-        let response = request.send().await.ok()?;
+        let response = router.credentials(request).send().await.ok()?;
         if !response.status().is_success() {
             return None;
         }

@@ -28,6 +28,11 @@ pub struct ClusterFlags {
     /// /mmmq/internal/faults); never in production.
     #[arg(long, hide = true)]
     fault_injection: bool,
+    /// A file whose first line is the members' secret (make one with `mmmq cluster secret`;
+    /// give every broker the same). Without it the cluster draws one when it forms, and a
+    /// broker takes any internal request until its metadata brings it.
+    #[arg(long, env = "MMMQ_CLUSTER_SECRET_FILE", requires = "node_id")]
+    cluster_secret_file: Option<std::path::PathBuf>,
 }
 
 impl ClusterFlags {
@@ -39,6 +44,10 @@ impl ClusterFlags {
         };
         let mut settings = ClusterSettings::parse(id, peers).map_err(anyhow::Error::msg)?;
         settings.fault_injection = self.fault_injection;
+        if let Some(path) = &self.cluster_secret_file {
+            settings.secret =
+                Some(mmmq::cluster::secret::read_secret_file(path).map_err(anyhow::Error::msg)?);
+        }
         let port = |a: &str| a.rsplit_once(':').map(|(_, p)| p.to_owned());
         if port(listen) != port(settings.addr()) {
             anyhow::bail!(
@@ -54,6 +63,8 @@ impl ClusterFlags {
 /// `mmmq cluster …`.
 #[derive(Subcommand)]
 pub enum ClusterCommand {
+    /// Prints a new members' secret (256 random bits, hex) for `serve --cluster-secret-file`.
+    Secret,
     /// The brokers (alive or not), the metadata leader, and per partition its leader, replicas,
     /// term and lag (GET /mmmq/cluster).
     Status {
@@ -109,6 +120,9 @@ pub fn run(what: ClusterCommand) -> anyhow::Result<ExitCode> {
     };
     let out = &mut std::io::stdout();
     match what {
+        ClusterCommand::Secret => {
+            writeln!(out, "{}", mmmq::cluster::identity::new_secret()?)?;
+        }
         ClusterCommand::Status { json, broker } => {
             let view = rt.block_on(async { broker.conn().admin()?.cluster().await })?;
             status(&view, json, out)?;

@@ -59,7 +59,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the broker.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Produce one message (JSON from the argument, or one per line of stdin); prints receipts.
     Produce {
         /// The topic.
@@ -327,7 +327,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => {
             raise_fd_limit();
             let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(serve(args))?;
+            rt.block_on(serve(*args))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Inspect { dir, no_payload } => {

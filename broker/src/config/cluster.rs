@@ -17,6 +17,9 @@ pub struct ClusterSettings {
     pub heartbeat_ms: u64,
     /// The election timeout's lower bound (ms); the upper is twice it.
     pub election_ms: u64,
+    /// The members' secret, from `--cluster-secret-file` (docs/cluster.md, "Who may speak for
+    /// the cluster"); else the one the cluster draws when it forms.
+    pub secret: Option<String>,
 }
 
 /// Heartbeats every 100 ms and elections after 500–1,000 ms of silence: a failover well under
@@ -45,6 +48,7 @@ impl ClusterSettings {
             fault_injection: false,
             heartbeat_ms: HEARTBEAT_MS,
             election_ms: ELECTION_MS,
+            secret: None,
         })
     }
 

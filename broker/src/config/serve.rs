@@ -272,8 +272,10 @@ impl ServeConfig {
     pub fn file_cache(&self) -> Arc<FileCache> {
         match self.max_open_files {
             Some(n) => FileCache::new(n),
+            // Kafka's listener has a `--max-connections` of its own.
             None => FileCache::for_process(
-                self.http.max_connections as u64 + FD_RESERVE_BESIDES_CONNECTIONS,
+                self.http.max_connections as u64 * (1 + u64::from(self.kafka.is_some()))
+                    + FD_RESERVE_BESIDES_CONNECTIONS,
             ),
         }
     }

@@ -94,9 +94,7 @@ fn forwarding<'a>(
         return Ok(None);
     };
     if headers.contains_key(FORWARDED) {
-        cluster
-            .accepts_forwarded(headers)
-            .map_err(ApiError::Conflict)?;
+        cluster.accepts_forwarded(headers).map_err(ApiError::from)?;
         return Ok(None);
     }
     Ok(Some(cluster))

@@ -359,6 +359,18 @@ impl ApiError {
     }
 }
 
+/// A request that says it comes from another broker but is not a member's (`403`), or is of
+/// another cluster (`409`).
+impl From<crate::cluster::identity::Refusal> for ApiError {
+    fn from(refusal: crate::cluster::identity::Refusal) -> Self {
+        use crate::cluster::identity::Refusal;
+        match refusal {
+            Refusal::NotMember(_) => ApiError::Forbidden(refusal.to_string()),
+            Refusal::OtherCluster { .. } => ApiError::Conflict(refusal.to_string()),
+        }
+    }
+}
+
 impl From<crate::groups::GroupError> for ApiError {
     fn from(e: crate::groups::GroupError) -> Self {
         use crate::groups::GroupError as G;

@@ -109,7 +109,7 @@ pub(super) async fn internal_version(
     };
     cluster
         .accepts_forwarded(&headers)
-        .map_err(ApiError::Conflict)?;
+        .map_err(ApiError::from)?;
     let Path((name, version)) = path.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     match broker.plugin_version_bytes(&name, &version).await? {
         Some(bytes) => Ok((

@@ -17,7 +17,6 @@
 //! never reaches hyper, so it cannot hold a slot through the first-byte and header timeouts: one
 //! address opening connections as fast as it can only costs the broker a short write each.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +25,6 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -34,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::App;
 pub use crate::config::HttpLimits;
+use crate::listen::PerAddress;
 use crate::metrics::HttpMetrics;
 
 /// Serves `app` on `listener` until `stop` is cancelled, then stops accepting and waits (up to
@@ -56,10 +55,7 @@ pub async fn serve(
     let builder = Arc::new(builder);
     let first_byte = limits.first_byte_timeout.min(limits.header_read_timeout);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let per_address = Arc::new(PerAddress {
-        cap: limits.max_connections_per_ip,
-        held: Mutex::new(HashMap::new()),
-    });
+    let per_address = PerAddress::new(limits.max_connections_per_ip);
     let refusing = Arc::new(Semaphore::new(limits.max_connections.max(MIN_REFUSALS)));
     let graceful = GracefulShutdown::new();
     loop {
@@ -88,7 +84,7 @@ pub async fn serve(
             // Past `refusing` answers in flight the connection is just closed: refusals cannot
             // pile up open descriptors either.
             if let Ok(turn) = refusing.clone().try_acquire_owned() {
-                let answer = too_many(peer.ip(), per_address.cap);
+                let answer = too_many(peer.ip(), per_address.cap());
                 tokio::spawn(async move {
                     refuse(stream, answer).await;
                     drop(turn);
@@ -182,46 +178,4 @@ async fn refuse(mut stream: TcpStream, answer: Vec<u8>) {
         Ok::<_, std::io::Error>(())
     })
     .await;
-}
-
-/// Connections held per client address.
-struct PerAddress {
-    cap: usize,
-    held: Mutex<HashMap<IpAddr, usize>>,
-}
-
-/// One connection's place in its address's count, given back when dropped.
-struct AddressShare {
-    table: Arc<PerAddress>,
-    ip: IpAddr,
-}
-
-impl PerAddress {
-    /// A place for a connection from `ip`, or `None` when the address holds the cap.
-    fn take(self: &Arc<Self>, ip: IpAddr) -> Option<AddressShare> {
-        // An IPv4 client of a dual-stack listener is `::ffff:a.b.c.d`: counted as `a.b.c.d`.
-        let ip = ip.to_canonical();
-        let mut held = self.held.lock();
-        let n = held.entry(ip).or_insert(0);
-        if *n >= self.cap {
-            return None;
-        }
-        *n += 1;
-        Some(AddressShare {
-            table: self.clone(),
-            ip,
-        })
-    }
-}
-
-impl Drop for AddressShare {
-    fn drop(&mut self) {
-        let mut held = self.table.held.lock();
-        if let Some(n) = held.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                held.remove(&self.ip);
-            }
-        }
-    }
 }

@@ -14,14 +14,13 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::ResponseError;
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsResponse, RequestHeader, RequestKind, ResponseHeader, ResponseKind,
-    SaslAuthenticateResponse, SaslHandshakeResponse,
 };
-use kafka_protocol::protocol::{Encodable, StrBytes, decode_request_header_from_buffer};
+use kafka_protocol::protocol::{Encodable, decode_request_header_from_buffer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-use super::{Shared, admin, fetch, groups, metadata, offsets, produce, versions};
+use super::{Shared, admin, fetch, frames, groups, metadata, offsets, produce, sasl, versions};
 
 /// Why a connection is closed.
 #[derive(Debug, thiserror::Error)]
@@ -42,10 +41,30 @@ pub(crate) enum Refused {
     Header(String),
     #[error("encoding an answer: {0}")]
     Encode(String),
-    #[error("waited past the idle limit for {0}")]
+    #[error("waited past the limit for {0}")]
     Stalled(&'static str),
+    #[error("a frame of {0} bytes waited past the limit for room in --max-inflight-body-bytes")]
+    Budget(usize),
+
     #[error("{0}")]
     Io(#[from] std::io::Error),
+}
+
+impl Refused {
+    /// The metric label of why (`mmmq_kafka_connections_closed_total{reason}`).
+    pub(crate) fn reason(&self) -> &'static str {
+        match self {
+            Refused::FrameSize(..) => "frame_size",
+            Refused::UnknownApi(_) | Refused::Version(..) => "version",
+            Refused::Unauthenticated(_) => "unauthenticated",
+            Refused::AuthFailed => "auth_failed",
+            Refused::Malformed(..) | Refused::Header(_) => "malformed",
+            Refused::Encode(_) => "encode",
+            Refused::Stalled(_) => "timeout",
+            Refused::Budget(_) => "budget",
+            Refused::Io(_) => "io",
+        }
+    }
 }
 
 /// The largest frame read before a SASL login (Kafka's default `sasl.server.max.receive.size`).
@@ -60,10 +79,12 @@ pub(crate) struct Session {
     pub client_id: String,
     /// SASL done, or not required.
     pub authenticated: bool,
+    /// A SaslHandshake chose PLAIN (a SaslAuthenticate needs one first).
+    pub(crate) handshake: bool,
     /// A SaslHandshake v0 was answered: the next frame is a bare SASL token.
-    raw_sasl_next: bool,
+    pub(crate) raw_sasl_next: bool,
     /// Close once the answer is written (a failed login).
-    close_after_answer: bool,
+    pub(crate) close_after_answer: bool,
 }
 
 /// Serves one connection until the client closes it, it sends what cannot be read, or `stop`.
@@ -81,6 +102,7 @@ pub(crate) async fn run(
         peer,
         client_id: String::new(),
         authenticated: shared.auth_token.is_none(),
+        handshake: false,
         raw_sasl_next: false,
         close_after_answer: false,
     };
@@ -89,63 +111,70 @@ pub(crate) async fn run(
     let mut w = BufWriter::with_capacity(64 << 10, w);
     let span = tracing::debug_span!("kafka", %peer);
     let _enter = span.enter();
+    let mut limits = shared.limits;
+    // A started frame may not stall longer than a connection may idle.
+    limits.stall = limits.stall.min(shared.idle);
+    let mut clock = frames::Clock::new();
     let outcome: Result<(), Refused> = async {
         loop {
+            let deadline = clock.deadline(&limits, shared.idle, session.authenticated);
             let size = tokio::select! {
-                size = tokio::time::timeout(shared.idle, r.read_i32()) => match size {
-                    Ok(Ok(size)) => size,
-                    // The client closed the connection between requests: nothing wrong.
-                    Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-                    Ok(Err(e)) => return Err(e.into()),
-                    // Idle: closed, as Kafka closes it; the client connects again.
-                    Err(_) => {
-                        tracing::debug!(%peer, "kafka: closing an idle connection");
-                        return Ok(());
-                    }
+                size = frames::size(&mut r, deadline) => match size? {
+                    frames::Next::Size(size) => size,
+                    frames::Next::Done => return Ok(()),
                 },
                 _ = stop.cancelled() => return Ok(()),
             };
+            clock.arrived();
             // Before a login only small frames are read (Kafka's `sasl.server.max.receive.size`):
             // an unauthenticated client cannot make the broker hold a large request.
             let limit = if session.authenticated {
-                shared.limits.max_frame
+                limits.max_frame
             } else {
-                PRE_AUTH_MAX_FRAME.min(shared.limits.max_frame)
+                PRE_AUTH_MAX_FRAME.min(limits.max_frame)
             };
-            if size < 0 || size as usize > limit {
-                return Err(Refused::FrameSize(size.into(), limit));
+            if size > limit {
+                return Err(Refused::FrameSize(size as i64, limit));
             }
-            let mut frame = vec![0u8; size as usize];
-            let read = async {
-                // Only a produce carries batches: any other request is at most a message's
-                // size (`--max-body-bytes`), as HTTP's bodies are. Decoded, a request of many
-                // small array elements takes many times its bytes, so the limit is what bounds
-                // the memory a request can make the broker hold.
-                let small = shared.limits.max_record.min(limit);
-                if frame.len() > small && !session.raw_sasl_next {
-                    r.read_exact(&mut frame[..2]).await?;
-                    let key = i16::from_be_bytes([frame[0], frame[1]]);
-                    if key != ApiKey::Produce as i16 {
-                        return Ok(Err(Refused::FrameSize(size.into(), small)));
-                    }
-                    r.read_exact(&mut frame[2..]).await?;
-                } else {
-                    r.read_exact(&mut frame).await?;
+            // Only a produce carries batches: any other request is at most a message's size
+            // (`--max-body-bytes`), as HTTP's bodies are. Decoded, a request of many small
+            // array elements takes many times its bytes, so the limit is what bounds the memory
+            // a request can make the broker hold.
+            let small = limits.max_record.min(limit);
+            let mut head = [0u8; 2];
+            let head: &[u8] = if size > small && !session.raw_sasl_next {
+                tokio::time::timeout(limits.stall, r.read_exact(&mut head))
+                    .await
+                    .map_err(|_| Refused::Stalled("the rest of a frame"))??;
+                if i16::from_be_bytes(head) != ApiKey::Produce as i16 {
+                    return Err(Refused::FrameSize(size as i64, small));
                 }
-                Ok::<_, std::io::Error>(Ok(()))
+                &head
+            } else {
+                &[]
             };
-            tokio::time::timeout(shared.idle, read)
-                .await
-                .map_err(|_| Refused::Stalled("the rest of a frame"))???;
-            let frame = Bytes::from(frame);
+            let frame = frames::read(
+                &mut r,
+                size,
+                head,
+                &shared.inflight,
+                limits.max_inflight_bytes,
+                limits.stall,
+            )
+            .await?;
+            let key = (frame.bytes.len() >= 2)
+                .then(|| i16::from_be_bytes([frame.bytes[0], frame.bytes[1]]));
             let answer = if session.raw_sasl_next {
                 session.raw_sasl_next = false;
-                authenticate(&shared, &mut session, &frame)?;
+                sasl::login(&shared, &mut session, &frame.bytes).await?;
                 // An empty server token: done (Kafka's answer to a PLAIN login after v0).
                 Some(framed(|_| Ok(()))?)
             } else {
-                handle(&shared, &mut session, frame).await?
+                handle(&shared, &mut session, frame.bytes.clone()).await?
             };
+            if key != Some(ApiKey::ApiVersions as i16) {
+                clock.active();
+            }
             let answered = async {
                 if let Some(answer) = answer {
                     w.write_all(&answer).await?;
@@ -160,6 +189,8 @@ pub(crate) async fn run(
             tokio::time::timeout(shared.idle, answered)
                 .await
                 .map_err(|_| Refused::Stalled("the client to read an answer"))??;
+            // The frame's share of the budget goes back once its answer is out.
+            drop(frame);
             if session.close_after_answer {
                 return Err(Refused::AuthFailed);
             }
@@ -168,7 +199,10 @@ pub(crate) async fn run(
     .await;
     let _ = w.flush().await;
     if let Err(e) = outcome {
-        tracing::warn!(%peer, error = %e, "kafka: closing the connection");
+        shared.broker.metrics().kafka.closed(e.reason());
+        if let Some(suppressed) = shared.closing_log.allow() {
+            tracing::warn!(%peer, error = %e, suppressed, "kafka: closing the connection");
+        }
     }
 }
 
@@ -215,33 +249,10 @@ async fn handle(
             ApiVersionsResponse::default().with_api_keys(versions::entries(true)),
         ),
         RequestKind::SaslHandshake(r) => {
-            let ok = r.mechanism.as_str() == "PLAIN";
-            if ok && version == 0 {
-                session.raw_sasl_next = true;
-            }
-            ResponseKind::SaslHandshake(
-                SaslHandshakeResponse::default()
-                    .with_error_code(if ok {
-                        0
-                    } else {
-                        ResponseError::UnsupportedSaslMechanism.code()
-                    })
-                    .with_mechanisms(vec![StrBytes::from_static_str("PLAIN")]),
-            )
+            ResponseKind::SaslHandshake(sasl::handshake(session, &r, version))
         }
         RequestKind::SaslAuthenticate(r) => {
-            let ok = authenticate(shared, session, &r.auth_bytes).is_ok();
-            let mut answer = SaslAuthenticateResponse::default();
-            if !ok {
-                answer = answer
-                    .with_error_code(ResponseError::SaslAuthenticationFailed.code())
-                    .with_error_message(Some(StrBytes::from_static_str(
-                        "Authentication failed: invalid credentials",
-                    )));
-            }
-            // Kafka answers a failed login, then closes: the client learns why.
-            session.close_after_answer = !ok;
-            ResponseKind::SaslAuthenticate(answer)
+            ResponseKind::SaslAuthenticate(sasl::authenticate(shared, session, &r).await)
         }
         RequestKind::Metadata(r) => {
             ResponseKind::Metadata(metadata::answer(shared, session, r, version).await)
@@ -350,26 +361,6 @@ pub(crate) fn read_only(frame: &[u8], max_batch: usize) -> Result<usize, String>
         }
     }
     Ok(records)
-}
-
-/// Checks a SASL/PLAIN token (`authzid NUL authcid NUL password`): the password must be the
-/// broker's auth token (any user name). Without a token every login succeeds.
-fn authenticate(shared: &Shared, session: &mut Session, token: &[u8]) -> Result<(), Refused> {
-    let mut parts = token.split(|&b| b == 0);
-    let (_authzid, _user, password) = (parts.next(), parts.next(), parts.next());
-    let ok = match (&shared.auth_token, password) {
-        (None, _) => true,
-        (Some(expected), Some(given)) if parts.next().is_none() => {
-            use subtle::ConstantTimeEq;
-            bool::from(expected.as_bytes().ct_eq(given))
-        }
-        _ => false,
-    };
-    if !ok {
-        return Err(Refused::AuthFailed);
-    }
-    session.authenticated = true;
-    Ok(())
 }
 
 /// A whole answer: size, header, body.

@@ -9,7 +9,8 @@
 //!
 //! # Layout
 //! - `versions`: which APIs and versions are spoken, and the answer to ApiVersions.
-//! - `connection`: framing, SASL state, dispatch of one request to its handler.
+//! - `connection`: one connection's loop and the dispatch of a request to its handler;
+//!   `frames`: reading frames within the listener's budgets (time, memory); `sasl`: the login.
 //! - `metadata`, `produce`, `fetch`, `offsets`, `admin`: the data APIs.
 //! - `groups`: the classic consumer-group protocol, committed offsets shared with HTTP's groups.
 //! - `producers`: idempotent producers' ids and sequence numbers.
@@ -34,12 +35,14 @@ mod admin;
 mod compression;
 mod connection;
 mod fetch;
+mod frames;
 mod groups;
 mod metadata;
 mod offsets;
 mod produce;
 mod producers;
 mod records;
+mod sasl;
 mod scan;
 mod versions;
 
@@ -68,6 +71,20 @@ pub struct Limits {
     /// The largest record stored (`--max-body-bytes`, as for a message over HTTP); a larger one
     /// is refused with `MESSAGE_TOO_LARGE`.
     pub max_record: usize,
+    /// Most connections from one client address (`--max-connections-per-ip`); more are closed
+    /// at once.
+    pub max_connections_per_ip: usize,
+    /// Time a new connection has to send its first frame's size (`--first-byte-timeout-ms`).
+    pub first_byte: std::time::Duration,
+    /// Time from the connect to a completed SASL login, with `--auth-token`
+    /// (`--header-timeout-ms`).
+    pub login: std::time::Duration,
+    /// Longest a started frame may go without a byte, and a frame may wait for room in the
+    /// budget (`--header-timeout-ms`).
+    pub stall: std::time::Duration,
+    /// Bytes of frames being read or answered at once, over every connection
+    /// (`--max-inflight-body-bytes`).
+    pub max_inflight_bytes: usize,
 }
 
 /// What every connection shares.
@@ -84,6 +101,12 @@ pub(crate) struct Shared {
     pub node_id: i32,
     /// [`KafkaSettings::idle`].
     pub idle: std::time::Duration,
+    /// The frame budget ([`Limits::max_inflight_bytes`]): one permit a byte.
+    pub inflight: Arc<tokio::sync::Semaphore>,
+    /// Connections held per client address.
+    pub per_address: Arc<crate::listen::PerAddress>,
+    /// Closed connections' log lines (a client looping on garbage would fill the log).
+    pub closing_log: crate::listen::LogLimit,
 }
 
 impl Shared {
@@ -184,6 +207,13 @@ pub async fn serve(
         producers: producers::Producers::new(node_id as u64),
         scans: Arc::default(),
         idle: settings.idle,
+        inflight: Arc::new(tokio::sync::Semaphore::new(
+            limits
+                .max_inflight_bytes
+                .min(tokio::sync::Semaphore::MAX_PERMITS),
+        )),
+        per_address: crate::listen::PerAddress::new(limits.max_connections_per_ip),
+        closing_log: crate::listen::LogLimit::new(std::time::Duration::from_secs(10)),
         groups: groups::Coordinator::default(),
         broker,
         advertised,
@@ -213,11 +243,25 @@ pub async fn serve(
             },
             _ = stop.cancelled() => return Ok(()),
         };
+        // Taken in accept order, as HTTP's: past the cap the connection is closed at once
+        // (Kafka's `max.connections.per.ip`), its `--max-connections` slot given back.
+        let Some(share) = shared.per_address.take(peer.ip()) else {
+            shared.broker.metrics().kafka.connections_refused.inc();
+            if let Some(suppressed) = shared.closing_log.allow() {
+                tracing::warn!(%peer, suppressed, cap = limits.max_connections_per_ip,
+                    "kafka: too many connections from one address (--max-connections-per-ip)");
+            }
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
-            connection::run(stream, peer, shared, stop).await;
+            let metrics = &shared.broker.metrics().kafka;
+            metrics.connections_open.inc();
+            connection::run(stream, peer, shared.clone(), stop).await;
+            shared.broker.metrics().kafka.connections_open.dec();
+            drop(share);
             drop(permit);
         });
     }

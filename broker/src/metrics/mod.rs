@@ -3,6 +3,8 @@
 //! Counters are updated where things happen; the per-dispatcher lag is a gauge filled in at scrape
 //! time from the workers' positions, because it is a difference of two moving numbers.
 
+pub mod kafka;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -98,6 +100,8 @@ pub struct Metrics {
     pub partitions: Gauge,
     /// The cap on partitions over all topics (`--max-partitions`).
     pub max_partitions: Gauge,
+    /// The Kafka listener's.
+    pub kafka: kafka::KafkaMetrics,
 }
 
 impl Default for Metrics {
@@ -137,6 +141,7 @@ impl Metrics {
             groups_refused: Counter::default(),
             partitions: Gauge::default(),
             max_partitions: Gauge::default(),
+            kafka: kafka::KafkaMetrics::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -265,6 +270,7 @@ impl Metrics {
             "Cap on partitions over all topics (--max-partitions)",
             m.max_partitions.clone(),
         );
+        m.kafka.register(&mut registry);
         Self { registry, ..m }
     }
 
