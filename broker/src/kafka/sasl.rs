@@ -1,4 +1,4 @@
-//! SASL/PLAIN on a Kafka connection (docs/kafka.md, "Authentication"): with `--auth-token`, a
+//! SASL/PLAIN on a Kafka connection (docs/kafka.md, "Connections"): with `--auth-token`, a
 //! client logs in before anything but ApiVersions, SaslHandshake and SaslAuthenticate, with the
 //! token as its password (any user name).
 //!

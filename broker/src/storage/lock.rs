@@ -1,4 +1,4 @@
-//! One process per root dir (contract §1; docs/storage.md, "One broker per root dir").
+//! One process per root dir (contract §1; docs/storage.md, "Storage").
 //!
 //! Two brokers on one root dir would each append at the offsets the other already acknowledged:
 //! every write of one silently destroys the other's. So a broker holds an OS lock (`flock`, by
