@@ -19,6 +19,15 @@ use crate::topics::Partition;
 /// Most records one partition answers in one fetch.
 const MAX_RECORDS: usize = 10_000;
 
+/// The most a fetch answers, whatever it asks (Kafka's `fetch.max.bytes`, 55 MiB): a client's
+/// `max_bytes` up to 2 GiB would have the broker encode an answer whose frame size wraps.
+pub(crate) const FETCH_MAX_BYTES: usize = 55 << 20;
+
+/// A fetch's (or a partition's) `max_bytes` as the broker takes it.
+fn capped(max_bytes: i32) -> usize {
+    (max_bytes.max(0) as usize).min(FETCH_MAX_BYTES)
+}
+
 /// The answer to a fetch.
 pub(crate) async fn answer(shared: &Shared, request: FetchRequest, _version: i16) -> FetchResponse {
     let deadline = tokio::time::Instant::now()
@@ -43,7 +52,7 @@ pub(crate) async fn answer(shared: &Shared, request: FetchRequest, _version: i16
             .collect();
         wanted.push((t.topic.clone(), parts));
     }
-    let mut budget = request.max_bytes.max(0) as usize;
+    let mut budget = capped(request.max_bytes);
     loop {
         let mut total = 0usize;
         let mut responses = Vec::with_capacity(wanted.len());
@@ -86,7 +95,7 @@ pub(crate) async fn answer(shared: &Shared, request: FetchRequest, _version: i16
                     partitions.push(data.with_records(Some(Default::default())));
                     continue;
                 }
-                let cap = (*max).max(0) as usize;
+                let cap = capped(*max);
                 let cap = cap.min(left).max(1);
                 match read(p, offset, cap, total > 0).await {
                     // The batch's framing may still tip it over.
@@ -124,7 +133,7 @@ pub(crate) async fn answer(shared: &Shared, request: FetchRequest, _version: i16
             _ = grown => {}
             _ = tokio::time::sleep_until(deadline) => {}
         }
-        budget = request.max_bytes.max(0) as usize;
+        budget = capped(request.max_bytes);
     }
 }
 
@@ -151,4 +160,16 @@ async fn read(
     })
     .await
     .expect("fetch read task panicked")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_bytes_is_taken_up_to_kafkas_fetch_max_bytes() {
+        assert_eq!(capped(-1), 0);
+        assert_eq!(capped(1 << 20), 1 << 20);
+        assert_eq!(capped(i32::MAX), FETCH_MAX_BYTES);
+    }
 }
