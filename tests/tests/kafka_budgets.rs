@@ -222,6 +222,29 @@ async fn a_login_comes_in_time_after_a_handshake_and_a_failure_is_slow() {
     assert!(closed, "an unauthenticated connection lived on ApiVersions");
     assert!(opened.elapsed() < Duration::from_millis(2000));
 
+    // Nor on a frame that trickles in a byte at a time, each within the stall limit.
+    let mut trickling = Conn::open(&kafka).await;
+    let opened = Instant::now();
+    trickling
+        .stream
+        .write_all(&1000i32.to_be_bytes())
+        .await
+        .unwrap();
+    let mut cut = false;
+    while opened.elapsed() < Duration::from_secs(4) {
+        if trickling.stream.write_all(&[0]).await.is_err() {
+            cut = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert!(cut || trickling.read_frame().await.is_none());
+    assert!(
+        cut && opened.elapsed() < Duration::from_millis(2500),
+        "a trickling frame before a login lived {:?}",
+        opened.elapsed()
+    );
+
     let mut no_handshake = Conn::open(&kafka).await;
     let a: SaslAuthenticateResponse = no_handshake
         .call(

@@ -185,8 +185,15 @@ impl Identity {
         let theirs = headers
             .get(CLUSTER_HEADER)
             .map(|v| v.to_str().unwrap_or("(not text)"));
-        self.check(theirs)?;
-        if !self.secret.admits(headers) {
+        let admitted = self.secret.admits(headers);
+        match self.check(theirs) {
+            // A member that has the secret but has not applied the id yet (it was committed
+            // while it lagged): its votes must count, or a cluster that just formed could be
+            // left without a leader.
+            Err(Refusal::NotMember(_)) if admitted && self.secret.known().is_some() => {}
+            checked => checked?,
+        }
+        if !admitted {
             return Err(Refusal::NotMember("without the members' secret"));
         }
         Ok(())

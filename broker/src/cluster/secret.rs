@@ -92,6 +92,11 @@ impl MemberSecret {
     /// (`{root}/cluster`), if any. Blocking.
     pub fn open(dir: &Path, given: Option<&str>) -> Result<Self, IdentityError> {
         let path = dir.join(SECRET_FILE);
+        // The metadata's snapshots and log hold the secret too: the directory is this user's.
+        if dir.is_dir() {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+        }
         if let Some(given) = given {
             return Ok(Self {
                 path,
@@ -133,13 +138,14 @@ impl MemberSecret {
                 reason: "the metadata holds no valid members' secret".into(),
             });
         }
+        // Guarding from now on, whether or not the file can be written: a broker that could
+        // not keep it would otherwise take anyone's requests until its restart.
+        *self.known.write() = Some(Known::new(secret));
+        tracing::info!("this broker holds the members' secret of its cluster");
         write_private(&self.path, secret).map_err(|e| IdentityError::Storage {
             path: self.path.clone(),
             reason: e.to_string(),
-        })?;
-        *self.known.write() = Some(Known::new(secret));
-        tracing::info!("this broker holds the members' secret of its cluster");
-        Ok(())
+        })
     }
 
     /// Whether a request with `headers` is a member's: always when this broker knows no secret
@@ -186,6 +192,8 @@ fn write_private(path: &Path, secret: &str) -> io::Result<()> {
     file.sync_all()?;
     std::fs::rename(&tmp, path)?;
     if let Some(dir) = path.parent() {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
         std::fs::File::open(dir)?.sync_all()?;
     }
     Ok(())
@@ -232,6 +240,22 @@ mod tests {
         given.adopt("from-the-metadata").unwrap();
         assert_eq!(given.known().as_deref(), Some("given-by-the-operator"));
         assert!(!given.admits(&with(Some("from-the-metadata"))));
+    }
+
+    #[test]
+    fn a_command_that_gives_the_secret_never_shows_it() {
+        let command = crate::cluster::meta_state::MetaCommand::SetMemberSecret {
+            secret: SecretText("do-not-log-me".into()),
+        };
+        let entry =
+            crate::cluster::types::Command::Meta(serde_json::to_vec(&command).unwrap().into());
+        for shown in [
+            format!("{entry}"),
+            format!("{entry:?}"),
+            format!("{command:?}"),
+        ] {
+            assert!(!shown.contains("do-not-log-me"), "{shown}");
+        }
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub type BrokerId = u64;
 pub type LogId = openraft::alias::LogIdOf<Raft>;
 
 /// What a group's log holds besides Raft's own entries (blanks and memberships).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
     /// One message of a partition: its stored payload, exactly the bytes a single-node log would
     /// frame (docs/storage.md, "Storage"), so that every replica frames the same bytes.
@@ -62,13 +62,28 @@ pub enum GroupKind {
     Partition,
 }
 
+/// openraft logs entries at debug level: the members' secret is never shown
+/// (docs/cluster.md, "Who may speak for the cluster").
 impl std::fmt::Display for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Command::Message(b) => write!(f, "message of {} bytes", b.len()),
+            Command::Meta(b) if contains(b, b"\"setMemberSecret\"") => {
+                f.write_str("meta setMemberSecret (the secret not shown)")
+            }
             Command::Meta(b) => write!(f, "meta {}", String::from_utf8_lossy(b)),
         }
     }
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 impl Command {

@@ -160,6 +160,7 @@ pub(crate) async fn run(
                 &shared.inflight,
                 limits.max_inflight_bytes,
                 limits.stall,
+                (!session.authenticated).then(|| clock.login_by(&limits)),
             )
             .await?;
             let key = (frame.bytes.len() >= 2)

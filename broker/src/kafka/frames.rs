@@ -59,6 +59,11 @@ impl Clock {
         self.last_active = Instant::now();
     }
 
+    /// By when a client that is not logged in must be, its frames read whole included.
+    pub(crate) fn login_by(&self, limits: &super::Limits) -> Instant {
+        self.connected + limits.login
+    }
+
     /// A frame arrived.
     pub(crate) fn arrived(&mut self) {
         self.first = false;
@@ -111,7 +116,9 @@ pub(crate) async fn size<R: AsyncRead + Unpin>(
 }
 
 /// Takes `size` bytes of `budget` (waiting at most `stall`), then reads the frame, each read
-/// within `stall` of the last. `head`, when given, are bytes of the frame read already.
+/// within `stall` of the last, and all of it by `by` when given (a client not logged in: a
+/// frame trickling in a byte at a time must not outlive the login deadline). `head`, when
+/// given, are bytes of the frame read already.
 pub(crate) async fn read<R: AsyncRead + Unpin>(
     r: &mut R,
     size: usize,
@@ -119,7 +126,12 @@ pub(crate) async fn read<R: AsyncRead + Unpin>(
     budget: &std::sync::Arc<Semaphore>,
     total: usize,
     stall: Duration,
+    by: Option<Instant>,
 ) -> Result<Frame, Refused> {
+    let within = || match by {
+        Some(by) => stall.min(by.saturating_duration_since(Instant::now())),
+        None => stall,
+    };
     if size > total {
         return Err(Refused::FrameSize(size as i64, total));
     }
@@ -128,7 +140,7 @@ pub(crate) async fn read<R: AsyncRead + Unpin>(
         None
     } else {
         Some(
-            tokio::time::timeout(stall, budget.clone().acquire_many_owned(permits))
+            tokio::time::timeout(within(), budget.clone().acquire_many_owned(permits))
                 .await
                 .map_err(|_| Refused::Budget(size))?
                 .expect("never closed"),
@@ -143,7 +155,7 @@ pub(crate) async fn read<R: AsyncRead + Unpin>(
         }
         let want = (size - bytes.len()).min(bytes.capacity() - bytes.len());
         let mut chunk = (&mut *r).take(want as u64);
-        let n = tokio::time::timeout(stall, chunk.read_buf(&mut bytes))
+        let n = tokio::time::timeout(within(), chunk.read_buf(&mut bytes))
             .await
             .map_err(|_| Refused::Stalled("the rest of a frame"))??;
         if n == 0 {
@@ -194,6 +206,7 @@ mod tests {
                 &budget,
                 1 << 20,
                 Duration::from_secs(5),
+                None,
             )
             .await
             .unwrap();

@@ -94,7 +94,9 @@ pub(crate) async fn login(
     };
     if !ok {
         shared.broker.metrics().kafka.auth_failed("PLAIN");
-        tracing::info!(peer = %session.peer, "kafka: a SASL/PLAIN login failed");
+        if let Some(suppressed) = shared.closing_log.allow() {
+            tracing::info!(peer = %session.peer, suppressed, "kafka: a SASL/PLAIN login failed");
+        }
         tokio::time::sleep(FAILED_LOGIN_DELAY).await;
         return Err(Refused::AuthFailed);
     }
