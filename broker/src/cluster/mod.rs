@@ -5,7 +5,7 @@
 //! - `types`: the Raft type configuration every group shares, and what entries carry.
 //! - `log_store`: openraft's log store on a segment log (a partition's log is its Raft log).
 //! - `machine`: a partition's state machine (applying moves the log's visible end).
-//! - `meta_state`, `meta_groups`, `meta_config`, `meta_machine`: the metadata (pull groups'
+//! - `meta_state`, `meta_topic`, `meta_groups`, `meta_config`, `meta_machine`: the metadata (pull groups'
 //!   commits, `dispatchers.json` and plugin versions too) and the metadata group's state machine.
 //! - `network`, `rpc`, `faults`: Raft's traffic between brokers, both ends, and a fault switch;
 //!   `identity`: the cluster's id every message carries, and the guard that checks it;
@@ -40,6 +40,7 @@ pub mod meta_groups;
 pub mod meta_machine;
 pub mod meta_redrive;
 pub mod meta_state;
+pub mod meta_topic;
 pub mod metrics;
 pub mod network;
 pub mod node;
